@@ -1,0 +1,45 @@
+# Ration: make help lists the targets.
+SHELL := /bin/bash
+GO ?= go
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+GOBIN := $(shell $(GO) env GOPATH)/bin
+
+.PHONY: help dev test deps bench lint proto ci fuzz chaos
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+dev: ## run a complete single-process system (in-memory store, embedded coordinator)
+	$(GO) run ./cmd/gateway-agent -dev
+
+deps: ## install what the tests need (redis-server) when missing
+	@./scripts/ensure-deps.sh
+
+test: deps ## vet and race-test everything against real redis-server processes
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+bench: deps ## benchmarks: model, stores, agent load vs. redis-benchmark ceiling
+	./scripts/bench.sh
+
+fuzz: ## run every fuzz target for 20s each
+	@for p in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$p 2>/dev/null | grep '^Fuzz'); do \
+	    echo "== $$p $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime 20s $$p || exit 1; \
+	  done; \
+	done
+
+lint: ## gofmt and go vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+
+proto: ## regenerate proto/ Go code (protoc from Debian's protobuf-compiler)
+	@command -v protoc >/dev/null || { echo "protoc missing: apt-get install protobuf-compiler"; exit 1; }
+	GOBIN=$(GOBIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(GOBIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	PATH=$(GOBIN):$$PATH protoc -I proto --go_out=proto --go_opt=paths=source_relative \
+	  --go-grpc_out=proto --go-grpc_opt=paths=source_relative proto/ration/v1/*.proto
+
+ci: lint test ## what CI runs, plus a go mod tidy check
+	$(GO) mod tidy && git diff --exit-code go.mod go.sum

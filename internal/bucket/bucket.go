@@ -1,0 +1,108 @@
+package bucket
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// MaxValue bounds burst, rate and cost. Beyond it float64 arithmetic on
+// microsecond timestamps loses whole tokens, so larger values are rejected
+// rather than silently mis-counted.
+const MaxValue = 1e12
+
+// MaxRequestIDLen bounds an idempotency key (it becomes part of a Redis key).
+const MaxRequestIDLen = 128
+
+// Sentinel errors callers branch on. Every error a store returns for bad
+// input wraps one of them; such errors are returned before any I/O.
+var (
+	// ErrInvalid marks a request that is malformed (bad cost, limit or id).
+	ErrInvalid = errors.New("invalid bucket request")
+	// ErrCostExceedsBurst marks a cost that no amount of waiting can admit.
+	ErrCostExceedsBurst = errors.New("cost exceeds burst: it can never be admitted")
+	// ErrUnavailable marks a store that could not be reached or answered in
+	// time; the outcome may be uncertain (the charge may have happened).
+	ErrUnavailable = errors.New("bucket store unavailable")
+)
+
+// Limit is one rule's bucket shape.
+type Limit struct {
+	Burst float64 // B: capacity in tokens
+	Rate  float64 // r: refill in tokens per second; 0 is a fixed allowance
+}
+
+// Validate reports whether the limit is usable.
+func (l Limit) Validate() error {
+	switch {
+	case math.IsNaN(l.Burst) || math.IsInf(l.Burst, 0) || l.Burst <= 0 || l.Burst > MaxValue:
+		return fmt.Errorf("%w: burst %v must be in (0, %g]", ErrInvalid, l.Burst, float64(MaxValue))
+	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate < 0 || l.Rate > MaxValue:
+		return fmt.Errorf("%w: rate %v must be in [0, %g]", ErrInvalid, l.Rate, float64(MaxValue))
+	}
+	return nil
+}
+
+// TimeToFull is how long an empty bucket takes to refill completely: the
+// earliest moment its state may be forgotten. Zero rate never refills, so
+// such a bucket must be kept forever (returns 0, meaning "no expiry").
+func (l Limit) TimeToFull() time.Duration {
+	if l.Rate <= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(l.Burst/l.Rate*1e6)) * time.Microsecond
+}
+
+// Request is one charge against one bucket.
+type Request struct {
+	Key       string  // full store key, e.g. Key(rule, subject)
+	Limit     Limit   // the rule's bucket shape
+	Cost      float64 // tokens to take; > 0
+	RequestID string  // optional idempotency key
+}
+
+// Validate checks a request before any I/O.
+func (r Request) Validate() error {
+	if r.Key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	}
+	if err := r.Limit.Validate(); err != nil {
+		return err
+	}
+	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost <= 0 || r.Cost > MaxValue {
+		return fmt.Errorf("%w: cost %v must be in (0, %g]", ErrInvalid, r.Cost, float64(MaxValue))
+	}
+	if r.Cost > r.Limit.Burst {
+		return fmt.Errorf("%w: cost %v > burst %v", ErrCostExceedsBurst, r.Cost, r.Limit.Burst)
+	}
+	if len(r.RequestID) > MaxRequestIDLen {
+		return fmt.Errorf("%w: request id is %d bytes, at most %d", ErrInvalid, len(r.RequestID), MaxRequestIDLen)
+	}
+	return nil
+}
+
+// Result is one decision.
+type Result struct {
+	Allowed bool
+	// Remaining tokens after the decision.
+	Remaining float64
+	// RetryAfter is (cost - tokens) / rate when denied and rate > 0; zero when
+	// allowed or when no wait can help (rate 0).
+	RetryAfter time.Duration
+	// Reset is the time until the bucket is full again (0 when full, or when
+	// rate is 0).
+	Reset time.Duration
+	// Now is the store's clock reading used for this decision (Redis: server
+	// TIME), in microseconds since the Unix epoch. Tests feed it to the model.
+	Now int64
+	// Replayed is true when the decision was recorded earlier under the same
+	// request id and nothing was charged this time.
+	Replayed bool
+}
+
+// Key names the bucket of one rule and one subject. The hash tag keeps
+// everything one decision touches in one Redis Cluster slot.
+func Key(rule, subject string) string {
+	return "ration:{" + rule + "|" + subject + "}"
+}
