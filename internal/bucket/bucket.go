@@ -76,8 +76,27 @@ func (r Request) Validate() error {
 	if r.Cost > r.Limit.Burst {
 		return fmt.Errorf("%w: cost %v > burst %v", ErrCostExceedsBurst, r.Cost, r.Limit.Burst)
 	}
-	if len(r.RequestID) > MaxRequestIDLen {
-		return fmt.Errorf("%w: request id is %d bytes, at most %d", ErrInvalid, len(r.RequestID), MaxRequestIDLen)
+	if err := ValidateRequestID(r.RequestID); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ValidateRequestID accepts "" (no idempotency) or 1..MaxRequestIDLen bytes
+// of [A-Za-z0-9._:-]. The id becomes part of a Redis key next to the bucket's
+// own key; keeping braces and spaces out means no id can make a record key
+// equal to some other bucket's key or move it out of the bucket's hash slot.
+func ValidateRequestID(id string) error {
+	if len(id) > MaxRequestIDLen {
+		return fmt.Errorf("%w: request id is %d bytes, at most %d", ErrInvalid, len(id), MaxRequestIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == ':', c == '-':
+		default:
+			return fmt.Errorf("%w: request id has %q at byte %d; allowed are letters, digits and . _ : -", ErrInvalid, c, i)
+		}
 	}
 	return nil
 }
