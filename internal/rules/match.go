@@ -1,0 +1,175 @@
+package rules
+
+import (
+	"fmt"
+	"math/bits"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// Match is one rule that applies to a request, and the subject whose bucket
+// it charges.
+type Match struct {
+	Rule *Rule
+	// Subject is the wildcard keys' values, "k=v,k2=v2" in key order, escaped
+	// (see escape); "" when the rule has no wildcard key, so every matching
+	// request shares one bucket.
+	Subject string
+}
+
+// Match appends to out every rule whose match keys are all present in d with
+// an equal value (or any value for "*"), in file order, and returns the
+// extended slice. It allocates nothing but the subject strings (one per
+// matched rule with a wildcard key) and out's growth, so callers on the hot
+// path pass a reused out[:0]. d should have passed ValidateDescriptors.
+func (s *Set) Match(d map[string]string, out []Match) []Match {
+	var cand [maxWords]uint64
+	for i := range s.index {
+		ki := &s.index[i]
+		v, ok := d[ki.key]
+		if !ok {
+			continue
+		}
+		for _, r := range ki.any {
+			cand[r>>6] |= 1 << (r & 63)
+		}
+		for _, r := range ki.exact[v] {
+			cand[r>>6] |= 1 << (r & 63)
+		}
+	}
+	for w := 0; w*64 < len(s.rules); w++ {
+		for word := cand[w]; word != 0; word &= word - 1 {
+			r := s.rules[w*64+bits.TrailingZeros64(word)]
+			if subject, ok := r.match(d); ok {
+				out = append(out, Match{Rule: r, Subject: subject})
+			}
+		}
+	}
+	return out
+}
+
+// match tests one rule and builds its subject with a single allocation.
+func (r *Rule) match(d map[string]string) (string, bool) {
+	var vals [MaxMatchKeys]string // the wildcard keys' values, in key order
+	n, size := 0, r.subjLen
+	for j, k := range r.keys {
+		v, ok := d[k]
+		switch {
+		case !ok:
+			return "", false
+		case r.wild[j]:
+			vals[n] = v
+			n++
+			size += escapedLen(v)
+		case v != r.want[j]:
+			return "", false
+		}
+	}
+	if n == 0 {
+		return "", true
+	}
+	var b strings.Builder
+	b.Grow(size)
+	n = 0
+	for j := range r.keys {
+		if r.wild[j] {
+			b.WriteString(r.prefix[j])
+			writeEscaped(&b, vals[n])
+			n++
+		}
+	}
+	return b.String(), true
+}
+
+// needsEscape lists the bytes a subject must not contain raw: '%' (the
+// escape itself, so decoding is unique), ',' and '=' (the separators, so two
+// descriptor sets never give the same subject), '{' and '}' (a Redis Cluster
+// hash tag inside the key would move the bucket to another slot), and control
+// bytes (so subjects print safely in logs). Percent-encoding rather than
+// backslashes because an escaped '{' must not contain '{'.
+func needsEscape(c byte) bool {
+	return c < 0x20 || c == 0x7f || c == '%' || c == ',' || c == '=' || c == '{' || c == '}'
+}
+
+func escapedLen(s string) int {
+	n := len(s)
+	for i := 0; i < len(s); i++ {
+		if needsEscape(s[i]) {
+			n += 2
+		}
+	}
+	return n
+}
+
+func writeEscaped(b *strings.Builder, s string) {
+	const hexDigits = "0123456789ABCDEF"
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; needsEscape(c) {
+			b.WriteString(s[start:i])
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+			start = i + 1
+		}
+	}
+	b.WriteString(s[start:])
+}
+
+// ValidateDescriptors checks a request's descriptors before any matching:
+// 1 to MaxDescriptors entries, keys non-empty, keys and values at most
+// MaxKeyLen bytes and valid UTF-8. Values may be empty: an empty value is a
+// value, and a "*" rule gives it its own bucket. The error wraps
+// ErrInvalidDescriptors and names the first bad key in sorted order, so the
+// same request always gets the same answer.
+func ValidateDescriptors(d map[string]string) error {
+	switch {
+	case len(d) == 0:
+		return fmt.Errorf("%w: no descriptors", ErrInvalidDescriptors)
+	case len(d) > MaxDescriptors:
+		return fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalidDescriptors, len(d), MaxDescriptors)
+	}
+	bad := false
+	for k, v := range d {
+		if descriptorProblem(k, v) != "" {
+			bad = true
+			break
+		}
+	}
+	if !bad {
+		return nil
+	}
+	// Only the error path pays for sorting.
+	keys := make([]string, 0, len(d))
+	for k := range d {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if msg := descriptorProblem(k, d[k]); msg != "" {
+			shown := k
+			if len(shown) > 64 {
+				shown = shown[:64] + "..."
+			}
+			return fmt.Errorf("%w: key %q: %s", ErrInvalidDescriptors, shown, msg)
+		}
+	}
+	return nil
+}
+
+func descriptorProblem(k, v string) string {
+	switch {
+	case k == "":
+		return "key is empty"
+	case len(k) > MaxKeyLen:
+		return fmt.Sprintf("key is %d bytes, at most %d", len(k), MaxKeyLen)
+	case !utf8.ValidString(k):
+		return "key is not valid UTF-8"
+	case len(v) > MaxKeyLen:
+		return fmt.Sprintf("value is %d bytes, at most %d", len(v), MaxKeyLen)
+	case !utf8.ValidString(v):
+		return "value is not valid UTF-8"
+	}
+	return ""
+}

@@ -1,0 +1,278 @@
+package rules
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ration-dev/ration/internal/bucket"
+)
+
+// Limits on a rules file and on request descriptors. They bound memory and
+// Redis key length, and keep a mistaken file (a generated one gone wrong)
+// from becoming an outage of its own.
+const (
+	MaxRules       = 1000
+	MaxMatchKeys   = 16
+	MaxDescriptors = 64
+	// MaxKeyLen bounds descriptor keys and values, in rules and in requests.
+	MaxKeyLen = 256
+	// MaxNameLen bounds a rule name; it is part of every Redis key of the rule.
+	MaxNameLen = 63
+	// MaxValue bounds burst, rate and slices. It is the bucket's own bound, so
+	// a rule that parses is a rule every store accepts.
+	MaxValue = bucket.MaxValue
+	// MaxFileSize bounds the file read: 1000 rules of 16 maximal keys fit.
+	MaxFileSize = 16 << 20
+	// DefaultLeasePeriod is the lease length D of a leased rule that sets none.
+	DefaultLeasePeriod = 10 * time.Second
+	// Wildcard as a match value matches any value and gives every distinct
+	// value its own bucket.
+	Wildcard = "*"
+)
+
+// Mode says where a rule's buckets live.
+type Mode int
+
+const (
+	// ModeRedis keeps each bucket in the region's Redis primary. It is the
+	// zero value because it is the default in the file.
+	ModeRedis Mode = iota
+	// ModeLeased decides locally from a budget slice leased from the
+	// coordinator (hot keys, global quotas).
+	ModeLeased
+)
+
+var modeNames = []string{ModeRedis: "redis", ModeLeased: "leased"}
+
+// String returns the name used in the file.
+func (m Mode) String() string {
+	if m >= 0 && int(m) < len(modeNames) {
+		return modeNames[m]
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// Policy is what a rule does when its store or coordinator cannot answer in
+// time.
+type Policy int
+
+const (
+	// FailClosed rejects (HTTP 503). It is the zero value on purpose: a Rule
+	// built in code that forgets to choose fails safe, never open.
+	FailClosed Policy = iota
+	// FailOpen admits; the overshoot is unbounded while the failure lasts.
+	FailOpen
+	// Emergency admits from a small per-agent bucket for a bounded time,
+	// then fails closed.
+	Emergency
+)
+
+var policyNames = []string{FailClosed: "fail_closed", FailOpen: "fail_open", Emergency: "emergency"}
+
+// String returns the name used in the file.
+func (p Policy) String() string {
+	if p >= 0 && int(p) < len(policyNames) {
+		return policyNames[p]
+	}
+	return "Policy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// EmergencyLimit is the per-agent bucket (b_e, r_e) used for at most
+// MaxDuration (T_e) while the store is unreachable. The worst-case overshoot
+// with N agents cut off for P is N x (Burst + Rate x min(P, MaxDuration)).
+// (It is not named Emergency: that is the Policy constant.)
+type EmergencyLimit struct {
+	Burst, Rate float64
+	MaxDuration time.Duration
+}
+
+// Lease tunes a leased rule's slices. MaxSlice 0 means no cap.
+type Lease struct {
+	Period             time.Duration
+	MinSlice, MaxSlice float64
+}
+
+// Rule is one named limit. A Rule obtained from a Set is shared and must not
+// be modified.
+type Rule struct {
+	Name string
+	// Match is the match block as written: key to exact value or Wildcard.
+	Match       map[string]string
+	Burst, Rate float64
+	Mode        Mode
+	OnFailure   Policy
+	// Emergency is set iff OnFailure is Emergency.
+	Emergency EmergencyLimit
+	Shadow    bool
+	// Lease is set iff Mode is ModeLeased (Period defaults to
+	// DefaultLeasePeriod).
+	Lease Lease
+	// Line is where the rule starts in its file.
+	Line int
+
+	// The compiled matcher, built once by compile so Match does no sorting,
+	// no parsing and no allocation beyond the subject string.
+	keys    []string // match keys, sorted: the subject's key order
+	want    []string // per key: the exact value wanted, unused when wild
+	wild    []bool   // per key: "*"
+	prefix  []string // per wildcard key: escaped "k=", with a leading "," after the first
+	subjLen int      // sum of prefix lengths
+}
+
+// fieldProblem is a validation failure of one field, relative to its rule
+// ("burst", "emergency.rate", "match.tenant"). The parser turns it into a
+// Problem at the field's position.
+type fieldProblem struct{ field, msg string }
+
+// validate checks every value of a Rule. It is the single definition of a
+// valid rule: the parser adds positions and type checks on top, and the
+// fuzz target holds every parsed rule to it.
+func (r *Rule) validate() []fieldProblem {
+	var ps []fieldProblem
+	add := func(field, format string, args ...any) {
+		ps = append(ps, fieldProblem{field, fmt.Sprintf(format, args...)})
+	}
+	if msg := checkName(r.Name); msg != "" {
+		add("name", "%s", msg)
+	}
+	switch n := len(r.Match); {
+	case n == 0:
+		add("match", "must have at least one key (use %q as the value to match any value)", Wildcard)
+	case n > MaxMatchKeys:
+		add("match", "has %d keys, at most %d", n, MaxMatchKeys)
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.Match)) {
+		v := r.Match[k]
+		f := matchField(k)
+		switch {
+		case k == "":
+			add(f, "key must not be empty")
+		case len(k) > MaxKeyLen:
+			add(f, "key is %d bytes, at most %d", len(k), MaxKeyLen)
+		case !utf8.ValidString(k):
+			add(f, "key is not valid UTF-8")
+		}
+		switch {
+		case v == "":
+			add(f, "value must not be empty; use %q to match any value", Wildcard)
+		case len(v) > MaxKeyLen:
+			add(f, "value is %d bytes, at most %d", len(v), MaxKeyLen)
+		case !utf8.ValidString(v):
+			add(f, "value is not valid UTF-8")
+		}
+	}
+	if msg := checkRange(r.Burst, false); msg != "" {
+		add("burst", "%s", msg)
+	}
+	if msg := checkRange(r.Rate, true); msg != "" {
+		add("rate", "%s", msg)
+	}
+	if r.Mode != ModeRedis && r.Mode != ModeLeased {
+		add("mode", "%v is not one of %s", r.Mode, joinNames(modeNames))
+	}
+	switch r.OnFailure {
+	case Emergency:
+		if msg := checkRange(r.Emergency.Burst, false); msg != "" {
+			add("emergency.burst", "%s", msg)
+		}
+		if msg := checkRange(r.Emergency.Rate, true); msg != "" {
+			add("emergency.rate", "%s", msg)
+		}
+		if r.Emergency.MaxDuration <= 0 {
+			add("emergency.max_duration", "must be > 0, got %v", r.Emergency.MaxDuration)
+		}
+	case FailClosed, FailOpen:
+		if r.Emergency != (EmergencyLimit{}) {
+			add("emergency", "is set, but on_failure is %v: it would never be used; remove it or set on_failure: emergency", r.OnFailure)
+		}
+	default:
+		add("on_failure", "%v is not one of %s", r.OnFailure, joinNames(policyNames))
+	}
+	if r.Mode == ModeLeased {
+		l := r.Lease
+		if l.Period <= 0 {
+			add("lease.period", "must be > 0, got %v", l.Period)
+		}
+		if msg := checkRange(l.MinSlice, true); msg != "" {
+			add("lease.min_slice", "%s", msg)
+		} else if l.MinSlice > r.Burst && checkRange(r.Burst, false) == "" {
+			add("lease.min_slice", "%s exceeds burst %s: no slice could ever be granted", fmtFloat(l.MinSlice), fmtFloat(r.Burst))
+		}
+		if msg := checkRange(l.MaxSlice, true); msg != "" {
+			add("lease.max_slice", "%s", msg)
+		} else if l.MaxSlice != 0 && l.MaxSlice < l.MinSlice {
+			add("lease.max_slice", "%s is below min_slice %s (0 means no cap)", fmtFloat(l.MaxSlice), fmtFloat(l.MinSlice))
+		}
+	} else if r.Lease != (Lease{}) {
+		add("lease", "is set, but mode is %v: it would never be used; remove it or set mode: leased", r.Mode)
+	}
+	return ps
+}
+
+// checkName enforces [a-z0-9][a-z0-9_.-]{0,62}. The alphabet excludes '{',
+// '}' and '|', so the Redis key ration:{rule|subject} has one hash tag and
+// splits unambiguously at the first '|'.
+func checkName(name string) string {
+	if name == "" {
+		return "must not be empty"
+	}
+	if len(name) > MaxNameLen {
+		return fmt.Sprintf("is %d bytes, at most %d", len(name), MaxNameLen)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		ok := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '_' || c == '.' || c == '-')
+		if !ok {
+			return fmt.Sprintf("%q must match [a-z0-9][a-z0-9_.-]{0,62}", name)
+		}
+	}
+	return ""
+}
+
+// checkRange bounds a token count or rate: (0, MaxValue], or [0, MaxValue]
+// when zero is allowed.
+func checkRange(v float64, zeroOK bool) string {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0) || v > MaxValue || v < 0 || v == 0 && !zeroOK:
+		if zeroOK {
+			return fmt.Sprintf("must be in [0, %s], got %s", fmtFloat(MaxValue), fmtFloat(v))
+		}
+		return fmt.Sprintf("must be in (0, %s], got %s", fmtFloat(MaxValue), fmtFloat(v))
+	}
+	return ""
+}
+
+func fmtFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+func joinNames(names []string) string {
+	s := ""
+	for i, n := range names {
+		if i > 0 {
+			s += ", "
+		}
+		s += n
+	}
+	return s
+}
+
+// matchField names one match key in an error. Keys that are not plain
+// identifiers are quoted so the field stays readable and unambiguous.
+func matchField(k string) string {
+	plain := k != "" && len(k) <= 64
+	for i := 0; plain && i < len(k); i++ {
+		c := k[i]
+		plain = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+	}
+	if plain {
+		return "match." + k
+	}
+	if len(k) > 64 {
+		k = k[:64] + "..."
+	}
+	return "match[" + strconv.Quote(k) + "]"
+}
