@@ -1,0 +1,138 @@
+// Command gateway-agent is Ration's sidecar: it decides, for every API
+// request its gateway asks about, whether the caller still has budget.
+//
+//	gateway-agent -dev                              # try it: no Redis needed
+//	gateway-agent -rules rules.yaml -redis host:6379
+//	gateway-agent -validate -rules rules.yaml       # check a file and exit
+//
+// Every flag can also be set with a RATION_* environment variable; see
+// docs/configuration.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "gateway-agent:", err)
+		}
+		os.Exit(exitCode(err))
+	}
+}
+
+var errInvalidRules = errors.New("rules file is invalid")
+
+func exitCode(err error) int {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errInvalidRules):
+		return 1
+	default:
+		return 2
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup func(string) (string, bool)) error {
+	cfg := agent.DefaultConfig()
+	for _, a := range args {
+		if a == "-dev" || a == "--dev" || a == "-dev=true" || a == "--dev=true" {
+			cfg = agent.DevConfig()
+		}
+	}
+	if err := cfg.LoadEnv(lookup); err != nil {
+		return err
+	}
+	fs := flag.NewFlagSet("gateway-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q (flags only; see -h)", fs.Args())
+	}
+	if err := cfg.Check(); err != nil {
+		return err
+	}
+	if cfg.Validate {
+		set, err := rules.Load(cfg.RulesFile)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return fmt.Errorf("%s: %w", cfg.RulesFile, errInvalidRules)
+		}
+		fmt.Fprintf(stdout, "%s: %d rules, valid (version %s)\n", cfg.RulesFile, len(set.Rules()), set.Hash())
+		return nil
+	}
+
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level(cfg.LogLevel)}))
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	srv, err := agent.Start(ctx, cfg, logger, nil)
+	if err != nil {
+		return err
+	}
+	if cfg.Dev {
+		printDevGuide(stdout, srv)
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-hup:
+			if err := srv.Reload(); err != nil {
+				logger.Error("reload on SIGHUP failed; previous rules stay in force", "err", err)
+			}
+		case <-ctx.Done():
+			logger.Info("shutting down")
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		}
+	}
+}
+
+func level(s string) slog.Level {
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	default:
+		return slog.LevelInfo
+	}
+}
+
+func printDevGuide(w io.Writer, srv *agent.Server) {
+	h := srv.HTTPAddr()
+	fmt.Fprintf(w, `
+Ration gateway-agent is running in -dev mode (in-memory store, sample rules).
+
+  Decide (JSON):     curl -s -X POST http://%[1]s/v1/allow -d '{"descriptors":{"tenant":"acme","endpoint":"search"}}'
+  Check (gateways):  curl -si 'http://%[1]s/v1/check?tenant=acme&endpoint=search'
+                     (run it 11 times: the 11th answers 429 with Retry-After)
+  By rule+subject:   curl -s -X POST http://%[1]s/v1/allow -d '{"rule":"per-user","subject":"alice","cost":5}'
+  Metrics:           curl -s http://%[1]s/metrics | grep ^ration_
+  gRPC:              %[2]s (ration.v1.RateLimiter)
+
+The sample rules are in internal/agent/devrules.yaml.
+`, h, srv.GRPCAddr())
+}

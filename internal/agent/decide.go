@@ -1,0 +1,437 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/ration-dev/ration/internal/breaker"
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// Reason says why a decision came out as it did.
+type Reason uint8
+
+const (
+	ReasonOK          Reason = iota + 1 // every matching rule admitted
+	ReasonOverLimit                     // a rule's quota is spent: 429
+	ReasonNoRule                        // nothing matched: admitted
+	ReasonShadow                        // a shadow rule would have denied: admitted
+	ReasonUnavailable                   // store unreachable: fail_open admitted, or fail_closed (503)
+	ReasonEmergency                     // decided by the local emergency bucket
+)
+
+var reasonNames = [...]string{"unspecified", "ok", "over_limit", "no_rule", "shadow", "unavailable", "emergency"}
+
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+// Limits on a request, checked before any matching or I/O.
+const (
+	MaxSubjectLen = 256
+)
+
+// Request is one question: may this request proceed?
+type Request struct {
+	// Descriptors are matched against the rules. Either Descriptors or
+	// Rule (with Subject) is set, not both.
+	Descriptors map[string]string
+	Rule        string
+	Subject     string
+	// Cost in tokens; 0 means 1.
+	Cost float64
+	// RequestID makes retries safe: a repeated id charges nothing again.
+	RequestID string
+}
+
+// Response is the decision.
+type Response struct {
+	Allowed    bool
+	RetryAfter time.Duration // 0 when allowed or when no wait helps
+	Remaining  float64       // tokens left in the deciding rule's bucket
+	Limit      float64       // the deciding rule's burst
+	Rate       float64       // the deciding rule's refill rate
+	Reset      time.Duration // until the deciding rule's bucket is full
+	Rule       string        // the deciding rule ("" when none matched)
+	Reason     Reason
+}
+
+// Store is what the agent needs of a bucket store (Redis or memory).
+type Store interface {
+	Take(ctx context.Context, req bucket.Request) (bucket.Result, error)
+	TakeBatch(ctx context.Context, reqs []bucket.Request, out []bucket.Outcome)
+	Refund(ctx context.Context, req bucket.Request) error
+	Ping(ctx context.Context) error
+}
+
+// Leases spends leased budget locally. Take must do no I/O; ok is false when
+// the agent holds no live lease for the quota (not granted yet, or expired),
+// and the caller then applies the rule's failure policy.
+type Leases interface {
+	Take(rule *rules.Rule, subject string, cost float64) (res bucket.Result, ok bool)
+	Refund(rule *rules.Rule, subject string, cost float64)
+}
+
+// path is where one rule of one request was decided.
+type path uint8
+
+const (
+	pathNone     path = iota
+	pathRedis         // the shared store (Redis, or memory under -dev)
+	pathLeased        // local lease
+	pathFallback      // failure policy
+)
+
+var pathNames = [...]string{"none", "store", "leased", "fallback"}
+
+func (p path) String() string { return pathNames[p] }
+
+// step is one matching rule of one request.
+type step struct {
+	rule    *rules.Rule
+	subject string
+	req     bucket.Request
+	path    path
+	res     bucket.Result
+	allowed bool
+	reason  Reason
+	charged bool // tokens were taken and must be refunded if the request is denied
+	item    int  // index of the request in its batch
+}
+
+// item is one request of a batch while it is being decided.
+type item struct {
+	first, n int // its steps: steps[first : first+n]
+	err      error
+}
+
+// Decide answers one request. Errors wrap ErrInvalidRequest (the request can
+// never succeed as sent); store trouble is not an error but a decision made
+// by the rule's failure policy.
+func (s *Service) Decide(ctx context.Context, req Request) (Response, error) {
+	var out [1]Response
+	var errs [1]error
+	s.DecideBatch(ctx, []Request{req}, out[:], errs[:])
+	return out[0], errs[0]
+}
+
+// DecideBatch answers many independent requests; all their Redis charges go
+// out in one pipelined round trip. out and errs must be as long as reqs.
+func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Response, errs []error) {
+	start := time.Now()
+	set := s.rules.Current()
+	items := make([]item, len(reqs))
+	steps := make([]step, 0, len(reqs))
+	var matches []rules.Match
+	for i := range reqs {
+		items[i].first = len(steps)
+		var err error
+		matches, err = s.match(set, &reqs[i], matches[:0])
+		if err == nil {
+			steps, err = s.prepare(steps, matches, &reqs[i], i)
+		}
+		if err != nil {
+			steps = steps[:items[i].first]
+			items[i].err = err
+			continue
+		}
+		items[i].n = len(steps) - items[i].first
+	}
+
+	s.charge(ctx, steps)
+
+	for i := range items {
+		it := &items[i]
+		errs[i] = it.err
+		if it.err != nil {
+			out[i] = Response{}
+			s.metrics.invalid.Inc()
+			continue
+		}
+		out[i] = s.combine(steps[it.first : it.first+it.n])
+	}
+	s.refund(ctx, steps, out)
+	s.observe(steps, out, errs, time.Since(start))
+}
+
+// match finds the rules a request is subject to, validating it first.
+func (s *Service) match(set *rules.Set, req *Request, buf []rules.Match) ([]rules.Match, error) {
+	if req.Cost == 0 {
+		req.Cost = 1
+	}
+	if math.IsNaN(req.Cost) || math.IsInf(req.Cost, 0) || req.Cost < 0 || req.Cost > bucket.MaxValue {
+		return nil, fmt.Errorf("%w: cost %v must be a positive number no larger than %g", ErrInvalidRequest, req.Cost, float64(bucket.MaxValue))
+	}
+	if err := bucket.ValidateRequestID(req.RequestID); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	if req.Rule != "" || req.Subject != "" {
+		if len(req.Descriptors) > 0 {
+			return nil, fmt.Errorf("%w: give descriptors or rule and subject, not both", ErrInvalidRequest)
+		}
+		if req.Rule == "" {
+			return nil, fmt.Errorf("%w: subject %q given without a rule", ErrInvalidRequest, truncate(req.Subject))
+		}
+		if req.Subject == "" || len(req.Subject) > MaxSubjectLen {
+			return nil, fmt.Errorf("%w: subject must be 1 to %d bytes, got %d", ErrInvalidRequest, MaxSubjectLen, len(req.Subject))
+		}
+		r, ok := set.Rule(req.Rule)
+		if !ok {
+			return nil, fmt.Errorf("%w: %w %q", ErrInvalidRequest, ErrUnknownRule, truncate(req.Rule))
+		}
+		return append(buf, rules.Match{Rule: r, Subject: req.Subject}), nil
+	}
+	if err := rules.ValidateDescriptors(req.Descriptors); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return set.Match(req.Descriptors, buf), nil
+}
+
+// prepare turns matches into steps, validating every charge before any I/O
+// so that a request that cannot succeed touches no bucket.
+func (s *Service) prepare(steps []step, matches []rules.Match, req *Request, idx int) ([]step, error) {
+	for _, m := range matches {
+		br := bucket.Request{
+			Key:       bucket.Key(m.Rule.Name, m.Subject),
+			Limit:     bucket.Limit{Burst: m.Rule.Burst, Rate: m.Rule.Rate},
+			Cost:      req.Cost,
+			RequestID: req.RequestID,
+		}
+		if err := br.Validate(); err != nil {
+			return steps, fmt.Errorf("%w: rule %s: %w", ErrInvalidRequest, m.Rule.Name, err)
+		}
+		steps = append(steps, step{rule: m.Rule, subject: m.Subject, req: br, item: idx})
+	}
+	return steps, nil
+}
+
+// charge decides every step: leased ones locally, store ones in one round
+// trip (unless the breaker says the store is down), the rest by policy.
+func (s *Service) charge(ctx context.Context, steps []step) {
+	nStore := 0
+	for i := range steps {
+		st := &steps[i]
+		if st.rule.Mode == rules.ModeLeased {
+			if s.leases != nil {
+				if res, ok := s.leases.Take(st.rule, st.subject, st.req.Cost); ok {
+					st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
+					st.reason = verdict(res.Allowed)
+					continue
+				}
+			}
+			st.path = pathFallback
+			continue
+		}
+		st.path = pathRedis
+		nStore++
+	}
+	if nStore > 0 {
+		s.chargeStore(ctx, steps, nStore)
+	}
+	now := time.Now()
+	for i := range steps {
+		if steps[i].path == pathFallback {
+			s.fallback.decide(ctx, &steps[i], now)
+		}
+	}
+}
+
+func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
+	if !s.breaker.Allow() {
+		s.metrics.breakerShortCircuits.Add(float64(n))
+		for i := range steps {
+			if steps[i].path == pathRedis {
+				steps[i].path = pathFallback
+			}
+		}
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DecisionTimeout)
+	defer cancel()
+
+	if n == 1 {
+		for i := range steps {
+			if st := &steps[i]; st.path == pathRedis {
+				res, err := s.store.Take(ctx, st.req)
+				s.storeResult(st, res, err)
+				return
+			}
+		}
+	}
+	reqs := make([]bucket.Request, 0, n)
+	for i := range steps {
+		if steps[i].path == pathRedis {
+			reqs = append(reqs, steps[i].req)
+		}
+	}
+	outs := make([]bucket.Outcome, n)
+	s.store.TakeBatch(ctx, reqs, outs)
+	j := 0
+	for i := range steps {
+		if steps[i].path == pathRedis {
+			s.storeResult(&steps[i], outs[j].Result, outs[j].Err)
+			j++
+		}
+	}
+}
+
+func (s *Service) storeResult(st *step, res bucket.Result, err error) {
+	now := time.Now()
+	if err != nil {
+		// Validation happened before I/O, so any error here is the store's:
+		// the outcome is uncertain and the rule's policy decides.
+		if !errors.Is(err, bucket.ErrUnavailable) {
+			s.logger.Error("unexpected store error", "rule", st.rule.Name, "err", err)
+		}
+		s.metrics.storeErrors.WithLabelValues(storeErrorKind(err)).Inc()
+		s.breaker.Failure(now)
+		s.fallback.failure(now)
+		st.path = pathFallback
+		return
+	}
+	s.breaker.Success(now)
+	s.fallback.success(now)
+	st.res, st.allowed = res, res.Allowed
+	st.reason = verdict(res.Allowed)
+	// A replayed admission was charged by the first attempt; refunding it
+	// (with its id) is still right if this attempt ends denied.
+	st.charged = res.Allowed
+}
+
+func verdict(allowed bool) Reason {
+	if allowed {
+		return ReasonOK
+	}
+	return ReasonOverLimit
+}
+
+// combine folds one request's steps into its answer.
+func (s *Service) combine(steps []step) Response {
+	if len(steps) == 0 {
+		return Response{Allowed: true, Reason: ReasonNoRule}
+	}
+	var deny, shadow, tightest *step
+	var sawUnavailable, sawEmergency bool
+	for i := range steps {
+		st := &steps[i]
+		switch st.reason {
+		case ReasonUnavailable:
+			sawUnavailable = true
+		case ReasonEmergency:
+			sawEmergency = true
+		}
+		if !st.allowed {
+			if st.rule.Shadow {
+				if shadow == nil {
+					shadow = st
+				}
+				continue
+			}
+			// A spent quota (429) outranks an unreachable store (503): the
+			// client learns the truer of the two reasons to wait.
+			if deny == nil || (deny.reason == ReasonUnavailable && st.reason != ReasonUnavailable) {
+				deny = st
+			}
+			continue
+		}
+		if !st.rule.Shadow && (tightest == nil || fraction(st) < fraction(tightest)) {
+			tightest = st
+		}
+	}
+	switch {
+	case deny != nil:
+		return respond(deny, false, deny.reason)
+	case tightest == nil && shadow != nil:
+		return respond(shadow, true, ReasonShadow)
+	case tightest == nil:
+		return respond(&steps[0], true, ReasonShadow)
+	}
+	r := ReasonOK
+	switch {
+	case sawUnavailable:
+		r = ReasonUnavailable
+	case sawEmergency:
+		r = ReasonEmergency
+	case shadow != nil:
+		r = ReasonShadow
+	}
+	return respond(tightest, true, r)
+}
+
+func fraction(st *step) float64 { return st.res.Remaining / st.req.Limit.Burst }
+
+func respond(st *step, allowed bool, r Reason) Response {
+	resp := Response{
+		Allowed:   allowed,
+		Remaining: st.res.Remaining,
+		Limit:     st.req.Limit.Burst,
+		Rate:      st.req.Limit.Rate,
+		Reset:     st.res.Reset,
+		Rule:      st.rule.Name,
+		Reason:    r,
+	}
+	if !allowed {
+		resp.RetryAfter = st.res.RetryAfter
+	}
+	return resp
+}
+
+// refund gives back what admitted rules took from requests that ended
+// denied, so a request that does not proceed costs nothing anywhere.
+func (s *Service) refund(ctx context.Context, steps []step, out []Response) {
+	var ctxRefund context.Context
+	var cancel context.CancelFunc
+	for i := range steps {
+		st := &steps[i]
+		if !st.charged || out[st.item].Allowed {
+			continue
+		}
+		switch st.path {
+		case pathRedis:
+			if ctxRefund == nil {
+				ctxRefund, cancel = context.WithTimeout(ctx, s.cfg.DecisionTimeout)
+			}
+			if err := s.store.Refund(ctxRefund, st.req); err != nil {
+				// Losing a refund under-admits; it never over-admits.
+				s.metrics.storeErrors.WithLabelValues("refund").Inc()
+			}
+		case pathLeased:
+			s.leases.Refund(st.rule, st.subject, st.req.Cost)
+		case pathFallback:
+			s.fallback.refund(ctx, st)
+		}
+		s.metrics.refunds.Inc()
+	}
+	if cancel != nil {
+		cancel()
+	}
+}
+
+func storeErrorKind(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, bucket.ErrUnavailable):
+		return "unavailable"
+	default:
+		return "other"
+	}
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+var _ = breaker.Closed

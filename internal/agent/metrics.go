@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the agent's Prometheus series. Labels are bounded: rule names
+// come from the rules file (at most rules.MaxRules), never subjects.
+type metrics struct {
+	decisions            *prometheus.CounterVec // rule, path, result, reason
+	noRule               prometheus.Counter
+	invalid              prometheus.Counter
+	duration             *prometheus.HistogramVec // path
+	storeErrors          *prometheus.CounterVec   // kind
+	breakerShortCircuits prometheus.Counter
+	breakerOpen          prometheus.Gauge
+	fallbackActive       prometheus.Gauge
+	fallbackActivations  *prometheus.CounterVec // rule, policy
+	overshootBound       *prometheus.GaugeVec   // rule
+	refunds              prometheus.Counter
+	rulesLoaded          prometheus.Gauge
+	rulesReloads         *prometheus.CounterVec // result
+	redisEvictionSafe    prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_decisions_total",
+			Help: "Per-rule decisions, by the path that decided (store, leased, fallback), result (allowed, denied) and reason.",
+		}, []string{"rule", "path", "result", "reason"}),
+		noRule: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_decisions_no_rule_total",
+			Help: "Requests that matched no rule and were admitted.",
+		}),
+		invalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_requests_invalid_total",
+			Help: "Requests rejected as malformed before touching any bucket.",
+		}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ration_decision_duration_seconds",
+			Help:    "Time to decide one request inside the agent (excluding the API transport), by the slowest path it used.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+		}, []string{"path"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_store_errors_total",
+			Help: "Store calls that failed, by kind (timeout, unavailable, refund, other).",
+		}, []string{"kind"}),
+		breakerShortCircuits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_breaker_short_circuits_total",
+			Help: "Store charges skipped because the circuit breaker was open.",
+		}),
+		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_breaker_open",
+			Help: "1 while the store's circuit breaker is open (store known down), else 0.",
+		}),
+		fallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_fallback_active",
+			Help: "1 while a store outage episode is in progress and failure policies decide, else 0.",
+		}),
+		fallbackActivations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_fallback_activations_total",
+			Help: "Failure-policy episodes per rule (counted once per outage episode, not per request).",
+		}, []string{"rule", "policy"}),
+		overshootBound: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ration_overshoot_bound_tokens",
+			Help: "Worst-case tokens this agent may admit per bucket beyond the quota if the store is lost, under the rule's failure policy (+Inf for fail_open).",
+		}, []string{"rule"}),
+		refunds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_refunds_total",
+			Help: "Charges given back because another matching rule denied the request.",
+		}),
+		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_rules_loaded",
+			Help: "Number of rules in force.",
+		}),
+		rulesReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_rules_reloads_total",
+			Help: "Rules file reloads by result (ok, error); on error the previous rules stay in force.",
+		}, []string{"result"}),
+		redisEvictionSafe: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_redis_eviction_safe",
+			Help: "1 if Redis maxmemory-policy is noeviction (buckets are never evicted silently), 0 otherwise.",
+		}),
+	}
+	reg.MustRegister(m.decisions, m.noRule, m.invalid, m.duration, m.storeErrors, m.breakerShortCircuits,
+		m.breakerOpen, m.fallbackActive, m.fallbackActivations, m.overshootBound, m.refunds,
+		m.rulesLoaded, m.rulesReloads, m.redisEvictionSafe)
+	return m
+}

@@ -1,0 +1,243 @@
+package agent
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/rules"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+//go:embed devrules.yaml
+var devRules []byte
+
+// DevRules returns the sample rules -dev runs with.
+func DevRules() []byte { return append([]byte(nil), devRules...) }
+
+// Server is a running gateway-agent: the Service behind its gRPC and HTTP
+// listeners, the rules watcher and the store prober.
+type Server struct {
+	Service  *Service
+	Registry *prometheus.Registry
+	cfg      Config
+	logger   *slog.Logger
+	watcher  *rules.Watcher
+	grpc     *grpc.Server
+	http     *http.Server
+	grpcLn   net.Listener
+	httpLn   net.Listener
+	closeFns []func()
+	cancel   context.CancelFunc
+	ready    atomic.Bool
+
+	evictionPolicy, evictionWarning string
+}
+
+// Start builds and starts an agent. It returns once both listeners are
+// bound; the store is probed in the background (readiness waits for it).
+// Options.Store and Options.Leases may be set to use other implementations;
+// the rest comes from cfg.
+func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) (*Server, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, logger: logger, Registry: prometheus.NewRegistry()}
+	s.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeAll()
+		}
+	}()
+
+	set, err := loadRules(cfg)
+	if err != nil {
+		return nil, err
+	}
+	store, err := s.openStore(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	svc, err := New(Options{
+		Rules: StaticRules{Set: set}, Store: store, Leases: leases, Registry: s.Registry, Logger: logger,
+		DecisionTimeout: cfg.DecisionTimeout, Breaker: cfg.Breaker,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.Service = svc
+	if cfg.RulesFile != "" {
+		// Decisions read the watcher's current set from here on.
+		s.watcher = rules.NewWatcher(cfg.RulesFile, set, logger, cfg.ReloadInterval,
+			func(err error) { svc.metrics.rulesReloads.WithLabelValues("error").Inc() },
+			func(set *rules.Set) {
+				svc.metrics.rulesReloads.WithLabelValues("ok").Inc()
+				svc.RulesChanged(set)
+				logger.Info("rules reloaded", "rules", len(set.Rules()), "rules_version", set.Hash())
+			})
+		svc.rules = s.watcher
+	}
+
+	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("agent: gRPC listen %s: %w", cfg.GRPCAddr, err)
+	}
+	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		return nil, fmt.Errorf("agent: HTTP listen %s: %w", cfg.HTTPAddr, err)
+	}
+	s.grpc = grpc.NewServer()
+	rationv1.RegisterRateLimiterServer(s.grpc, &grpcServer{svc: svc})
+	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	go func() { _ = s.grpc.Serve(s.grpcLn) }()
+	go func() { _ = s.http.Serve(s.httpLn) }()
+	go svc.RunProber(runCtx)
+	if s.watcher != nil {
+		go s.watcher.Run(runCtx)
+	}
+	go s.waitReady(runCtx)
+	ok = true
+	logger.Info("gateway-agent started", "grpc", s.grpcLn.Addr().String(), "http", s.httpLn.Addr().String(),
+		"region", cfg.Region, "agent_id", cfg.AgentID, "rules", len(set.Rules()), "rules_version", set.Hash(), "dev", cfg.Dev)
+	return s, nil
+}
+
+func loadRules(cfg Config) (*rules.Set, error) {
+	if cfg.RulesFile != "" {
+		return rules.Load(cfg.RulesFile)
+	}
+	return rules.Parse("<dev rules>", devRules)
+}
+
+func (s *Server) openStore(ctx context.Context, cfg Config) (Store, error) {
+	if cfg.Dev && cfg.Redis == "" {
+		return bucket.NewMemoryStore(nil), nil
+	}
+	client, err := bucket.OpenRedis(cfg.Redis, cfg.DecisionTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("agent: -redis: %w", err)
+	}
+	s.closeFns = append(s.closeFns, func() { _ = client.Close() })
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	policy, warning, err := bucket.CheckEviction(cctx, client)
+	switch {
+	case err != nil:
+		s.logger.Warn("could not read Redis maxmemory-policy; buckets may be evicted silently if it is not noeviction", "err", err)
+	case warning != "":
+		s.logger.Warn(warning, "maxmemory_policy", policy)
+	default:
+		s.logger.Info("Redis maxmemory-policy is safe", "maxmemory_policy", policy)
+	}
+	st := bucket.NewRedisStore(client, bucket.RedisOptions{Timeout: cfg.DecisionTimeout, Logger: s.logger})
+	s.evictionPolicy = policy
+	s.evictionWarning = warning
+	return st, nil
+}
+
+// waitReady probes the store until it answers once.
+func (s *Server) waitReady(ctx context.Context) {
+	for {
+		if err := s.Service.Probe(ctx); err == nil {
+			s.ready.Store(true)
+			s.logger.Info("store answered: ready")
+			if s.evictionPolicy != "" {
+				v := 0.0
+				if s.evictionWarning == "" {
+					v = 1
+				}
+				s.Service.metrics.redisEvictionSafe.Set(v)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Handler serves the agent's HTTP API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/allow", s.Service.handleAllow)
+	mux.HandleFunc("/v1/check", s.Service.handleCheck)
+	mux.Handle("/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready: store has not answered yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+// GRPCAddr is the bound gRPC address.
+func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
+
+// HTTPAddr is the bound HTTP address.
+func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
+
+// Ready reports whether the agent has rules and the store answered once.
+func (s *Server) Ready() bool { return s.ready.Load() }
+
+// Reload re-reads the rules file now (SIGHUP). Invalid files keep the old
+// rules and return the problems.
+func (s *Server) Reload() error {
+	if s.watcher == nil {
+		return errors.New("agent: no rules file to reload (running on the embedded dev rules)")
+	}
+	return s.watcher.Reload()
+}
+
+// Shutdown stops accepting, lets in-flight requests finish within ctx, and
+// releases the store.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		err = ctx.Err()
+	}
+	if herr := s.http.Shutdown(ctx); herr != nil && err == nil {
+		err = herr
+	}
+	s.closeAll()
+	return err
+}
+
+func (s *Server) closeAll() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	if s.grpcLn != nil && s.grpc == nil {
+		_ = s.grpcLn.Close()
+	}
+	if s.httpLn != nil && s.http == nil {
+		_ = s.httpLn.Close()
+	}
+	for i := len(s.closeFns) - 1; i >= 0; i-- {
+		s.closeFns[i]()
+	}
+	s.closeFns = nil
+}

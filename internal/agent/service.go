@@ -1,0 +1,173 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/internal/breaker"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// RuleSource yields the rules in force; Current is called once per batch and
+// must be cheap (an atomic load).
+type RuleSource interface {
+	Current() *rules.Set
+}
+
+// StaticRules is a RuleSource that never changes.
+type StaticRules struct{ Set *rules.Set }
+
+// Current returns the set.
+func (s StaticRules) Current() *rules.Set { return s.Set }
+
+// Options are a Service's collaborators.
+type Options struct {
+	Rules    RuleSource
+	Store    Store
+	Leases   Leases // nil: leased rules always fall to their failure policy
+	Registry prometheus.Registerer
+	Logger   *slog.Logger
+	// DecisionTimeout bounds every store call of one decision.
+	DecisionTimeout time.Duration
+	Breaker         breaker.Config
+}
+
+// Service decides requests. It is safe for concurrent use.
+type Service struct {
+	cfg      Options
+	rules    RuleSource
+	store    Store
+	leases   Leases
+	logger   *slog.Logger
+	metrics  *metrics
+	breaker  *breaker.Breaker
+	fallback *fallback
+}
+
+// New builds a Service. It does not contact the store; see Probe.
+func New(o Options) (*Service, error) {
+	var errs []error
+	if o.Rules == nil || o.Rules.Current() == nil {
+		errs = append(errs, errors.New("agent: no rules"))
+	}
+	if o.Store == nil {
+		errs = append(errs, errors.New("agent: no store"))
+	}
+	if o.DecisionTimeout <= 0 {
+		errs = append(errs, errors.New("agent: decision timeout must be positive"))
+	}
+	if o.Breaker == (breaker.Config{}) {
+		o.Breaker = breaker.DefaultConfig()
+	}
+	if err := o.Breaker.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	s := &Service{cfg: o, rules: o.Rules, store: o.Store, leases: o.Leases, logger: o.Logger}
+	s.metrics = newMetrics(o.Registry)
+	s.fallback = newFallback(o.Logger, s.metrics)
+	s.breaker = breaker.New(o.Breaker, func(t breaker.Transition) {
+		if t.To == breaker.Open {
+			s.metrics.breakerOpen.Set(1)
+			s.logger.Warn("store circuit breaker open: decisions stop waiting for the store", "after", t.At.Sub(t.Since).Round(time.Millisecond))
+		} else {
+			s.metrics.breakerOpen.Set(0)
+			s.logger.Info("store circuit breaker closed", "open_for", t.At.Sub(t.Since).Round(time.Millisecond))
+		}
+	})
+	s.RulesChanged(o.Rules.Current())
+	return s, nil
+}
+
+// RulesChanged updates what is derived from the rules (metrics of the
+// bounds in force). Call it after a reload.
+func (s *Service) RulesChanged(set *rules.Set) {
+	s.metrics.overshootBound.Reset()
+	for _, r := range set.Rules() {
+		s.metrics.overshootBound.WithLabelValues(r.Name).Set(OvershootBound(r))
+	}
+	s.metrics.rulesLoaded.Set(float64(len(set.Rules())))
+}
+
+// OvershootBound is the worst case one agent can admit per bucket beyond the
+// quota while the rule's store is unreachable (DESIGN section 6): 0 for
+// fail_closed, b_e + r_e*T_e for emergency, +Inf for fail_open. Multiply by
+// the number of agents for the fleet-wide bound.
+func OvershootBound(r *rules.Rule) float64 {
+	switch r.OnFailure {
+	case rules.FailOpen:
+		return math.Inf(1)
+	case rules.Emergency:
+		return r.Emergency.Burst + r.Emergency.Rate*r.Emergency.MaxDuration.Seconds()
+	default:
+		return 0
+	}
+}
+
+// RunProber pings the store while the breaker is open and closes it on the
+// first answer, so recovery needs no traffic and no restart. It returns when
+// ctx is done.
+func (s *Service) RunProber(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Breaker.ProbeInterval / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		if !s.breaker.ProbeDue(now) {
+			continue
+		}
+		if s.Probe(ctx) == nil {
+			s.breaker.Success(time.Now())
+			s.fallback.success(time.Now())
+		}
+	}
+}
+
+// Probe pings the store once within the decision timeout.
+func (s *Service) Probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DecisionTimeout)
+	defer cancel()
+	return s.store.Ping(ctx)
+}
+
+// BreakerOpen reports whether the store is known to be down.
+func (s *Service) BreakerOpen() bool { return !s.breaker.Allow() }
+
+// observe records metrics for a decided batch.
+func (s *Service) observe(steps []step, out []Response, errs []error, d time.Duration) {
+	slowest := pathNone
+	for i := range steps {
+		st := &steps[i]
+		result := "denied"
+		if st.allowed {
+			result = "allowed"
+		}
+		s.metrics.decisions.WithLabelValues(st.rule.Name, st.path.String(), result, st.reason.String()).Inc()
+		if st.path == pathRedis || slowest == pathNone {
+			slowest = st.path
+		}
+	}
+	for i := range out {
+		if errs[i] == nil && out[i].Reason == ReasonNoRule {
+			s.metrics.noRule.Inc()
+		}
+	}
+	s.metrics.duration.WithLabelValues(slowest.String()).Observe(d.Seconds())
+}
