@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func noEnv(string) (string, bool) { return "", false }
+
+func TestValidateNamesLineAndField(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("rules:\n  - name: a\n    match: {k: v}\n    burst: 10\n    rate: -1\n    on_failure: sometimes\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"-validate", "-rules", bad}, &stdout, &stderr, noEnv)
+	if !errors.Is(err, errInvalidRules) || exitCode(err) != 1 {
+		t.Fatalf("run(-validate bad) = %v (exit %d), want errInvalidRules (exit 1)", err, exitCode(err))
+	}
+	out := stderr.String()
+	for _, want := range []string{"bad.yaml:5:", "rate", "bad.yaml:6:", "on_failure"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("-validate output lacks %q; got:\n%s", want, out)
+		}
+	}
+
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte("rules:\n  - name: a\n    match: {k: v}\n    burst: 10\n    rate: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stdout.Reset()
+	if err := run(context.Background(), []string{"-validate", "-rules", good}, &stdout, &stderr, noEnv); err != nil {
+		t.Fatalf("run(-validate good) = %v", err)
+	}
+	if !strings.Contains(stdout.String(), "1 rules, valid") {
+		t.Fatalf("stdout = %q, want a summary", stdout.String())
+	}
+}
+
+func TestConfigErrorsAreAllReported(t *testing.T) {
+	env := map[string]string{"RATION_DECISION_TIMEOUT": "soon"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), nil, &stdout, &stderr, lookup)
+	if err == nil || !strings.Contains(err.Error(), "RATION_DECISION_TIMEOUT") {
+		t.Fatalf("run with a bad env duration = %v, want it named", err)
+	}
+	err = run(context.Background(), []string{"-decision-timeout", "0s", "-http", "nope"}, &stdout, &stderr, noEnv)
+	for _, want := range []string{"-rules", "-redis", "-decision-timeout", "-http"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("run with several bad settings = %v, want %s named", err, want)
+		}
+	}
+	if err := run(context.Background(), []string{"extra"}, &stdout, &stderr, noEnv); err == nil {
+		t.Error("a stray argument must be an error")
+	}
+}
+
+// -dev starts a complete system with no other process and prints how to use
+// it; a curl-equivalent request against the printed address is admitted.
+func TestDevModeServes(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-dev", "-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0"}, &stdout, &stderr, noEnv)
+	}()
+	var url string
+	for i := 0; i < 500 && url == ""; i++ {
+		for _, line := range strings.Split(stdout.String(), "\n") {
+			if i := strings.Index(line, "curl -si '"); i >= 0 {
+				url = strings.TrimSuffix(line[i+len("curl -si '"):], "'")
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if url == "" {
+		t.Fatalf("-dev printed no check command; stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	}
+	codes := make([]int, 0, 11)
+	for i := 0; i < 11; i++ {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+	}
+	if codes[0] != 200 || codes[10] != 429 {
+		t.Fatalf("check codes = %v, want 200 first and 429 on the 11th (burst 10)", codes)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run returned %v after cancel, want a clean shutdown", err)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
