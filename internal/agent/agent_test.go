@@ -42,6 +42,15 @@ type testAgent struct {
 func startAgent(t *testing.T, rulesYAML string, mutate ...func(*agent.Config)) *testAgent {
 	t.Helper()
 	r := harness.StartRedis(t)
+	a := startAgentOn(t, r.Addr, rulesYAML, mutate...)
+	a.redis = r
+	return a
+}
+
+// startAgentOn starts an agent against any Redis address form (single,
+// redis-sentinel://, redis-cluster://).
+func startAgentOn(t *testing.T, redisAddr, rulesYAML string, mutate ...func(*agent.Config)) *testAgent {
+	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(path, []byte(rulesYAML), 0o644); err != nil {
@@ -49,7 +58,7 @@ func startAgent(t *testing.T, rulesYAML string, mutate ...func(*agent.Config)) *
 	}
 	cfg := agent.DefaultConfig()
 	cfg.RulesFile = path
-	cfg.Redis = r.Addr
+	cfg.Redis = redisAddr
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.GRPCAddr = "127.0.0.1:0"
 	cfg.DecisionTimeout = 500 * time.Millisecond // generous: -race on 2 shared cores
@@ -71,7 +80,7 @@ func startAgent(t *testing.T, rulesYAML string, mutate ...func(*agent.Config)) *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	a := &testAgent{srv: srv, redis: r, rl: rationv1.NewRateLimiterClient(conn), base: "http://" + srv.HTTPAddr(), rules: path}
+	a := &testAgent{srv: srv, rl: rationv1.NewRateLimiterClient(conn), base: "http://" + srv.HTTPAddr(), rules: path}
 	waitFor(t, "agent ready", srv.Ready)
 	return a
 }
