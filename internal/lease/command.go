@@ -1,0 +1,415 @@
+package lease
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"unicode/utf8"
+)
+
+// Limits on command fields. Beyond them float64 arithmetic on microsecond
+// timestamps loses whole tokens or int64 time overflows, so larger values are
+// rejected rather than silently mis-counted.
+const (
+	// MaxValue bounds burst, rate, demand, slices and token amounts.
+	MaxValue = 1e12
+	// MinRate is the smallest non-zero quota rate (one token in 11.6 days):
+	// caps are sized by B/r, which must stay finite.
+	MinRate = 1e-6
+	// MinWeight and MaxWeight bound a holder's fairness weight: a ratio of
+	// 1e12 between weights still leaves float64 room for the water level.
+	MinWeight = 1e-6
+	MaxWeight = 1e6
+	// MaxTime bounds Now (microseconds): about 36,000 years past the epoch,
+	// far enough from MaxInt64 that Now + period + margin cannot overflow.
+	MaxTime = int64(1) << 60
+	// MaxPeriod bounds LeasePeriod and SafetyMargin: one day in microseconds.
+	MaxPeriod = int64(24 * 60 * 60 * 1e6)
+	// MaxNameLen bounds quota and holder names, in bytes.
+	MaxNameLen = 256
+	// MaxItems bounds the items of one Renew.
+	MaxItems = 10000
+)
+
+// Kind is a command's type, the first byte of its encoding. Values are part
+// of the replicated log format: never renumber or reuse one.
+type Kind uint8
+
+// The command kinds.
+const (
+	KindConfigureQuota Kind = 1
+	KindGrant          Kind = 2
+	KindRenew          Kind = 3
+	KindRelease        Kind = 4
+	KindTick           Kind = 5
+	KindLeaderElected  Kind = 6
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindConfigureQuota:
+		return "configure"
+	case KindGrant:
+		return "grant"
+	case KindRenew:
+		return "renew"
+	case KindRelease:
+		return "release"
+	case KindTick:
+		return "tick"
+	case KindLeaderElected:
+		return "leader-elected"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Command is one entry of the replicated log. The set is closed: only the
+// types of this package implement it (ConfigureQuota, Grant, Renew, Release,
+// Tick, LeaderElected, as values or pointers).
+//
+// Every command carries Now, the leader's clock in microseconds when it
+// stamped the entry. Holders leave it zero; the leader fills it in.
+type Command interface {
+	Kind() Kind
+	validate() error
+}
+
+// QuotaConfig is the shape of one leased quota.
+type QuotaConfig struct {
+	// Burst is B, the quota's capacity in tokens: (0, MaxValue].
+	Burst float64 `json:"burst"`
+	// Rate is r, its refill in tokens per second: 0 (a fixed allowance that
+	// never refills) or [MinRate, MaxValue].
+	Rate float64 `json:"rate"`
+	// LeasePeriod is D, the length of a lease term in microseconds:
+	// (0, MaxPeriod].
+	LeasePeriod int64 `json:"lease_period"`
+	// MinSlice and MaxSlice bound each holder's rate share in tokens per
+	// second; its cap is bounded by the same slices scaled by B/r (by the
+	// lease period in seconds when r is 0). MaxSlice 0 means no maximum;
+	// otherwise MinSlice <= MaxSlice <= MaxValue.
+	MinSlice float64 `json:"min_slice"`
+	MaxSlice float64 `json:"max_slice"`
+	// SafetyMargin is how long after a lease's expiry it is reclaimed, in
+	// microseconds: it covers clock-rate drift and the largest clock offset
+	// between coordinator nodes. [0, MaxPeriod].
+	SafetyMargin int64 `json:"safety_margin"`
+}
+
+// ConfigureQuota creates a quota, or updates it in place. A new quota's pool
+// starts full (P = B). Lowering B or r below what is leased never revokes
+// anything: the pool gives up tokens first, and leases shrink at their next
+// renewal; until they have, the quota is held to the larger of the old
+// reservations and the new limits (see QuotaInfo.CeilBurst).
+type ConfigureQuota struct {
+	Now          int64   `json:"now"`
+	Quota        string  `json:"quota"`
+	Burst        float64 `json:"burst"`
+	Rate         float64 `json:"rate"`
+	LeasePeriod  int64   `json:"lease_period"`
+	MinSlice     float64 `json:"min_slice"`
+	MaxSlice     float64 `json:"max_slice"`
+	SafetyMargin int64   `json:"safety_margin"`
+}
+
+// Config returns the quota shape c sets.
+func (c ConfigureQuota) Config() QuotaConfig {
+	return QuotaConfig{
+		Burst: c.Burst, Rate: c.Rate, LeasePeriod: c.LeasePeriod,
+		MinSlice: c.MinSlice, MaxSlice: c.MaxSlice, SafetyMargin: c.SafetyMargin,
+	}
+}
+
+// Grant asks for a lease on Quota for Holder. A holder has at most one
+// lease per quota: a Grant for a quota the holder already leases renews
+// that lease (same ID while it is live, a new ID once it has expired), with
+// nothing returned and nothing confirmed.
+type Grant struct {
+	Now    int64  `json:"now"`
+	Holder string `json:"holder"`
+	// Seq is the holder's sequence number: > 0, increasing across all of
+	// the holder's commands (and across its restarts; see doc.go).
+	Seq   uint64 `json:"seq"`
+	Quota string `json:"quota"`
+	// Demand is the tokens per second the holder wants, counting requests
+	// it rejected: [0, MaxValue].
+	Demand float64 `json:"demand"`
+	// Weight is the holder's fairness weight for this quota; 0 means 1.
+	Weight float64 `json:"weight,omitempty"`
+}
+
+// RenewItem renews one lease within a Renew.
+type RenewItem struct {
+	LeaseID uint64 `json:"lease_id"`
+	Quota   string `json:"quota"`
+	// Unused is the number of tokens the holder gives back: it took them out
+	// of its bucket when it SENT the renew and will never spend them, whatever
+	// the answer (see doc.go, "Token semantics"). [0, MaxValue].
+	Unused float64 `json:"unused"`
+	// Demand is as in Grant.
+	Demand float64 `json:"demand"`
+	// Weight is as in Grant; 0 means 1.
+	Weight float64 `json:"weight,omitempty"`
+	// ConfirmedCap and ConfirmedRate are the cap and rate the holder is
+	// spending under now (those of the latest answer it adopted). When they
+	// equal the lease's latest answer, a pending shrink is confirmed and the
+	// old sizes stop being reserved.
+	ConfirmedCap  float64 `json:"confirmed_cap"`
+	ConfirmedRate float64 `json:"confirmed_rate"`
+}
+
+// Renew renews all of one holder's leases in one command. Each item is
+// answered on its own; one bad lease does not fail the others.
+type Renew struct {
+	Now    int64       `json:"now"`
+	Holder string      `json:"holder"`
+	Seq    uint64      `json:"seq"`
+	Items  []RenewItem `json:"items"`
+}
+
+// Release gives a lease back. The holder stops spending it when it SENDS the
+// release, and Unused (its whole remaining balance) is credited to the pool
+// within the caps described in doc.go; a release after the lease's expiry
+// credits nothing.
+type Release struct {
+	Now     int64   `json:"now"`
+	Holder  string  `json:"holder"`
+	Seq     uint64  `json:"seq"`
+	LeaseID uint64  `json:"lease_id"`
+	Unused  float64 `json:"unused"`
+}
+
+// Tick advances time: it refills pools, ends shrink reservations whose old
+// term is over and reclaims leases whose reclaim time has passed. The leader
+// proposes one periodically.
+type Tick struct {
+	Now int64 `json:"now"`
+}
+
+// LeaderElected is the first entry a new leader commits, before it serves
+// anything: every live lease's reclaim time (and every pending shrink
+// reservation) is pushed to at least Now + its term + the safety margin,
+// because the new leader does not trust the old leader's clock. For the same
+// reason, the pools do not refill over the jump between the last entry and
+// this one.
+type LeaderElected struct {
+	Now int64 `json:"now"`
+}
+
+// Kind implements Command.
+func (ConfigureQuota) Kind() Kind { return KindConfigureQuota }
+
+// Kind implements Command.
+func (Grant) Kind() Kind { return KindGrant }
+
+// Kind implements Command.
+func (Renew) Kind() Kind { return KindRenew }
+
+// Kind implements Command.
+func (Release) Kind() Kind { return KindRelease }
+
+// Kind implements Command.
+func (Tick) Kind() Kind { return KindTick }
+
+// Kind implements Command.
+func (LeaderElected) Kind() Kind { return KindLeaderElected }
+
+// problems collects every problem of a command, so one error names them all.
+type problems []string
+
+func (p *problems) addf(format string, args ...any) { *p = append(*p, fmt.Sprintf(format, args...)) }
+
+func (p problems) err(what string) error {
+	if len(p) == 0 {
+		return nil
+	}
+	return fmt.Errorf("lease: %s: %w: %s", what, ErrInvalid, strings.Join(p, "; "))
+}
+
+func (p *problems) time(field string, v int64) {
+	if v < 0 || v > MaxTime {
+		p.addf("%s %d must be in [0, %d]", field, v, MaxTime)
+	}
+}
+
+func (p *problems) period(field string, v int64, zeroOK bool) {
+	lo := int64(1)
+	if zeroOK {
+		lo = 0
+	}
+	if v < lo || v > MaxPeriod {
+		p.addf("%s %d must be in [%d, %d] µs", field, v, lo, MaxPeriod)
+	}
+}
+
+// amount checks a finite value in [0, MaxValue]; NaN fails every comparison
+// and is caught by the negated form.
+func (p *problems) amount(field string, v float64) {
+	if !(v >= 0 && v <= MaxValue) {
+		p.addf("%s %v must be in [0, %g]", field, v, float64(MaxValue))
+	}
+}
+
+func (p *problems) weight(field string, v float64) {
+	if v != 0 && !(v >= MinWeight && v <= MaxWeight) {
+		p.addf("%s %v must be 0 (default 1) or in [%g, %g]", field, v, float64(MinWeight), float64(MaxWeight))
+	}
+}
+
+func (p *problems) name(field, v string) {
+	switch {
+	case v == "":
+		p.addf("%s is empty", field)
+	case len(v) > MaxNameLen:
+		p.addf("%s is %d bytes, at most %d", field, len(v), MaxNameLen)
+	case !utf8.ValidString(v):
+		p.addf("%s %q is not valid UTF-8", field, v)
+	}
+}
+
+func (p *problems) seq(v uint64) {
+	if v == 0 {
+		p.addf("seq must be > 0")
+	}
+}
+
+func (c QuotaConfig) check(p *problems) {
+	if !(c.Burst > 0 && c.Burst <= MaxValue) {
+		p.addf("burst %v must be in (0, %g]", c.Burst, float64(MaxValue))
+	}
+	if c.Rate != 0 && !(c.Rate >= MinRate && c.Rate <= MaxValue) {
+		p.addf("rate %v must be 0 or in [%g, %g]", c.Rate, float64(MinRate), float64(MaxValue))
+	}
+	p.period("lease_period", c.LeasePeriod, false)
+	p.period("safety_margin", c.SafetyMargin, true)
+	p.amount("min_slice", c.MinSlice)
+	p.amount("max_slice", c.MaxSlice)
+	if c.MaxSlice != 0 && c.MaxSlice < c.MinSlice {
+		p.addf("max_slice %v < min_slice %v (0 means no maximum)", c.MaxSlice, c.MinSlice)
+	}
+}
+
+// Validate reports every problem of the configuration at once.
+func (c QuotaConfig) Validate() error {
+	var p problems
+	c.check(&p)
+	return p.err("quota config")
+}
+
+func (c ConfigureQuota) validate() error {
+	var p problems
+	p.time("now", c.Now)
+	p.name("quota", c.Quota)
+	c.Config().check(&p)
+	return p.err(fmt.Sprintf("configure %q", c.Quota))
+}
+
+func (c Grant) validate() error {
+	var p problems
+	p.time("now", c.Now)
+	p.name("holder", c.Holder)
+	p.seq(c.Seq)
+	p.name("quota", c.Quota)
+	p.amount("demand", c.Demand)
+	p.weight("weight", c.Weight)
+	return p.err(fmt.Sprintf("grant %q to %q", c.Quota, c.Holder))
+}
+
+func (c Renew) validate() error {
+	var p problems
+	p.time("now", c.Now)
+	p.name("holder", c.Holder)
+	p.seq(c.Seq)
+	switch {
+	case len(c.Items) == 0:
+		p.addf("no items")
+	case len(c.Items) > MaxItems:
+		p.addf("%d items, at most %d", len(c.Items), MaxItems)
+	}
+	seen := make(map[uint64]bool, len(c.Items))
+	for i, it := range c.Items {
+		f := func(name string) string { return fmt.Sprintf("items[%d].%s", i, name) }
+		if it.LeaseID == 0 {
+			p.addf("%s must be > 0", f("lease_id"))
+		} else if seen[it.LeaseID] {
+			p.addf("%s %d appears twice", f("lease_id"), it.LeaseID)
+		}
+		seen[it.LeaseID] = true
+		p.name(f("quota"), it.Quota)
+		p.amount(f("unused"), it.Unused)
+		p.amount(f("demand"), it.Demand)
+		p.weight(f("weight"), it.Weight)
+		p.amount(f("confirmed_cap"), it.ConfirmedCap)
+		p.amount(f("confirmed_rate"), it.ConfirmedRate)
+	}
+	return p.err(fmt.Sprintf("renew by %q", c.Holder))
+}
+
+func (c Release) validate() error {
+	var p problems
+	p.time("now", c.Now)
+	p.name("holder", c.Holder)
+	p.seq(c.Seq)
+	if c.LeaseID == 0 {
+		p.addf("lease_id must be > 0")
+	}
+	p.amount("unused", c.Unused)
+	return p.err(fmt.Sprintf("release %d by %q", c.LeaseID, c.Holder))
+}
+
+func (c Tick) validate() error {
+	var p problems
+	p.time("now", c.Now)
+	return p.err("tick")
+}
+
+func (c LeaderElected) validate() error {
+	var p problems
+	p.time("now", c.Now)
+	return p.err("leader elected")
+}
+
+// value returns the command as a value of its concrete type, so pointer and
+// value forms behave the same; nil (also a typed nil pointer) gives nil.
+func value(c Command) Command {
+	switch v := c.(type) {
+	case *ConfigureQuota:
+		if v != nil {
+			return *v
+		}
+	case *Grant:
+		if v != nil {
+			return *v
+		}
+	case *Renew:
+		if v != nil {
+			return *v
+		}
+	case *Release:
+		if v != nil {
+			return *v
+		}
+	case *Tick:
+		if v != nil {
+			return *v
+		}
+	case *LeaderElected:
+		if v != nil {
+			return *v
+		}
+	case ConfigureQuota, Grant, Renew, Release, Tick, LeaderElected:
+		return v
+	}
+	return nil
+}
+
+// weightOr1 applies the default weight.
+func weightOr1(w float64) float64 {
+	if w == 0 {
+		return 1
+	}
+	return w
+}
+
+// finite reports whether v is a usable number.
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

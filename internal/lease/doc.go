@@ -1,0 +1,112 @@
+// Package lease owns the lease state machine of the coordinator: the pools
+// and leases of every leased quota, the commands that change them, and the
+// rules that keep the sum of what holders can spend within each quota
+// (DESIGN.md section 4). It is pure and deterministic: no clock, no
+// randomness, no I/O, no dependency on Raft or gRPC. The coordinator's FSM
+// decodes log entries with DecodeCommand and applies them with
+// State.Apply; agents spend their leases through Holding.
+//
+// # Time
+//
+// Time is int64 microseconds, taken only from commands: the leader stamps
+// each entry with its clock, and the state makes it monotonic,
+// now = max(now, last now). A LeaderElected entry marks a change of clock:
+// the pools do not refill over the jump to it (two clocks cannot measure an
+// interval), and every live lease's reclaim time is pushed to at least
+// now + term + safety margin.
+//
+// # State and conservation
+//
+// A quota Q = (B, r) has a pool P of unassigned tokens and live leases
+// L_i = (id, holder, cap b_i, rate r_i, expiry e_i, reclaim time). Every lease
+// is counted at its reserved sizes: max(old, new) while a shrink is
+// unconfirmed (the holder may not have heard of it yet), its current sizes
+// otherwise. After every step, for every quota:
+//
+//	P + sum(reserved b_i) <= B   and   sum(reserved r_i) <= r
+//
+// (State.CheckInvariants). The one exception is a ConfigureQuota that
+// lowers B or r below what is already reserved: leases are never revoked,
+// so the quota is then held to a ceiling, the reservations outstanding at
+// that moment, which only falls (as leases shrink, expire or are released)
+// until it is back to B and r; P stays 0 meanwhile, and no lease grows.
+//
+// # Token semantics
+//
+// The pool refills at r - sum(reserved r_i), up to B - sum(reserved b_i).
+//
+//   - Grant: the lease gets its cap b_i and rate r_i (its fair share, within
+//     what the other reservations leave free), and its starting balance,
+//     min(P, b_i), moves from P into the holder's bucket.
+//   - Spending: the holder spends from its own bucket, which refills at r_i
+//     up to b_i. Spent tokens are gone.
+//   - Renew: the holder keeps its bucket. In each item it gives back Unused
+//     tokens, which it took out of its bucket when it sent the renew and
+//     never spends again (a holder may give back nothing, only what a shrink
+//     left above its cap, or everything). The coordinator credits
+//     min(Unused, bound) to P, within P's room B - sum(reserved b_i); bound
+//     is an upper bound of the holder's unspent tokens (what it was given,
+//     plus r_i-refill since, capped at b_i, minus what it gave back), so a
+//     buggy or lying report cannot credit more than the holder could have.
+//     It then sizes the lease anew and tops the bucket up from P by
+//     min(P, b_i' - bound), which the holder adds on receipt, capping its
+//     bucket at b_i'. A shrink takes nothing back: the holder moves what is
+//     above its new cap out of its bucket and gives it back at its next
+//     renewal, which also confirms the shrink.
+//   - Release: the holder gives back its whole balance and stops; the lease
+//     and all its reservations go, and min(Unused, bound) is credited. After
+//     the lease's expiry nothing is credited.
+//   - Expiry: a lease not renewed is reclaimed at Tick once expiry + safety
+//     margin has passed; what it held is lost, never credited (the holder
+//     may have spent it).
+//
+// Why this conserves: view the pool and each holder's bucket as sub-buckets
+// with capacities B - sum(reserved b_i) and b_i <= reserved b_i, and refill
+// rates r - sum(reserved r_i) and r_i <= reserved r_i: capacities sum to at
+// most B and rates to at most r. Every step only moves tokens between
+// sub-buckets or destroys them: a grant or top-up moves pool tokens into a
+// bucket (a top-up never exceeds the room a grow leaves, so the pool always
+// fits its shrunk capacity), a credit moves at most what the holder took out
+// of its bucket and only into the pool's free room, and reclaiming, capping
+// or failing to credit destroys. A sub-bucket never holds more than its
+// capacity, and a holder's old sizes stay reserved for as long as it may use
+// them (until it confirms the new ones, or its old term has ended on every
+// clock, which the safety margin and the new-leader rule guarantee). So over
+// any interval [t0, t1] the tokens held at t0 plus all refills bound what can
+// be spent: total spend <= B + r*(t1 - t0). This holds for holders that keep
+// the rules of Holding; a holder that reports tokens it already spent can
+// mint at most its bound per report, and no holder can make the coordinator
+// exceed its own accounting: tokens handed out minus tokens credited never
+// exceed B + r*(t1 - t0).
+//
+// # Sizing
+//
+// At every grant and renewal the coordinator water-fills r among the live
+// leases of the quota by their reported demand (tokens per second, counting
+// rejected requests) and weight (FairShare), each rate share within
+// [MinSlice, MaxSlice]; caps take the same proportion of B (demands and
+// slices scaled by B/r, or by the lease period when r is 0). A lease gets its
+// share, limited to what the others' reservations leave free. So a holder
+// whose share shrinks frees capacity at its next renewal (which confirms the
+// shrink) or when its old term ends, and a holder whose share grows gets it
+// at its first renewal after that: shares converge within about one lease
+// period when holders renew every half period.
+//
+// # Idempotence
+//
+// Every holder command carries Seq, increasing per holder. A command with
+// Seq <= the holder's last applied one is not applied: the last one gets the
+// recorded answer again (Result.Replayed), so a retry after a lost reply
+// receives the same lease, and anything older gets ErrStale. Credits need a
+// live lease, so nothing is ever credited twice. The record outlives the
+// holder's last lease by RecordTTL. A holder that restarts must either
+// continue its sequence (e.g. seed it from the wall clock in microseconds)
+// or use a new holder name.
+//
+// # Encoding
+//
+// EncodeCommand and DecodeCommand frame a command as a type byte, a version
+// byte and strict JSON; an unknown type or version is ErrUnknownCommand, on
+// which the FSM must stop. MarshalBinary and UnmarshalBinary encode the
+// whole state deterministically, for Raft snapshots; Clone is a deep copy.
+package lease

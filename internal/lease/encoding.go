@@ -1,0 +1,194 @@
+package lease
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+)
+
+// commandVersion is the encoding version of every command kind. A change to
+// a command's fields that an older replica would misread bumps it; older
+// replicas then stop with ErrUnknownCommand instead of diverging.
+const commandVersion = 1
+
+// EncodeCommand encodes a command for the replicated log: one type byte (its
+// Kind), one version byte, then the command as JSON. It is deterministic.
+// A command holding a NaN or infinity cannot be encoded (ErrInvalid).
+func EncodeCommand(c Command) ([]byte, error) {
+	v := value(c)
+	if v == nil {
+		return nil, fmt.Errorf("lease: encode %T: %w", c, ErrUnknownCommand)
+	}
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("lease: encode %s: %w: %v", v.Kind(), ErrInvalid, err)
+	}
+	out := make([]byte, 0, 2+len(body))
+	out = append(out, byte(v.Kind()), commandVersion)
+	return append(out, body...), nil
+}
+
+// DecodeCommand decodes what EncodeCommand produced. An unknown type byte or
+// version gives ErrUnknownCommand: the FSM must stop rather than skip an
+// entry other replicas may apply. Anything else that does not decode
+// strictly (unknown fields, trailing bytes, wrong types) gives ErrCorrupt.
+// It never panics, and DecodeCommand(EncodeCommand(c)) equals c. It does not
+// validate values: Apply does.
+func DecodeCommand(b []byte) (Command, error) {
+	if len(b) < 2 {
+		return nil, fmt.Errorf("lease: decode command: %d bytes, need at least 2: %w", len(b), ErrCorrupt)
+	}
+	kind, version, body := Kind(b[0]), b[1], b[2:]
+	if version != commandVersion {
+		return nil, fmt.Errorf("lease: decode %s: version %d, know %d: %w", kind, version, commandVersion, ErrUnknownCommand)
+	}
+	var (
+		c   Command
+		err error
+	)
+	switch kind {
+	case KindConfigureQuota:
+		c, err = decodeStrict[ConfigureQuota](body)
+	case KindGrant:
+		c, err = decodeStrict[Grant](body)
+	case KindRenew:
+		c, err = decodeStrict[Renew](body)
+	case KindRelease:
+		c, err = decodeStrict[Release](body)
+	case KindTick:
+		c, err = decodeStrict[Tick](body)
+	case KindLeaderElected:
+		c, err = decodeStrict[LeaderElected](body)
+	default:
+		return nil, fmt.Errorf("lease: decode command: %w: type byte %d", ErrUnknownCommand, b[0])
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lease: decode %s: %w: %v", kind, ErrCorrupt, err)
+	}
+	return c, nil
+}
+
+// decodeStrict decodes exactly one JSON value with only known fields.
+func decodeStrict[T any](b []byte) (T, error) {
+	var v T
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return v, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return v, errors.New("trailing data after the command")
+	}
+	return v, nil
+}
+
+// snapshotVersion is the version of the state encoding.
+const snapshotVersion = 1
+
+type snapshot struct {
+	Version int            `json:"version"`
+	Now     int64          `json:"now"`
+	NextID  uint64         `json:"next_id"`
+	Quotas  []quotaRecord  `json:"quotas"`
+	Holders []holderRecord `json:"holders"`
+}
+
+type quotaRecord struct {
+	Name      string      `json:"name"`
+	Config    QuotaConfig `json:"config"`
+	Pool      float64     `json:"pool"`
+	PoolAt    int64       `json:"pool_at"`
+	CeilBurst float64     `json:"ceil_burst"`
+	CeilRate  float64     `json:"ceil_rate"`
+	Leases    []lease     `json:"leases"`
+}
+
+type holderRecord struct {
+	Name   string `json:"name"`
+	Seq    uint64 `json:"seq"`
+	At     int64  `json:"at"`
+	Answer answer `json:"answer"`
+}
+
+// MarshalBinary encodes the whole state, deterministically: equal states
+// give equal bytes (quotas and holders sorted by name, leases in the
+// state's order, floats in their shortest exact form).
+func (s *State) MarshalBinary() ([]byte, error) {
+	snap := snapshot{Version: snapshotVersion, Now: s.now, NextID: s.nextID,
+		Quotas: []quotaRecord{}, Holders: []holderRecord{}}
+	for _, name := range s.Quotas() {
+		q := s.quotas[name]
+		r := quotaRecord{Name: name, Config: q.cfg, Pool: q.pool, PoolAt: q.poolAt,
+			CeilBurst: q.ceilBurst, CeilRate: q.ceilRate, Leases: make([]lease, len(q.leases))}
+		for i, l := range q.leases {
+			r.Leases[i] = *l
+		}
+		snap.Quotas = append(snap.Quotas, r)
+	}
+	for _, name := range sortedKeys(s.holders) {
+		h := s.holders[name]
+		snap.Holders = append(snap.Holders, holderRecord{Name: name, Seq: h.seq, At: h.at, Answer: h.answer})
+	}
+	b, err := json.Marshal(snap)
+	if err != nil {
+		return nil, fmt.Errorf("lease: marshal state: %w", err)
+	}
+	return b, nil
+}
+
+// UnmarshalBinary replaces s with the state encoded in b. Bytes that do not
+// decode, or decode into a state that breaks an invariant, give ErrCorrupt
+// and leave s unchanged.
+func (s *State) UnmarshalBinary(b []byte) error {
+	snap, err := decodeStrict[snapshot](b)
+	if err != nil {
+		return fmt.Errorf("lease: unmarshal state: %w: %v", ErrCorrupt, err)
+	}
+	if snap.Version != snapshotVersion {
+		return fmt.Errorf("lease: unmarshal state: version %d, know %d: %w", snap.Version, snapshotVersion, ErrCorrupt)
+	}
+	n := New()
+	n.now, n.nextID = snap.Now, snap.NextID
+	for _, r := range snap.Holders {
+		if r.Name == "" || n.holders[r.Name] != nil {
+			return fmt.Errorf("lease: unmarshal state: holder %q empty or repeated: %w", r.Name, ErrCorrupt)
+		}
+		n.holders[r.Name] = &holder{seq: r.Seq, at: r.At, answer: r.Answer}
+	}
+	for _, r := range snap.Quotas {
+		if r.Name == "" || n.quotas[r.Name] != nil {
+			return fmt.Errorf("lease: unmarshal state: quota %q empty or repeated: %w", r.Name, ErrCorrupt)
+		}
+		q := &quota{name: r.Name, cfg: r.Config, pool: r.Pool, poolAt: r.PoolAt,
+			ceilBurst: r.CeilBurst, ceilRate: r.CeilRate, byHolder: map[string]*lease{}}
+		for i := range r.Leases {
+			l := &r.Leases[i]
+			h := n.holders[l.Holder]
+			if h == nil || n.leases[l.ID] != nil || q.byHolder[l.Holder] != nil {
+				return fmt.Errorf("lease: unmarshal state: lease %d of %q: holder unknown, or lease repeated: %w", l.ID, l.Holder, ErrCorrupt)
+			}
+			h.leases++
+			n.leases[l.ID] = l
+			q.byHolder[l.Holder] = l
+			q.leases = append(q.leases, l)
+		}
+		n.quotas[r.Name] = q
+	}
+	if err := n.CheckInvariants(); err != nil {
+		return fmt.Errorf("lease: unmarshal state: %w: %v", ErrCorrupt, err)
+	}
+	*s = *n
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,146 @@
+package lease
+
+import "math"
+
+// Holding is the holder's half of one lease: the local bucket an agent
+// spends from, and the bookkeeping that its side of the contract needs.
+// Conservation holds only if holders keep these rules, which Holding
+// implements:
+//
+//   - Spend only while the lease is valid: until the term (less clock drift
+//     and the longest pause, see Validity) has passed since the request that
+//     obtained it was SENT, on the holder's monotonic clock.
+//   - Refill at the adopted Rate, never above the adopted Cap.
+//   - Tokens put in a renewal's Unused, or a release's, are taken out of the
+//     bucket when the command is sent and never spent, whatever the answer.
+//   - Adopt only the answer to the latest command sent for this lease; an
+//     answer to an older one (late, or overtaken by a retry with a newer
+//     Seq) is ignored, so a confirmation is never undone.
+//   - On a shrink, the excess over the new cap is not spent: it is owed, and
+//     given back at the next renewal or release.
+//
+// Times are the holder's monotonic clock in microseconds. A Holding is not
+// safe for concurrent use.
+type Holding struct {
+	Quota string
+	// Lease is the latest adopted answer (zero before the first).
+	Lease Lease
+	// Balance is the spendable tokens, as of the last call.
+	Balance float64
+	// Owed is what a shrink left above the cap, to give back.
+	Owed float64
+	// ValidUntil is when spending stops, on the holder's clock.
+	ValidUntil int64
+	// Validity turns a term into how long after sending the holder may
+	// spend; nil means the whole term (see AgentValidity).
+	Validity func(term int64) int64
+
+	at      int64  // Balance is as of at
+	sentSeq uint64 // the latest command sent for this lease
+	sentAt  int64
+}
+
+// AgentValidity is how long after sending its request a holder may spend a
+// lease of the given term: D(1-rho)/(1+rho) - m, with rho the clock-rate
+// drift bound and m the longest pause between a validity check and an
+// admission. Never negative.
+func AgentValidity(term int64, drift float64, pause int64) int64 {
+	if !(drift >= 0) || drift >= 1 {
+		return 0
+	}
+	return max(0, int64(math.Floor(float64(term)*(1-drift)/(1+drift)))-pause)
+}
+
+// Grant builds a grant (the leader stamps Now) and remembers it was sent.
+func (h *Holding) Grant(now int64, holder string, seq uint64, demand float64) Grant {
+	h.sent(now, seq)
+	return Grant{Holder: holder, Seq: seq, Quota: h.Quota, Demand: demand}
+}
+
+// Renewal builds this lease's item of a Renew sent at now with seq. It gives
+// back what is owed plus up to surrender spendable tokens, and confirms the
+// sizes the holder spends under.
+func (h *Holding) Renewal(now int64, seq uint64, demand, surrender float64) RenewItem {
+	h.refill(now)
+	give := min(max(surrender, 0), h.Balance)
+	h.Balance -= give
+	give += h.Owed
+	h.Owed = 0
+	h.sent(now, seq)
+	return RenewItem{
+		LeaseID: h.Lease.ID, Quota: h.Quota, Unused: give, Demand: demand,
+		ConfirmedCap: h.Lease.Cap, ConfirmedRate: h.Lease.Rate,
+	}
+}
+
+// Release builds a release of this lease and stops spending it. An expired
+// lease's tokens are not reported: they are forfeit.
+func (h *Holding) Release(now int64, holder string, seq uint64) Release {
+	h.refill(now)
+	var unused float64
+	if h.Valid(now) {
+		unused = h.Balance + h.Owed
+	}
+	h.Balance, h.Owed, h.ValidUntil = 0, 0, min(h.ValidUntil, now)
+	h.sent(now, seq)
+	return Release{Holder: holder, Seq: seq, LeaseID: h.Lease.ID, Unused: unused}
+}
+
+// Adopt takes an answer (a grant's lease or a renewal item's) received at
+// now for the command sent with seq. It reports false, and changes nothing,
+// for an answer to anything but the latest command sent for this lease.
+func (h *Holding) Adopt(now int64, seq uint64, l Lease) bool {
+	if seq != h.sentSeq || l.Quota != h.Quota {
+		return false
+	}
+	h.refill(now)
+	if !h.Valid(now) {
+		h.Balance, h.Owed = 0, 0 // an expired term's tokens are forfeit
+	}
+	h.Lease = l
+	h.Balance += l.Balance
+	if h.Balance > l.Cap {
+		h.Owed += h.Balance - l.Cap
+		h.Balance = l.Cap
+	}
+	d := l.Term
+	if h.Validity != nil {
+		d = h.Validity(l.Term)
+	}
+	h.ValidUntil = h.sentAt + d
+	return true
+}
+
+// Drop forgets the lease (after ErrLeaseExpired): nothing may be spent until
+// a new grant is adopted.
+func (h *Holding) Drop() {
+	h.Lease, h.Balance, h.Owed, h.ValidUntil = Lease{}, 0, 0, 0
+}
+
+// Valid reports whether the lease may be spent at now.
+func (h *Holding) Valid(now int64) bool { return h.Lease.ID != 0 && now < h.ValidUntil }
+
+// Spend takes cost tokens at now if the lease is valid and holds them.
+func (h *Holding) Spend(now int64, cost float64) bool {
+	if !h.Valid(now) || !(cost > 0) {
+		return false
+	}
+	h.refill(now)
+	if h.Balance < cost {
+		return false
+	}
+	h.Balance -= cost
+	return true
+}
+
+func (h *Holding) sent(now int64, seq uint64) { h.sentSeq, h.sentAt = seq, now }
+
+// refill adds what the adopted rate gave since the last call, up to the cap,
+// and not past the lease's validity.
+func (h *Holding) refill(now int64) {
+	end := min(now, h.ValidUntil)
+	if end > h.at && h.Balance < h.Lease.Cap {
+		h.Balance = min(h.Lease.Cap, h.Balance+h.Lease.Rate*float64(end-h.at)/1e6)
+	}
+	h.at = max(h.at, now)
+}

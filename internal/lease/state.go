@@ -1,0 +1,572 @@
+package lease
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+)
+
+// RecordTTL is how long, in microseconds, a holder's last answer is kept
+// after the holder has no lease left (while it has one, it is always kept).
+// A duplicate delayed longer than that is applied as new: the worst it can
+// do is grant a lease nobody spends, whose tokens come back when it is
+// reclaimed. It can never credit twice, since credits need a live lease.
+const RecordTTL = int64(15 * 60 * 1e6)
+
+// State is the replicated lease state of every quota: a pure, deterministic
+// function of the commands applied to it (see doc.go). It is not safe for
+// concurrent use; the FSM serialises Apply, and reads happen on a Clone.
+type State struct {
+	now     int64
+	nextID  uint64
+	quotas  map[string]*quota
+	leases  map[uint64]*lease
+	holders map[string]*holder
+}
+
+// quota is one quota's pool and leases.
+type quota struct {
+	name   string
+	cfg    QuotaConfig
+	pool   float64 // P, as of poolAt
+	poolAt int64
+	// ceilBurst and ceilRate are the limits conservation is currently held
+	// to: the configured B and r, or more while a configuration change has
+	// left more reserved than they allow. Only ConfigureQuota raises them;
+	// every other step can only lower them, back to B and r.
+	ceilBurst float64
+	ceilRate  float64
+	leases    []*lease // in creation order, which every replica shares
+	byHolder  map[string]*lease
+}
+
+// lease is the coordinator's record of one holder's lease on one quota.
+// Fields are exported for the snapshot encoding only.
+type lease struct {
+	ID     uint64 `json:"id"`
+	Holder string `json:"holder"`
+	Quota  string `json:"quota"`
+	// Cap and Rate are the sizes of the latest answer.
+	Cap  float64 `json:"cap"`
+	Rate float64 `json:"rate"`
+	// ResCap and ResRate are the sizes counted against the quota: the
+	// largest the holder may still be spending under (>= Cap, Rate). They
+	// fall back to Cap and Rate when the holder confirms the latest answer,
+	// or once ResUntil has passed (every older answer's term is over).
+	ResCap   float64 `json:"res_cap"`
+	ResRate  float64 `json:"res_rate"`
+	ResUntil int64   `json:"res_until"`
+	// Term is the longest term any answer of this lease was given, for the
+	// new-leader rule.
+	Term      int64 `json:"term"`
+	Expiry    int64 `json:"expiry"`
+	ReclaimAt int64 `json:"reclaim_at"`
+	// Bound is an upper bound of the tokens the holder can have unspent,
+	// as of BoundAt: what it was given plus what it could have refilled,
+	// minus what it gave back. Credits never exceed it.
+	Bound   float64 `json:"bound"`
+	BoundAt int64   `json:"bound_at"`
+	Demand  float64 `json:"demand"`
+	Weight  float64 `json:"weight"`
+}
+
+// holder is what is remembered about a holder for idempotence.
+type holder struct {
+	seq    uint64 // last applied sequence number
+	at     int64  // when it was applied
+	answer answer // its answer, replayed to a retry of seq
+	leases int    // live leases; derived, rebuilt from the leases
+}
+
+// New returns an empty state.
+func New() *State {
+	return &State{
+		nextID:  1,
+		quotas:  map[string]*quota{},
+		leases:  map[uint64]*lease{},
+		holders: map[string]*holder{},
+	}
+}
+
+// Now is the state's clock: the largest Now of any command applied.
+func (s *State) Now() int64 { return s.now }
+
+// Lease is an answer to a grant or a renewal: the terms the holder spends
+// under once it has adopted them.
+type Lease struct {
+	ID     uint64 `json:"id"`
+	Quota  string `json:"quota"`
+	Holder string `json:"holder"`
+	// Balance is the number of tokens this answer moved from the pool into
+	// the holder's bucket: the starting balance of a new lease, the top-up
+	// of a renewal. The holder adds it, then caps its bucket at Cap.
+	Balance float64 `json:"balance"`
+	// Cap is b_i, the holder's bucket capacity; Rate is r_i, its refill in
+	// tokens per second.
+	Cap  float64 `json:"cap"`
+	Rate float64 `json:"rate"`
+	// Expiry is Now + Term on the coordinator's clock. The holder does not
+	// use it: it stops spending Term (less drift and pause) after it SENT
+	// the request, on its own monotonic clock.
+	Expiry int64 `json:"expiry"`
+	Term   int64 `json:"term"`
+}
+
+// ItemResult answers one RenewItem.
+type ItemResult struct {
+	LeaseID uint64
+	Quota   string
+	// Lease holds the new terms; nil when Err is set.
+	Lease *Lease
+	// Credited is the part of the item's Unused that went back into the
+	// pool (see doc.go for why it can be less).
+	Credited float64
+	// Err is nil, or wraps ErrLeaseExpired or ErrUnknownQuota.
+	Err error
+}
+
+// Result is the answer to a command. Which fields are set depends on it:
+// Grant sets Lease, Renew sets Items (one per item, in order), Release sets
+// Credited, Tick sets Reclaimed; the others set nothing.
+type Result struct {
+	Lease     *Lease
+	Items     []ItemResult
+	Credited  float64
+	Reclaimed []uint64 // lease IDs, ascending
+	// Replayed marks the recorded answer to a command that was already
+	// applied (a retry with the same Seq): nothing was applied this time.
+	Replayed bool
+}
+
+// Apply applies one command and answers it. It is a deterministic function
+// of the state and the command: it reads no clock, no randomness and no map
+// order that could reach the state or the answer.
+//
+// A command that fails validation (ErrInvalid), names an unknown quota
+// (ErrUnknownQuota, except a renew item), or is stale (ErrStale), changes
+// nothing. Any other answer, error or not, is recorded against the holder's
+// Seq, so a retry gets it again with Replayed set.
+func (s *State) Apply(cmd Command) (Result, error) {
+	switch c := value(cmd).(type) {
+	case ConfigureQuota:
+		return Result{}, s.configure(c)
+	case Grant:
+		return s.grant(c)
+	case Renew:
+		return s.renew(c)
+	case Release:
+		return s.release(c)
+	case Tick:
+		return s.tick(c)
+	case LeaderElected:
+		return Result{}, s.leaderElected(c)
+	}
+	return Result{}, fmt.Errorf("lease: apply %T: %w", cmd, ErrUnknownCommand)
+}
+
+// advance makes the state's clock monotonic: a leader whose clock is behind
+// its predecessor's cannot move time backwards.
+func (s *State) advance(now int64) {
+	if now > s.now {
+		s.now = now
+	}
+}
+
+func (s *State) configure(c ConfigureQuota) error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	s.advance(c.Now)
+	q := s.quotas[c.Quota]
+	if q == nil {
+		s.quotas[c.Quota] = &quota{
+			name: c.Quota, cfg: c.Config(),
+			pool: c.Burst, poolAt: s.now, // a new bucket starts full
+			ceilBurst: c.Burst, ceilRate: c.Rate,
+			byHolder: map[string]*lease{},
+		}
+		return nil
+	}
+	q.refill(s.now) // up to now under the old shape
+	q.cfg = c.Config()
+	resCap, resRate := q.reserved()
+	q.pool = min(q.pool, max(0, q.cfg.Burst-resCap))
+	q.ceilBurst = max(q.cfg.Burst, resCap+q.pool)
+	q.ceilRate = max(q.cfg.Rate, resRate)
+	return nil
+}
+
+// holderCommand runs the idempotence protocol around a validated holder
+// command: replay or refuse an old Seq, otherwise apply and record.
+func (s *State) holderCommand(name string, seq uint64, now int64, kind Kind, apply func() answer) (Result, error) {
+	h := s.holders[name]
+	if h != nil && seq <= h.seq {
+		if seq == h.seq && h.answer.Kind == kind {
+			r, err := h.answer.result(name)
+			r.Replayed = true
+			return r, err
+		}
+		return Result{}, fmt.Errorf("lease: %s by %q: seq %d, last applied %d (%s): %w",
+			kind, name, seq, h.seq, h.answer.Kind, ErrStale)
+	}
+	s.advance(now)
+	if h == nil {
+		h = &holder{}
+		s.holders[name] = h
+	}
+	ans := apply()
+	h.seq, h.at, h.answer = seq, s.now, ans
+	return ans.result(name)
+}
+
+func (s *State) grant(c Grant) (Result, error) {
+	if err := c.validate(); err != nil {
+		return Result{}, err
+	}
+	q := s.quotas[c.Quota]
+	if q == nil {
+		return Result{}, fmt.Errorf("lease: grant %q to %q: %w", c.Quota, c.Holder, ErrUnknownQuota)
+	}
+	return s.holderCommand(c.Holder, c.Seq, c.Now, KindGrant, func() answer {
+		q.refill(s.now)
+		l := q.byHolder[c.Holder]
+		switch {
+		case l == nil:
+			l = s.addLease(q, c.Holder)
+		case s.now > l.Expiry:
+			// The old term is over: the holder knows its old balance is
+			// forfeit, and it gets a new ID so that renewals of the old one
+			// keep failing. The record (its reservations) carries over.
+			delete(s.leases, l.ID)
+			l.ID = s.nextID
+			s.nextID++
+			s.leases[l.ID] = l
+		}
+		l.Demand, l.Weight = c.Demand, weightOr1(c.Weight)
+		out, _ := s.resize(q, l, 0, false, q.targets(s.now, l)[l])
+		q.settle()
+		return answer{Kind: KindGrant, Lease: &out}
+	})
+}
+
+func (s *State) renew(c Renew) (Result, error) {
+	if err := c.validate(); err != nil {
+		return Result{}, err
+	}
+	return s.holderCommand(c.Holder, c.Seq, c.Now, KindRenew, func() answer {
+		items := make([]itemAnswer, len(c.Items))
+		live := make([]*lease, len(c.Items))
+		// Record every item's demand first, so that the shares decided for
+		// the items of this command all see the same demands.
+		for i, it := range c.Items {
+			items[i] = itemAnswer{LeaseID: it.LeaseID, Quota: it.Quota}
+			if s.quotas[it.Quota] == nil {
+				items[i].Code = codeUnknownQuota
+				continue
+			}
+			l := s.leases[it.LeaseID]
+			if l == nil || l.Holder != c.Holder || l.Quota != it.Quota || s.now > l.Expiry {
+				items[i].Code = codeLeaseExpired
+				continue
+			}
+			l.Demand, l.Weight = it.Demand, weightOr1(it.Weight)
+			live[i] = l
+		}
+		targets := map[*quota]map[*lease]target{}
+		var touched []*quota
+		for i, l := range live {
+			if l == nil {
+				continue
+			}
+			q := s.quotas[l.Quota]
+			t, ok := targets[q]
+			if !ok {
+				q.refill(s.now)
+				t = q.targets(s.now, nil)
+				targets[q] = t
+				touched = append(touched, q)
+			}
+			it := c.Items[i]
+			confirmed := it.ConfirmedCap == l.Cap && it.ConfirmedRate == l.Rate
+			out, credited := s.resize(q, l, it.Unused, confirmed, t[l])
+			items[i].Lease, items[i].Credited = &out, credited
+		}
+		for _, q := range touched {
+			q.settle()
+		}
+		return answer{Kind: KindRenew, Items: items}
+	})
+}
+
+func (s *State) release(c Release) (Result, error) {
+	if err := c.validate(); err != nil {
+		return Result{}, err
+	}
+	return s.holderCommand(c.Holder, c.Seq, c.Now, KindRelease, func() answer {
+		l := s.leases[c.LeaseID]
+		if l == nil || l.Holder != c.Holder {
+			return answer{Kind: KindRelease, LeaseID: c.LeaseID, Code: codeLeaseExpired}
+		}
+		q := s.quotas[l.Quota]
+		q.refill(s.now)
+		var back float64
+		if s.now <= l.Expiry {
+			// After expiry the holder may have spent what it reports (it
+			// stops at its own expiry, which the coordinator cannot see), so
+			// only a live lease's return is credited.
+			l.accrue(s.now)
+			back = min(c.Unused, l.Bound)
+		}
+		// The holder stopped spending when it sent the release, under this
+		// and every older answer: nothing of the lease stays reserved.
+		s.removeLease(q, l)
+		credited := q.credit(back)
+		q.settle()
+		return answer{Kind: KindRelease, LeaseID: c.LeaseID, Credited: credited}
+	})
+}
+
+func (s *State) tick(c Tick) (Result, error) {
+	if err := c.validate(); err != nil {
+		return Result{}, err
+	}
+	s.advance(c.Now)
+	var reclaimed []uint64
+	for _, name := range slices.Sorted(maps.Keys(s.quotas)) {
+		q := s.quotas[name]
+		q.refill(s.now)
+		for _, l := range slices.Clone(q.leases) {
+			switch {
+			case l.ReclaimAt < s.now:
+				// Its unreturned tokens are lost, not credited: the holder
+				// may have spent them.
+				reclaimed = append(reclaimed, l.ID)
+				s.removeLease(q, l)
+			case l.ResUntil < s.now && (l.ResCap > l.Cap || l.ResRate > l.Rate):
+				l.accrue(s.now)
+				l.collapse()
+			}
+		}
+		q.settle()
+	}
+	for name, h := range s.holders {
+		if h.leases == 0 && s.now-h.at > RecordTTL {
+			delete(s.holders, name)
+		}
+	}
+	slices.Sort(reclaimed)
+	return Result{Reclaimed: reclaimed}, nil
+}
+
+func (s *State) leaderElected(c LeaderElected) error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	prev := s.now
+	for _, q := range s.quotas {
+		q.refill(prev)
+		for _, l := range q.leases {
+			l.accrue(prev)
+		}
+	}
+	s.advance(c.Now)
+	for _, q := range s.quotas {
+		// prev and now come from two different clocks: refilling over the
+		// jump between them could mint tokens, so the pools skip it.
+		q.poolAt = s.now
+		for _, l := range q.leases {
+			l.BoundAt = s.now
+			ext := s.now + l.Term + q.cfg.SafetyMargin
+			l.ReclaimAt = max(l.ReclaimAt, ext)
+			if l.ResCap > l.Cap || l.ResRate > l.Rate {
+				l.ResUntil = max(l.ResUntil, ext)
+			}
+		}
+	}
+	return nil
+}
+
+// addLease creates an empty lease record (no sizes, no tokens).
+func (s *State) addLease(q *quota, name string) *lease {
+	l := &lease{ID: s.nextID, Holder: name, Quota: q.name, BoundAt: s.now, Weight: 1}
+	s.nextID++
+	s.leases[l.ID] = l
+	q.leases = append(q.leases, l)
+	q.byHolder[name] = l
+	s.holders[name].leases++
+	return l
+}
+
+func (s *State) removeLease(q *quota, l *lease) {
+	delete(s.leases, l.ID)
+	delete(q.byHolder, l.Holder)
+	q.leases = slices.DeleteFunc(q.leases, func(x *lease) bool { return x == l })
+	if h := s.holders[l.Holder]; h != nil {
+		h.leases--
+	}
+}
+
+// resize answers a renewal (or a grant, with unused 0 and nothing confirmed)
+// of live lease l: credit what the holder gave back, size the lease towards
+// its target within what is free, top its bucket up from the pool and start
+// a new term. q must be refilled to now. It returns the answer and the credit.
+func (s *State) resize(q *quota, l *lease, unused float64, confirmed bool, t target) (Lease, float64) {
+	now := s.now
+	l.accrue(now)
+	// What the holder could not possibly have had is not credited: a buggy
+	// or lying report cannot mint tokens beyond the lease's bound.
+	back := min(unused, l.Bound)
+	l.Bound -= back
+	if confirmed || l.ResUntil < now {
+		l.collapse()
+	}
+	credited := q.credit(back)
+
+	otherCap, otherRate := q.reservedExcept(l)
+	newCap := max(0, min(t.cap, q.cfg.Burst-otherCap))
+	newRate := max(0, min(t.rate, q.cfg.Rate-otherRate))
+	if newCap < l.ResCap || newRate < l.ResRate {
+		// A shrink: until the holder confirms it, or every older answer's
+		// term is over, the holder may still spend at the old sizes.
+		l.ResUntil = max(l.ResUntil, l.ReclaimAt)
+	}
+	l.ResCap, l.ResRate = max(l.ResCap, newCap), max(l.ResRate, newRate)
+	l.Cap, l.Rate = newCap, newRate
+
+	// Fill the holder's bucket up to its new cap from the pool. Bound is an
+	// upper bound of what it holds, so this never overfills an honest holder
+	// and always takes at least the pool tokens a grow leaves no room for
+	// (see doc.go); the clamp below only bites when the quota is
+	// over-committed after a configuration change.
+	give := min(q.pool, max(0, newCap-l.Bound))
+	q.pool -= give
+	l.Bound += give
+	resCap, _ := q.reserved()
+	q.pool = min(q.pool, max(0, q.cfg.Burst-resCap))
+
+	period := q.cfg.LeasePeriod
+	l.Term = max(l.Term, period)
+	l.Expiry = now + period
+	l.ReclaimAt = max(l.ReclaimAt, l.Expiry+q.cfg.SafetyMargin)
+	return Lease{
+		ID: l.ID, Quota: q.name, Holder: l.Holder, Balance: give,
+		Cap: newCap, Rate: newRate, Expiry: l.Expiry, Term: period,
+	}, credited
+}
+
+// accrue brings the lease's bound up to now: the holder may have refilled at
+// its reserved rate up to its reserved cap.
+func (l *lease) accrue(now int64) {
+	if now > l.BoundAt {
+		l.Bound = min(l.ResCap, l.Bound+l.ResRate*float64(now-l.BoundAt)/1e6)
+		l.BoundAt = now
+	}
+}
+
+// collapse ends a shrink reservation: the holder can no longer be spending
+// under any answer but the latest.
+func (l *lease) collapse() {
+	l.ResCap, l.ResRate, l.ResUntil = l.Cap, l.Rate, 0
+	l.Bound = min(l.Bound, l.ResCap)
+}
+
+// refill brings the pool up to now: it refills at r - sum(reserved r_i) up to
+// B - sum(reserved b_i). The reservations must not have changed since poolAt;
+// every step that changes them refills first.
+func (q *quota) refill(now int64) {
+	if now <= q.poolAt {
+		return
+	}
+	dt := now - q.poolAt
+	q.poolAt = now
+	resCap, resRate := q.reserved()
+	room := q.cfg.Burst - resCap
+	rate := q.cfg.Rate - resRate
+	if room <= q.pool || rate <= 0 {
+		return
+	}
+	q.pool = min(room, q.pool+rate*float64(dt)/1e6)
+}
+
+// credit puts tokens a holder gave back into the pool, within its room; what
+// does not fit is lost (the tokens' capacity still exists, as the holder's
+// own bucket refills). It returns what was credited.
+func (q *quota) credit(back float64) float64 {
+	if back <= 0 {
+		return 0
+	}
+	resCap, _ := q.reserved()
+	c := min(back, max(0, max(0, q.cfg.Burst-resCap)-q.pool))
+	q.pool += c
+	return c
+}
+
+// settle lowers the ceilings towards B and r as reservations shrink. It
+// never raises them: a step that reserved more than the ceiling allows is
+// caught by CheckInvariants.
+func (q *quota) settle() {
+	resCap, resRate := q.reserved()
+	q.ceilBurst = max(q.cfg.Burst, min(q.ceilBurst, resCap+q.pool))
+	q.ceilRate = max(q.cfg.Rate, min(q.ceilRate, resRate))
+}
+
+// reserved sums the reserved sizes, always in the same order so that every
+// replica rounds the same way.
+func (q *quota) reserved() (capSum, rateSum float64) {
+	for _, l := range q.leases {
+		capSum += l.ResCap
+		rateSum += l.ResRate
+	}
+	return capSum, rateSum
+}
+
+func (q *quota) reservedExcept(x *lease) (capSum, rateSum float64) {
+	for _, l := range q.leases {
+		if l != x {
+			capSum += l.ResCap
+			rateSum += l.ResRate
+		}
+	}
+	return capSum, rateSum
+}
+
+// target is a lease's fair share: what it would get if nothing else were
+// reserved beyond the others' own shares.
+type target struct{ cap, rate float64 }
+
+// targets water-fills r and B among the live leases of q (those not expired
+// at now, and extra, a lease being granted) by demand and weight. Rate shares
+// are bounded by [MinSlice, MaxSlice]; caps get the same proportion of B, by
+// scaling demands and slices by B/r (by the lease period when r is 0).
+func (q *quota) targets(now int64, extra *lease) map[*lease]target {
+	var ls []*lease
+	for _, l := range q.leases {
+		if l == extra || now <= l.Expiry {
+			ls = append(ls, l)
+		}
+	}
+	n := len(ls)
+	buf := make([]float64, 5*n)
+	d, w, lo, hi, dc := buf[:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:4*n], buf[4*n:]
+	maxSlice := q.cfg.MaxSlice
+	if maxSlice == 0 {
+		maxSlice = 2 * MaxValue // no maximum, but finite for the scaling below
+	}
+	for i, l := range ls {
+		d[i], w[i], lo[i], hi[i] = l.Demand, l.Weight, q.cfg.MinSlice, maxSlice
+	}
+	rates := FairShare(q.cfg.Rate, d, w, lo, hi)
+	scale := float64(q.cfg.LeasePeriod) / 1e6
+	if q.cfg.Rate > 0 {
+		scale = q.cfg.Burst / q.cfg.Rate
+	}
+	for i := range ls {
+		dc[i], lo[i], hi[i] = d[i]*scale, lo[i]*scale, hi[i]*scale
+	}
+	caps := FairShare(q.cfg.Burst, dc, w, lo, hi)
+	out := make(map[*lease]target, n)
+	for i, l := range ls {
+		out[l] = target{cap: caps[i], rate: rates[i]}
+	}
+	return out
+}
