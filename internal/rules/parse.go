@@ -12,13 +12,20 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
 
-// maxProblems caps what one Parse reports, so a file of garbage gives a
-// readable answer rather than megabytes of errors.
-const maxProblems = 100
+const (
+	// maxProblems caps what one Parse reports, so a file of garbage gives a
+	// readable answer rather than megabytes of errors.
+	maxProblems = 100
+	// maxVisits caps the mapping entries the walk visits. Aliases let a small
+	// file name one large mapping many times (a "billion laughs"); the
+	// largest valid file has about 31,000 entries.
+	maxVisits = 200_000
+)
 
 // Load reads filename and parses it. An unreadable file wraps the os error
 // (errors.Is(err, fs.ErrNotExist) works); an invalid one wraps ErrInvalidFile.
@@ -62,6 +69,23 @@ type parser struct {
 	file     string
 	problems []*Problem
 	dropped  int
+	visits   int
+}
+
+// visit charges n mapping entries to the walk's budget and reports false,
+// once with a problem, when it is spent.
+func (p *parser) visit(at *yaml.Node, n int) bool {
+	if p.visits > maxVisits {
+		return false
+	}
+	p.visits += n
+	if p.visits > maxVisits {
+		// Past the cap too: it explains why the walk stopped.
+		p.problems = append(p.problems, &Problem{File: p.file, Line: at.Line, Column: at.Column,
+			Msg: fmt.Sprintf("the file expands to more than %d fields (excessive aliasing); stopped here", maxVisits)})
+		return false
+	}
+	return true
 }
 
 // ruleSrc is a rule being parsed: where each field was written, and which
@@ -75,8 +99,10 @@ type ruleSrc struct {
 	bad   map[string]bool       // relative fields already reported
 }
 
+func (p *parser) full() bool { return len(p.problems) >= maxProblems }
+
 func (p *parser) add(line, col int, field, format string, args ...any) {
-	if len(p.problems) >= maxProblems {
+	if p.full() {
 		p.dropped++
 		return
 	}
@@ -101,18 +127,85 @@ func (p *parser) err() error {
 	return errors.Join(errs...)
 }
 
-var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+var (
+	yamlLine     = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+	yamlAnchor   = regexp.MustCompile(`^yaml: unknown anchor '(.*)' referenced$`)
+	readerPrefix = regexp.MustCompile(`^(invalid|incomplete|control characters|unexpected low|expected low|input error)`)
+)
 
-// syntax reports a YAML syntax error. The library gives a line but no column.
-func (p *parser) syntax(err error) {
-	msg := err.Error()
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		p.add(line, 0, "", "YAML syntax error: %s", m[2])
+// parserProblems are the messages of the YAML library's parser stage. It
+// prints their line 0-based (its scanner's, 1-based), so the line must be
+// corrected by which stage failed.
+var parserProblems = map[string]bool{
+	"did not find expected <stream-start>":   true,
+	"did not find expected <document start>": true,
+	"did not find expected node content":     true,
+	"did not find expected key":              true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found duplicate %TAG directive":         true,
+	"found undefined tag handle":             true,
+}
+
+// syntax reports a YAML syntax error at the best position the library's
+// message allows. It gives a line (sometimes off by one, sometimes omitted
+// on the first line) but never a column, except where the position can be
+// found again from the input.
+func (p *parser) syntax(data []byte, err error) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	if m := yamlAnchor.FindStringSubmatch(err.Error()); m != nil {
+		line, col := position(data, bytes.Index(data, []byte("*"+m[1])))
+		p.add(line, col, "", "YAML error: %s", msg)
 		return
 	}
-	// The library omits the line when its 0-based mark is 0: the first line.
-	p.add(1, 0, "", "YAML syntax error: %s", strings.TrimPrefix(msg, "yaml: "))
+	line := 0
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	}
+	switch {
+	case readerPrefix.MatchString(msg):
+		if line, col := position(data, firstBadChar(data)); line > 0 {
+			p.add(line, col, "", "YAML syntax error: %s", msg)
+			return
+		}
+	case parserProblems[msg]:
+		line++
+	case line == 0:
+		line = 1
+	}
+	p.add(line, 0, "", "YAML syntax error: %s", msg)
+}
+
+// position turns a byte offset into a 1-based line and column (in
+// characters); 0, 0 for a negative offset.
+func position(data []byte, off int) (line, col int) {
+	if off < 0 || off > len(data) {
+		return 0, 0
+	}
+	before := data[:off]
+	line = 1 + bytes.Count(before, []byte("\n"))
+	col = 1 + utf8.RuneCount(before[bytes.LastIndexByte(before, '\n')+1:])
+	return line, col
+}
+
+// firstBadChar finds the first byte YAML refuses: invalid UTF-8 or a
+// character outside YAML's printable set. -1 when there is none (the input
+// may be UTF-16, which this does not decode).
+func firstBadChar(data []byte) int {
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		ok := r == '\t' || r == '\n' || r == '\r' || r >= 0x20 && r <= 0x7e || r == 0x85 ||
+			r >= 0xa0 && r <= 0xd7ff || r >= 0xe000 && r <= 0xfffd || r >= 0x10000 && r <= 0x10ffff
+		if r == utf8.RuneError && n <= 1 || !ok {
+			return i
+		}
+		i += n
+	}
+	return -1
 }
 
 func (p *parser) parse(data []byte) []*Rule {
@@ -128,15 +221,19 @@ func (p *parser) parse(data []byte) []*Rule {
 			// an empty ConfigMap key must not silently lift every limit.
 			p.add(0, 0, "", "file is empty; it must have a rules list (write \"rules: []\" to mean no rules)")
 		} else {
-			p.syntax(err)
+			p.syntax(data, err)
 		}
 		return nil
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
-		p.at(&extra, "", "a second YAML document; put every rule in the first")
+		at := &extra
+		if len(extra.Content) > 0 {
+			at = extra.Content[0]
+		}
+		p.at(at, "", "a second YAML document; put every rule in the first")
 	} else if !errors.Is(err, io.EOF) {
-		p.syntax(err)
+		p.syntax(data, err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
@@ -207,8 +304,10 @@ func describe(n *yaml.Node) string {
 			return "nothing (null)"
 		case "!!str":
 			return fmt.Sprintf("the string %s", quote(n.Value))
+		case "!!int", "!!float", "!!bool":
+			return quote(n.Value)
 		}
-		return quote(n.Value)
+		return fmt.Sprintf("%s tagged %s", quote(n.Value), n.ShortTag())
 	case yaml.AliasNode:
 		return "an alias"
 	}
@@ -233,6 +332,9 @@ func (p *parser) fields(n *yaml.Node, field, what string, known []string, fn fun
 		p.at(n, field, "%s must be a mapping with the fields %s, got %s", what, strings.Join(known, ", "), describe(n))
 		return false
 	}
+	if !p.visit(n, len(n.Content)/2) {
+		return false
+	}
 	seen := map[string]*yaml.Node{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := deref(n.Content[i]), deref(n.Content[i+1])
@@ -247,6 +349,10 @@ func (p *parser) fields(n *yaml.Node, field, what string, known []string, fn fun
 		}
 		seen[name] = k
 		if !slices.Contains(known, name) {
+			if p.full() {
+				p.dropped++ // formatting costs, and aliases can repeat this a lot
+				continue
+			}
 			p.at(k, join(field, quoteField(name)), "unknown field; the fields are %s", strings.Join(known, ", "))
 			continue
 		}
@@ -369,6 +475,8 @@ func (p *parser) enum(v *yaml.Node, field string, names []string) (int, bool) {
 	return 0, false
 }
 
+var emergencyFields = []string{"burst", "rate", "max_duration"}
+
 var ruleFields = []string{"name", "match", "burst", "rate", "mode", "on_failure", "emergency", "shadow", "lease"}
 
 // rule parses rules[i]. It returns nil only when the item is not a mapping.
@@ -436,6 +544,15 @@ func (p *parser) rule(i int, n *yaml.Node) *ruleSrc {
 	case !seen["emergency"] && r.OnFailure == Emergency:
 		p.at(src.pos["on_failure"], src.field+".emergency", "required when on_failure is emergency (burst, rate, max_duration)")
 		src.bad["emergency"] = true
+	case seen["emergency"] && !src.bad["emergency"]:
+		// Only a block in use has required fields: a dead block is one
+		// problem, not four.
+		for _, name := range emergencyFields {
+			if src.pos["emergency."+name] == nil {
+				p.at(src.pos["emergency"], src.field+".emergency."+name, "required")
+				src.bad["emergency."+name] = true
+			}
+		}
 	}
 	switch {
 	case src.bad["mode"]:
@@ -491,6 +608,15 @@ func (p *parser) match(src *ruleSrc, v *yaml.Node) bool {
 		p.at(v, field, "must be a mapping of descriptor keys to values (%q for any value), got %s", Wildcard, describe(v))
 		return false
 	}
+	// Checked before the walk: an aliased mapping may be huge and used by
+	// every rule.
+	if n := len(v.Content) / 2; n > MaxMatchKeys {
+		p.at(v, field, "has %d keys, at most %d", n, MaxMatchKeys)
+		return false
+	}
+	if !p.visit(v, len(v.Content)/2) {
+		return false
+	}
 	src.rule.Match = make(map[string]string, len(v.Content)/2)
 	ok := true
 	for i := 0; i+1 < len(v.Content); i += 2 {
@@ -527,10 +653,7 @@ func (p *parser) match(src *ruleSrc, v *yaml.Node) bool {
 func (p *parser) emergency(src *ruleSrc, v *yaml.Node) bool {
 	field := src.field + ".emergency"
 	e := &src.rule.Emergency
-	seen := map[string]bool{}
-	known := []string{"burst", "rate", "max_duration"}
-	if !p.fields(v, field, "emergency", known, func(name string, _, v *yaml.Node) {
-		seen[name] = true
+	return p.fields(v, field, "emergency", emergencyFields, func(name string, _, v *yaml.Node) {
 		rel := "emergency." + name
 		src.pos[rel] = v
 		var ok bool
@@ -545,16 +668,7 @@ func (p *parser) emergency(src *ruleSrc, v *yaml.Node) bool {
 		if !ok {
 			src.bad[rel] = true
 		}
-	}) {
-		return false
-	}
-	for _, name := range known {
-		if !seen[name] {
-			p.at(v, field+"."+name, "required")
-			src.bad["emergency."+name] = true
-		}
-	}
-	return true
+	})
 }
 
 func (p *parser) lease(src *ruleSrc, v *yaml.Node) bool {
