@@ -68,8 +68,8 @@
 // Rules of the file as a whole: at most 1000 rules; the file is at most 16
 // MiB and holds one YAML document; unknown fields, duplicate keys, YAML merge
 // keys (<<) and an empty file are errors ("rules: []" means no rules).
-// Anchors and aliases are allowed. A request may match several rules; every
-// matching rule is charged, in file order.
+// Anchors and aliases are allowed. A request may match several rules; all of
+// them apply, and they are reported in file order.
 //
 // Subjects: a rule's subject is its "*" keys' values, in sorted key order,
 // as "k=v,k2=v2". In keys and values the bytes '%', ',', '=', '{', '}' and

@@ -12,8 +12,9 @@ import (
 // it charges.
 type Match struct {
 	Rule *Rule
-	// Subject is the wildcard keys' values, "k=v,k2=v2" in key order, escaped
-	// (see escape); "" when the rule has no wildcard key, so every matching
+	// Subject is the wildcard keys' values, "k=v,k2=v2" in key order, with
+	// '%', ',', '=', '{', '}' and control bytes percent-encoded (see
+	// needsEscape); "" when the rule has no wildcard key, so every matching
 	// request shares one bucket.
 	Subject string
 }
