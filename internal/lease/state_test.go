@@ -530,11 +530,11 @@ func TestTick(t *testing.T) {
 		}},
 		{"pool refills at r minus leased rates, up to B minus leased caps", []step{
 			{cmd: quotaQ(0)},
-			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}},        // cap 20 rate 2, pool 80
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}},              // cap 20 rate 2, pool 80
 			{cmd: Release{Holder: "b", Seq: 1, LeaseID: 9}, err: ErrLeaseExpired}, // a no-op answer
 			{cmd: renew1(0, "a", 2, 1, 0, 2, 20, 2)},
 			{cmd: Grant{Holder: "b", Seq: 2, Quota: "q", Demand: 1}}, // cap 10, balance 10, pool 70
-			{cmd: Tick{Now: sec}, want: []check{wantPool("q", 70)}}, // full: room 70
+			{cmd: Tick{Now: sec}, want: []check{wantPool("q", 70)}},  // full: room 70
 			{cmd: Release{Now: sec, Holder: "b", Seq: 3, LeaseID: 2, Unused: 0}, want: []check{wantPool("q", 70)}},
 			{cmd: Tick{Now: 2 * sec}, want: []check{wantPool("q", 78)}}, // 10 - 2 per second
 			{cmd: Tick{Now: 3 * sec}, want: []check{wantPool("q", 80)}}, // room 80
