@@ -80,7 +80,7 @@ func decodeStrict[T any](b []byte) (T, error) {
 		return v, err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return v, errors.New("trailing data after the command")
+		return v, errors.New("trailing data after the JSON value")
 	}
 	return v, nil
 }
