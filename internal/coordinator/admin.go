@@ -1,0 +1,196 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ration-dev/ration/internal/lease"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// adminServer serves ration.v1.Admin. Status, ListQuotas and ListLeases
+// answer from this node's own state (on a follower it may lag the leader
+// by the entries not yet applied); membership changes need the leader.
+type adminServer struct {
+	rationv1.UnimplementedAdminServer
+	n *Node
+}
+
+func (s *adminServer) Status(ctx context.Context, _ *rationv1.StatusRequest) (*rationv1.StatusResponse, error) {
+	n := s.n
+	stats := n.raft.Stats()
+	u := func(k string) uint64 { v, _ := strconv.ParseUint(stats[k], 10, 64); return v }
+	id, addr := n.Leader()
+	resp := &rationv1.StatusResponse{
+		Id:                n.cfg.ID,
+		State:             n.raft.State().String(),
+		LeaderId:          id,
+		LeaderAddress:     addr,
+		Term:              u("term"),
+		CommitIndex:       u("commit_index"),
+		AppliedIndex:      u("applied_index"),
+		LastSnapshotIndex: u("last_snapshot_index"),
+	}
+	if servers, err := n.servers(); err == nil {
+		resp.Servers = raftServers(servers)
+	}
+	return resp, nil
+}
+
+func (s *adminServer) ListQuotas(ctx context.Context, _ *rationv1.ListQuotasRequest) (*rationv1.ListQuotasResponse, error) {
+	resp := &rationv1.ListQuotasResponse{}
+	s.n.fsm.read(func(st *lease.State) {
+		for _, name := range st.Quotas() {
+			q, _ := st.Quota(name)
+			resp.Quotas = append(resp.Quotas, &rationv1.QuotaStatus{
+				Quota: name, Burst: q.Burst, Rate: q.Rate, Pool: q.Pool,
+				LeasedCap: q.ReservedCap, LeasedRate: q.ReservedRate, Leases: uint32(q.Leases),
+			})
+		}
+	})
+	return resp, nil
+}
+
+func (s *adminServer) ListLeases(ctx context.Context, req *rationv1.ListLeasesRequest) (*rationv1.ListLeasesResponse, error) {
+	resp := &rationv1.ListLeasesResponse{}
+	s.n.fsm.read(func(st *lease.State) {
+		quotas := st.Quotas()
+		if req.GetQuota() != "" {
+			quotas = []string{req.GetQuota()}
+		}
+		for _, q := range quotas {
+			for _, l := range st.Leases(q) {
+				resp.Leases = append(resp.Leases, &rationv1.LeaseStatus{
+					LeaseId: l.ID, Quota: l.Quota, Holder: l.Holder,
+					Cap: l.Cap, Rate: l.Rate, Demand: l.Demand,
+					ExpiryUnixUs: l.Expiry, ReclaimUnixUs: l.ReclaimAt,
+				})
+			}
+		}
+	})
+	return resp, nil
+}
+
+// AddVoter records the new server's gRPC address in the member table
+// first, then adds it to the Raft configuration, so that the moment it can
+// lead, every node can send clients to it. Adding a server that is already
+// a voter at the same address is a no-op, so a joining node may retry.
+func (s *adminServer) AddVoter(ctx context.Context, req *rationv1.AddVoterRequest) (*rationv1.MembershipResponse, error) {
+	n := s.n
+	if err := n.servable(); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	if err := checkMember(req.GetId(), req.GetRaftAddress(), req.GetGrpcAddress()); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	m := member{ID: req.Id, GRPCAddr: req.GrpcAddress}
+	if _, err := n.propose(ctx, &proposal{ops: []pendingOp{{member: &m}}}); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	err := n.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddress), 0, n.cfg.ApplyTimeout).Error()
+	if err != nil {
+		return nil, n.rpcError(ctx, fmt.Errorf("%w: add voter %s: %w", ErrNotLeader, req.Id, err))
+	}
+	n.logger.Info("voter added", "server_id", req.Id, "raft_addr", req.RaftAddress, "grpc_addr", req.GrpcAddress)
+	return s.membership(ctx)
+}
+
+// RemoveServer takes a server out of the Raft configuration, then out of
+// the member table. Removing the leader itself removes its member record
+// first: once removed it can no longer commit anything.
+func (s *adminServer) RemoveServer(ctx context.Context, req *rationv1.RemoveServerRequest) (*rationv1.MembershipResponse, error) {
+	n := s.n
+	if err := n.servable(); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	if req.GetId() == "" {
+		return nil, n.rpcError(ctx, fmt.Errorf("%w: id is empty", ErrInvalidRequest))
+	}
+	servers, err := n.servers()
+	if err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	known := false
+	for _, sv := range servers {
+		known = known || string(sv.ID) == req.Id
+	}
+	if !known {
+		return nil, n.rpcError(ctx, fmt.Errorf("%w: no server %q in the configuration", ErrInvalidRequest, req.Id))
+	}
+	forget := func() error {
+		_, err := n.propose(ctx, &proposal{ops: []pendingOp{{member: &member{ID: req.Id}}}})
+		return err
+	}
+	self := req.Id == n.cfg.ID
+	if self {
+		if err := forget(); err != nil {
+			return nil, n.rpcError(ctx, err)
+		}
+	}
+	if err := n.raft.RemoveServer(raft.ServerID(req.Id), 0, n.cfg.ApplyTimeout).Error(); err != nil {
+		return nil, n.rpcError(ctx, fmt.Errorf("%w: remove server %s: %w", ErrNotLeader, req.Id, err))
+	}
+	if !self {
+		if err := forget(); err != nil {
+			n.logger.Warn("server removed, but its member record stays until the next change", "server_id", req.Id, "err", err)
+		}
+	}
+	n.logger.Info("server removed", "server_id", req.Id)
+	if self {
+		return &rationv1.MembershipResponse{}, nil
+	}
+	return s.membership(ctx)
+}
+
+func (s *adminServer) membership(ctx context.Context) (*rationv1.MembershipResponse, error) {
+	servers, err := s.n.servers()
+	if err != nil {
+		return nil, s.n.rpcError(ctx, err)
+	}
+	return &rationv1.MembershipResponse{Servers: raftServers(servers)}, nil
+}
+
+func raftServers(servers []raft.Server) []*rationv1.RaftServer {
+	out := make([]*rationv1.RaftServer, len(servers))
+	for i, sv := range servers {
+		out[i] = &rationv1.RaftServer{Id: string(sv.ID), Address: string(sv.Address), Suffrage: sv.Suffrage.String()}
+	}
+	return out
+}
+
+func checkMember(id, raftAddr, grpcAddr string) error {
+	var errs []error
+	if id == "" || len(id) > 255 {
+		errs = append(errs, fmt.Errorf("id %q: 1 to 255 bytes", id))
+	}
+	for _, a := range []struct{ name, v string }{{"raft_address", raftAddr}, {"grpc_address", grpcAddr}} {
+		host, _, err := net.SplitHostPort(a.v)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s %q: %v", a.name, a.v, err))
+		case host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified():
+			errs = append(errs, fmt.Errorf("%s %q: not dialable", a.name, a.v))
+		case len(a.v) > maxMemberField:
+			errs = append(errs, fmt.Errorf("%s: too long", a.name))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %v", ErrInvalidRequest, joinErrs(errs))
+}
+
+func joinErrs(errs []error) string {
+	s := ""
+	for i, e := range errs {
+		if i > 0 {
+			s += "; "
+		}
+		s += e.Error()
+	}
+	return s
+}

@@ -1,0 +1,322 @@
+package coordinator
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ration-dev/ration/internal/lease"
+)
+
+// FSM is the coordinator's Raft state machine: the lease state of every
+// quota (package lease) and the member table, which maps each Raft server
+// id to the gRPC address clients are sent to.
+//
+// Apply is deterministic: it reads time only from the entries (the leader
+// stamps them), never a clock. An entry this node cannot decode, or whose
+// type it does not know (and that is not flagged ignorable), STOPS the state
+// machine: nothing more is applied, snapshots are refused, and the onStop
+// callback shuts the node down. Skipping the entry instead would let this
+// replica diverge from the ones that can apply it; stopping makes the
+// failure loud and keeps the replicas that remain correct. After an upgrade
+// the node replays the same entry and goes on.
+//
+// Snapshot takes a cheap deep copy under the lock; Persist does the slow
+// encoding and writing outside it, so Apply is blocked only for the copy.
+type FSM struct {
+	logger *slog.Logger
+	onStop func(error)
+
+	mu      sync.RWMutex
+	state   *lease.State
+	members map[string]string
+	applied uint64 // index of the last entry applied (or restored)
+	stopped error
+
+	restores atomic.Uint64
+}
+
+var (
+	_ raft.FSM         = (*FSM)(nil)
+	_ raft.FSMSnapshot = (*fsmSnapshot)(nil)
+)
+
+// NewFSM returns an empty state machine. onStop is called once, from the
+// applying goroutine, when an entry cannot be applied; it must not block
+// (raft.Shutdown waits for Apply to return, so shut down from a new
+// goroutine). A nil onStop only logs.
+func NewFSM(logger *slog.Logger, onStop func(error)) *FSM {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if onStop == nil {
+		onStop = func(error) {}
+	}
+	return &FSM{logger: logger, onStop: onStop, state: lease.New(), members: map[string]string{}}
+}
+
+// ApplyResult is what Apply returns for an entry: one OpResult per
+// command or member change, in entry order.
+type ApplyResult struct {
+	Ops []OpResult
+}
+
+// OpResult is the outcome of one command: lease.State.Apply's answer, or
+// nothing for a member change or an ignorable entry.
+type OpResult struct {
+	Result lease.Result
+	Err    error
+}
+
+// Apply applies one Raft entry. It returns *ApplyResult, or an error
+// wrapping ErrBadEntry or ErrStopped when nothing was applied.
+func (f *FSM) Apply(l *raft.Log) any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stopped != nil {
+		return fmt.Errorf("fsm: entry %d: %w", l.Index, ErrStopped)
+	}
+	if l.Type != raft.LogCommand {
+		f.applied = l.Index
+		return nil
+	}
+	ops, cmds, err := decodeOps(l.Data)
+	if err != nil {
+		f.stop(l.Index, err)
+		return err
+	}
+	res := &ApplyResult{Ops: make([]OpResult, len(ops))}
+	for i, o := range ops {
+		switch o.typ {
+		case entryCommand:
+			r, err := f.state.Apply(cmds[i])
+			if errors.Is(err, lease.ErrUnknownCommand) {
+				// Decoded but not appliable: the same divergence risk as an
+				// undecodable entry. Commands before it in a batch were
+				// applied; that is fine, the node stops before anything else.
+				f.stop(l.Index, err)
+				return fmt.Errorf("%w: %w", ErrBadEntry, err)
+			}
+			res.Ops[i] = OpResult{Result: r, Err: err}
+		case entryMember:
+			m, _ := decodeMember(o.data) // validated by decodeOps
+			if m.GRPCAddr == "" {
+				delete(f.members, m.ID)
+			} else {
+				f.members[m.ID] = m.GRPCAddr
+			}
+		default:
+			f.logger.Warn("skipping ignorable entry of unknown type",
+				"index", l.Index, "type", fmt.Sprintf("0x%02x", byte(o.typ)))
+		}
+	}
+	f.applied = l.Index
+	return res
+}
+
+// decodeOps decodes a whole entry, commands included, before anything is
+// applied, so a bad entry changes nothing.
+func decodeOps(data []byte) ([]op, []lease.Command, error) {
+	ops, err := decodeEntry(data)
+	if err != nil {
+		return nil, nil, err
+	}
+	cmds := make([]lease.Command, len(ops))
+	for i, o := range ops {
+		if o.typ != entryCommand {
+			continue
+		}
+		c, err := lease.DecodeCommand(o.data)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: command %d: %w", ErrBadEntry, i, err)
+		}
+		cmds[i] = c
+	}
+	return ops, cmds, nil
+}
+
+func (f *FSM) stop(index uint64, err error) {
+	f.stopped = fmt.Errorf("fsm: entry %d: %w", index, err)
+	f.logger.Error("state machine stopped: entry cannot be applied; this node stops rather than diverge",
+		"index", index, "err", err)
+	f.onStop(f.stopped)
+}
+
+// Stopped returns why the state machine stopped, or nil.
+func (f *FSM) Stopped() error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.stopped
+}
+
+// Snapshot copies the state. It is refused once the state machine has
+// stopped: a snapshot would record an applied index past the entry that
+// stopped it, and a restart would then skip that entry and diverge.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.stopped != nil {
+		return nil, fmt.Errorf("fsm: snapshot: %w: %w", ErrStopped, f.stopped)
+	}
+	return &fsmSnapshot{state: f.state.Clone(), members: maps.Clone(f.members), index: f.applied}, nil
+}
+
+// Restore replaces the whole state with a snapshot's.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	state, members, index, err := readSnapshot(bufio.NewReader(rc))
+	if err != nil {
+		return fmt.Errorf("fsm: restore: %w", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stopped != nil {
+		return fmt.Errorf("fsm: restore: %w", ErrStopped)
+	}
+	f.state, f.members, f.applied = state, members, index
+	f.restores.Add(1)
+	f.logger.Info("state restored from snapshot", "index", index)
+	return nil
+}
+
+// Restores counts snapshots restored since the FSM was created (at start
+// from disk, or installed from the leader).
+func (f *FSM) Restores() uint64 { return f.restores.Load() }
+
+// State returns a deep copy of the lease state and the index of the last
+// entry applied to it.
+func (f *FSM) State() (*lease.State, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.state.Clone(), f.applied
+}
+
+// StateBinary returns the encoded lease state and the index it is as of,
+// read atomically, so that replicas can be compared byte for byte at the
+// same index.
+func (f *FSM) StateBinary() ([]byte, uint64, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	b, err := f.state.MarshalBinary()
+	return b, f.applied, err
+}
+
+// Members returns the member table: Raft server id to gRPC address.
+func (f *FSM) Members() map[string]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return maps.Clone(f.members)
+}
+
+// member returns one server's gRPC address.
+func (f *FSM) member(id string) string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.members[id]
+}
+
+// read runs fn on the live state under the read lock; fn must not keep
+// or change it.
+func (f *FSM) read(fn func(*lease.State)) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	fn(f.state)
+}
+
+// Snapshot layout: a version byte, the applied index, the member table,
+// then the lease state's own encoding to the end.
+//
+//	0x01 | uvarint index | uvarint n | n x (string id, string addr) | state
+const snapshotVersion = 1
+
+type fsmSnapshot struct {
+	state   *lease.State
+	members map[string]string
+	index   uint64
+}
+
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := s.write(sink); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("fsm: persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *fsmSnapshot) write(w io.Writer) error {
+	state, err := s.state.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	b := []byte{snapshotVersion}
+	b = binary.AppendUvarint(b, s.index)
+	b = binary.AppendUvarint(b, uint64(len(s.members)))
+	for _, id := range slices.Sorted(maps.Keys(s.members)) {
+		b = appendString(b, id)
+		b = appendString(b, s.members[id])
+	}
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	_, err = w.Write(state)
+	return err
+}
+
+func (s *fsmSnapshot) Release() {}
+
+func readSnapshot(r *bufio.Reader) (*lease.State, map[string]string, uint64, error) {
+	v, err := r.ReadByte()
+	if err != nil || v != snapshotVersion {
+		return nil, nil, 0, fmt.Errorf("%w: snapshot version %v, want %d (%v)", ErrBadEntry, v, snapshotVersion, err)
+	}
+	index, err := binary.ReadUvarint(r)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("%w: snapshot index: %v", ErrBadEntry, err)
+	}
+	n, err := binary.ReadUvarint(r)
+	if err != nil || n > maxBatchOps {
+		return nil, nil, 0, fmt.Errorf("%w: snapshot member count %d: %v", ErrBadEntry, n, err)
+	}
+	members := make(map[string]string, n)
+	for range n {
+		id, err1 := readStringFrom(r)
+		addr, err2 := readStringFrom(r)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, nil, 0, fmt.Errorf("%w: snapshot member: %v", ErrBadEntry, err)
+		}
+		members[id] = addr
+	}
+	rest, err := io.ReadAll(r)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	state := lease.New()
+	if err := state.UnmarshalBinary(rest); err != nil {
+		return nil, nil, 0, fmt.Errorf("%w: %w", ErrBadEntry, err)
+	}
+	return state, members, index, nil
+}
+
+func readStringFrom(r *bufio.Reader) (string, error) {
+	n, err := binary.ReadUvarint(r)
+	if err != nil {
+		return "", err
+	}
+	if n > maxMemberField {
+		return "", fmt.Errorf("string of %d bytes", n)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return "", err
+	}
+	return string(b), nil
+}

@@ -1,0 +1,322 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/rules"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// Grant.error texts. Agents branch on them with strings.HasPrefix.
+const (
+	// ItemErrLeaseExpired: the lease is not live for this holder (expired,
+	// reclaimed, released, never granted): stop spending it, ask again with
+	// lease_id 0.
+	ItemErrLeaseExpired = "lease expired or unknown"
+	// ItemErrUnknownQuota: the coordinator's rules have no leased rule of
+	// that name (or the quota could not be configured).
+	ItemErrUnknownQuota = "unknown quota"
+	// ItemErrRetryGrant: the request was a retry of one already applied,
+	// and only its last command's answer is kept, so this grant's answer is
+	// lost. The lease exists; ask again with lease_id 0 and a new seq to
+	// get its terms (its first balance is forfeit).
+	ItemErrRetryGrant = "grant answer lost on retry"
+)
+
+// QuotaID names the quota of rule applied to subject, as the state machine
+// knows it. '|' cannot occur in a rule name, so the split is unambiguous.
+func QuotaID(rule, subject string) string { return rule + "|" + subject }
+
+// leasesServer serves ration.v1.Leases on the leader.
+//
+// One request maps to several state machine commands, all in one Raft
+// entry: a Grant per item with lease_id 0 (in item order), then one Renew
+// for the other items (or a Release per item). The commands take sequence
+// numbers seq, seq+1, ... in that order, so a request uses at most
+// len(items) numbers and the holder's next request must use a seq of at
+// least seq + len(items). A retry with the same seq and items maps to the
+// same commands; the state machine replays the last one's answer.
+type leasesServer struct {
+	rationv1.UnimplementedLeasesServer
+	n *Node
+}
+
+func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
+	n := s.n
+	if err := n.servable(); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	if err := checkHolderRequest(req.GetHolder(), req.GetSeq(), req.GetItems(), n.cfg.MaxItems, true); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	set := n.rules.Load()
+	grants := make([]*rationv1.Grant, len(req.Items))
+	p := &proposal{kind: kindRenew}
+	var renew lease.Renew
+	var renewItems []int // request item index of each renew item
+	var grantItems []int // request item index of each grant command
+	seq := req.Seq
+	for i, it := range req.Items {
+		grants[i] = &rationv1.Grant{Quota: it.Quota, LeaseId: it.LeaseId}
+		qid, cfg, msg := quotaFor(set, it.Quota, n.cfg)
+		if msg != "" {
+			grants[i].Error = msg
+			continue
+		}
+		p.configs = append(p.configs, cfg)
+		if it.LeaseId == 0 {
+			p.ops = append(p.ops, pendingOp{cmd: lease.Grant{
+				Holder: req.Holder, Seq: seq, Quota: qid, Demand: it.Demand,
+			}})
+			seq++
+			grantItems = append(grantItems, i)
+			continue
+		}
+		renew.Items = append(renew.Items, lease.RenewItem{
+			LeaseID: it.LeaseId, Quota: qid, Unused: it.Unused, Demand: it.Demand,
+			ConfirmedCap: it.ConfirmedCap, ConfirmedRate: it.ConfirmedRate,
+		})
+		renewItems = append(renewItems, i)
+	}
+	if len(renew.Items) > 0 {
+		renew.Holder, renew.Seq = req.Holder, seq
+		p.ops = append(p.ops, pendingOp{cmd: renew})
+	}
+	if len(p.ops) == 0 {
+		return &rationv1.RenewResponse{Grants: grants}, nil
+	}
+	results, err := n.propose(ctx, p)
+	if err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	last := results[len(results)-1]
+	// The last command answered from the record: the request was applied
+	// before (this is a retry), and earlier commands come back ErrStale.
+	replayed := last.Result.Replayed
+	if errors.Is(last.Err, lease.ErrStale) {
+		return nil, n.rpcError(ctx, last.Err)
+	}
+	for j, i := range grantItems {
+		r := results[j]
+		switch {
+		case r.Err == nil:
+			fillGrant(grants[i], r.Result.Lease)
+		case errors.Is(r.Err, lease.ErrStale) && replayed:
+			grants[i].Error = ItemErrRetryGrant
+		default:
+			if msg := itemError(r.Err); msg != "" {
+				grants[i].Error = msg
+			} else {
+				return nil, n.rpcError(ctx, r.Err)
+			}
+		}
+	}
+	if len(renewItems) > 0 {
+		r := results[len(results)-1]
+		if r.Err != nil {
+			return nil, n.rpcError(ctx, r.Err)
+		}
+		for j, i := range renewItems {
+			ir := r.Result.Items[j]
+			if ir.Err != nil {
+				grants[i].Error = itemError(ir.Err)
+				continue
+			}
+			fillGrant(grants[i], ir.Lease)
+		}
+	}
+	return &rationv1.RenewResponse{Grants: grants}, nil
+}
+
+func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest) (*rationv1.ReleaseResponse, error) {
+	n := s.n
+	if err := n.servable(); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	if err := checkHolderRequest(req.GetHolder(), req.GetSeq(), req.GetItems(), n.cfg.MaxItems, false); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	p := &proposal{kind: kindRelease}
+	for i, it := range req.Items {
+		p.ops = append(p.ops, pendingOp{cmd: lease.Release{
+			Holder: req.Holder, Seq: req.Seq + uint64(i), LeaseID: it.LeaseId, Unused: it.Unused,
+		}})
+	}
+	results, err := n.propose(ctx, p)
+	if err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	// A release of a lease that is no longer live credits nothing and is
+	// not an error for the holder: it stopped spending either way. Only a
+	// stale request (older than the holder's last) is reported.
+	if last := results[len(results)-1]; errors.Is(last.Err, lease.ErrStale) {
+		return nil, n.rpcError(ctx, last.Err)
+	}
+	return &rationv1.ReleaseResponse{}, nil
+}
+
+func fillGrant(g *rationv1.Grant, l *lease.Lease) {
+	if l == nil {
+		g.Error = ItemErrLeaseExpired
+		return
+	}
+	g.LeaseId = l.ID
+	g.Balance = l.Balance
+	g.Cap = l.Cap
+	g.Rate = l.Rate
+	g.DurationUs = l.Term
+}
+
+// itemError turns an answer that concerns one item into its Grant.error,
+// or "" when the error concerns the whole request.
+func itemError(err error) string {
+	switch {
+	case errors.Is(err, lease.ErrLeaseExpired):
+		return ItemErrLeaseExpired
+	case errors.Is(err, lease.ErrUnknownQuota):
+		return ItemErrUnknownQuota
+	}
+	return ""
+}
+
+// quotaFor resolves a quota reference against the coordinator's rules: the
+// quota id and its shape, or the item's error text.
+func quotaFor(set *rules.Set, ref *rationv1.QuotaRef, cfg Config) (string, lease.ConfigureQuota, string) {
+	r, ok := set.Rule(ref.GetRule())
+	if !ok {
+		return "", lease.ConfigureQuota{}, fmt.Sprintf("%s: no rule %q in the coordinator's rules", ItemErrUnknownQuota, ref.GetRule())
+	}
+	if r.Mode != rules.ModeLeased {
+		return "", lease.ConfigureQuota{}, fmt.Sprintf("%s: rule %q is not leased (mode %v)", ItemErrUnknownQuota, r.Name, r.Mode)
+	}
+	id := QuotaID(r.Name, ref.GetSubject())
+	return id, lease.ConfigureQuota{
+		Quota:        id,
+		Burst:        r.Burst,
+		Rate:         r.Rate,
+		LeasePeriod:  r.Lease.Period.Microseconds(),
+		MinSlice:     r.Lease.MinSlice,
+		MaxSlice:     r.Lease.MaxSlice,
+		SafetyMargin: cfg.SafetyMargin.Microseconds(),
+	}, ""
+}
+
+// checkHolderRequest rejects a malformed Renew or Release before anything
+// is proposed, naming every problem: the state machine would reject it too,
+// but after it had cost a Raft entry, and some problems (NaN) cannot even
+// be encoded.
+func checkHolderRequest(holder string, seq uint64, items []*rationv1.RenewItem, maxItems int, renew bool) error {
+	var ps []string
+	bad := func(format string, args ...any) { ps = append(ps, fmt.Sprintf(format, args...)) }
+	switch {
+	case holder == "":
+		bad("holder is empty")
+	case len(holder) > lease.MaxNameLen:
+		bad("holder is %d bytes, at most %d", len(holder), lease.MaxNameLen)
+	case !utf8.ValidString(holder):
+		bad("holder is not valid UTF-8")
+	}
+	if seq == 0 {
+		bad("seq must be > 0")
+	}
+	switch {
+	case len(items) == 0:
+		bad("no items")
+	case len(items) > min(maxItems, lease.MaxItems):
+		bad("%d items, at most %d", len(items), min(maxItems, lease.MaxItems))
+	case seq > math.MaxUint64-uint64(len(items)):
+		bad("seq %d leaves no room for %d items (a request uses seq .. seq+len(items)-1)", seq, len(items))
+	}
+	leaseIDs := map[uint64]bool{}
+	quotas := map[string]bool{}
+	for i, it := range items {
+		f := func(name string) string { return fmt.Sprintf("items[%d].%s", i, name) }
+		if it == nil {
+			bad("items[%d] is null", i)
+			continue
+		}
+		if !renew && it.LeaseId == 0 {
+			bad("%s must be > 0", f("lease_id"))
+		}
+		if it.LeaseId != 0 {
+			if leaseIDs[it.LeaseId] {
+				bad("%s %d appears twice", f("lease_id"), it.LeaseId)
+			}
+			leaseIDs[it.LeaseId] = true
+		}
+		if renew {
+			q := it.GetQuota()
+			switch id := QuotaID(q.GetRule(), q.GetSubject()); {
+			case q == nil || q.Rule == "":
+				bad("%s is empty", f("quota.rule"))
+			case len(id) > lease.MaxNameLen:
+				bad("%s: rule and subject are %d bytes together, at most %d", f("quota"), len(id)-1, lease.MaxNameLen-1)
+			case !utf8.ValidString(id):
+				bad("%s is not valid UTF-8", f("quota"))
+			case quotas[id]:
+				bad("%s %q appears twice (a holder has one lease per quota)", f("quota"), id)
+			default:
+				quotas[id] = true
+			}
+		}
+		for _, v := range []struct {
+			name string
+			v    float64
+		}{{"unused", it.Unused}, {"demand", it.Demand}, {"confirmed_cap", it.ConfirmedCap}, {"confirmed_rate", it.ConfirmedRate}} {
+			if !(v.v >= 0 && v.v <= lease.MaxValue) {
+				bad("%s %v must be in [0, %g]", f(v.name), v.v, float64(lease.MaxValue))
+			}
+		}
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrInvalidRequest, strings.Join(ps, "; "))
+}
+
+// servable answers early, without queueing, when this node cannot serve.
+func (n *Node) servable() error {
+	t := n.term.Load()
+	switch {
+	case t == nil:
+		return ErrNotLeader
+	case !t.ready.Load():
+		return ErrNotReady
+	}
+	return nil
+}
+
+// rpcError maps an error to its gRPC status at the edge. UNAVAILABLE
+// carries the leader's gRPC address in the "ration-leader" trailer.
+func (n *Node) rpcError(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, ErrInvalidRequest) || errors.Is(err, lease.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, lease.ErrStale):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	case errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNotReady) || errors.Is(err, ErrStopped) ||
+		isLeadershipErr(err) || errors.Is(err, raft.ErrEnqueueTimeout):
+		id, addr := n.Leader()
+		if id == n.cfg.ID {
+			addr = n.grpcAddr // leading but not ready yet: retry here
+		}
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(LeaderTrailer, addr))
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	n.logger.Error("request failed", "err", err)
+	return status.Error(codes.Internal, err.Error())
+}

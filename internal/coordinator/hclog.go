@@ -1,0 +1,148 @@
+package coordinator
+
+import (
+	"context"
+	"io"
+	"log"
+	"log/slog"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// hclogAdapter hands hashicorp/raft's hclog output to the node's slog
+// logger, so that a process has one logger, one format and one level, and
+// no library writes to stderr behind the operator's back.
+type hclogAdapter struct {
+	logger *slog.Logger
+	name   string
+	args   []any
+}
+
+var _ hclog.Logger = (*hclogAdapter)(nil)
+
+// newHclog returns an hclog.Logger writing into logger. Its level follows
+// the slog handler's (Enabled), so SetLevel is a no-op: the level is the
+// process's, not raft's.
+func newHclog(logger *slog.Logger, name string) hclog.Logger {
+	return &hclogAdapter{logger: logger, name: name}
+}
+
+// slogLevel maps hclog levels; Trace sits below slog's Debug so that a
+// handler at Debug does not drown in raft's per-RPC trace lines.
+func slogLevel(l hclog.Level) slog.Level {
+	switch l {
+	case hclog.Trace:
+		return slog.LevelDebug - 4
+	case hclog.Debug:
+		return slog.LevelDebug
+	case hclog.Warn:
+		return slog.LevelWarn
+	case hclog.Error:
+		return slog.LevelError
+	default:
+		return slog.LevelInfo
+	}
+}
+
+func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
+	if level == hclog.Off {
+		return
+	}
+	lvl := slogLevel(level)
+	ctx := context.Background()
+	if !h.logger.Enabled(ctx, lvl) {
+		return
+	}
+	all := make([]any, 0, 2+len(h.args)+len(args))
+	if h.name != "" {
+		all = append(all, "component", h.name)
+	}
+	all = append(all, h.args...)
+	all = append(all, fixArgs(args)...)
+	h.logger.Log(ctx, lvl, msg, all...)
+}
+
+// fixArgs keeps slog from printing !BADKEY for hclog's odd-length argument
+// lists (hclog accepts a trailing value with no key) and renders values
+// hclog would have formatted itself.
+func fixArgs(args []any) []any {
+	if len(args)%2 == 1 {
+		args = append(args[:len(args):len(args)], "")
+		args[len(args)-1], args[len(args)-2] = args[len(args)-2], "extra"
+	}
+	for i := 0; i+1 < len(args); i += 2 {
+		if f, ok := args[i+1].(hclog.Format); ok {
+			args[i+1] = slog.AnyValue([]any(f))
+		}
+	}
+	return args
+}
+
+func (h *hclogAdapter) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }
+func (h *hclogAdapter) Debug(msg string, args ...any) { h.Log(hclog.Debug, msg, args...) }
+func (h *hclogAdapter) Info(msg string, args ...any)  { h.Log(hclog.Info, msg, args...) }
+func (h *hclogAdapter) Warn(msg string, args ...any)  { h.Log(hclog.Warn, msg, args...) }
+func (h *hclogAdapter) Error(msg string, args ...any) { h.Log(hclog.Error, msg, args...) }
+
+func (h *hclogAdapter) enabled(l hclog.Level) bool {
+	return h.logger.Enabled(context.Background(), slogLevel(l))
+}
+
+func (h *hclogAdapter) IsTrace() bool { return h.enabled(hclog.Trace) }
+func (h *hclogAdapter) IsDebug() bool { return h.enabled(hclog.Debug) }
+func (h *hclogAdapter) IsInfo() bool  { return h.enabled(hclog.Info) }
+func (h *hclogAdapter) IsWarn() bool  { return h.enabled(hclog.Warn) }
+func (h *hclogAdapter) IsError() bool { return h.enabled(hclog.Error) }
+
+func (h *hclogAdapter) ImpliedArgs() []any { return h.args }
+
+func (h *hclogAdapter) With(args ...any) hclog.Logger {
+	c := *h
+	c.args = append(h.args[:len(h.args):len(h.args)], fixArgs(args)...)
+	return &c
+}
+
+func (h *hclogAdapter) Name() string { return h.name }
+
+func (h *hclogAdapter) Named(name string) hclog.Logger {
+	c := *h
+	if c.name != "" {
+		c.name += "." + name
+	} else {
+		c.name = name
+	}
+	return &c
+}
+
+func (h *hclogAdapter) ResetNamed(name string) hclog.Logger {
+	c := *h
+	c.name = name
+	return &c
+}
+
+func (h *hclogAdapter) SetLevel(hclog.Level) {}
+
+func (h *hclogAdapter) GetLevel() hclog.Level {
+	for _, l := range []hclog.Level{hclog.Trace, hclog.Debug, hclog.Info, hclog.Warn, hclog.Error} {
+		if h.enabled(l) {
+			return l
+		}
+	}
+	return hclog.Off
+}
+
+func (h *hclogAdapter) StandardLogger(opts *hclog.StandardLoggerOptions) *log.Logger {
+	return log.New(h.StandardWriter(opts), "", 0)
+}
+
+func (h *hclogAdapter) StandardWriter(opts *hclog.StandardLoggerOptions) io.Writer {
+	lvl := slog.LevelInfo
+	if opts != nil && opts.ForceLevel != hclog.NoLevel {
+		lvl = slogLevel(opts.ForceLevel)
+	}
+	l := h.logger
+	if h.name != "" {
+		l = l.With("component", h.name)
+	}
+	return slog.NewLogLogger(l.Handler(), lvl).Writer()
+}

@@ -1,0 +1,497 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ration-dev/ration/internal/lease"
+)
+
+// term is one stretch of leadership of this node. Everything the leader
+// runs (the batcher, the responder, the ticker) belongs to a term and ends
+// with it; a new term starts from scratch, with a new LeaderElected entry.
+type term struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	// ready is set once LeaderElected (and every entry before it) has been
+	// applied: only then does the node serve.
+	ready    atomic.Bool
+	queue    chan *proposal
+	inflight chan *inflight
+
+	mu sync.Mutex
+	// configured holds the quota shapes this term has proposed, so that
+	// concurrent renewals of a new quota configure it once, not once per
+	// entry in flight.
+	configured map[string]lease.QuotaConfig
+}
+
+// maxInflight bounds the entries proposed but not yet applied. When they
+// are all in flight, renewals queue and the next entry carries more of them.
+const maxInflight = 16
+
+// proposal is one request's commands, waiting to be stamped, batched and
+// committed. Results come back aligned with ops.
+type proposal struct {
+	ops []pendingOp
+	// configs are ConfigureQuota commands (from the coordinator's rules)
+	// the ops need; the batcher adds those whose quota is not configured
+	// with that shape yet, before the ops, in the same entry.
+	configs []lease.ConfigureQuota
+	done    chan proposalResult // buffered: the responder never blocks
+	kind    proposalKind
+}
+
+type proposalKind uint8
+
+const (
+	kindOther proposalKind = iota
+	kindRenew
+	kindRelease
+)
+
+type pendingOp struct {
+	cmd    lease.Command // nil for a member change
+	member *member
+}
+
+type proposalResult struct {
+	results []OpResult
+	err     error
+}
+
+// inflight is an entry handed to Raft, and whom to answer when it applies.
+type inflight struct {
+	future     raft.ApplyFuture
+	props      []*proposal
+	offsets    []int // where each proposal's ops start in the entry
+	configured []string
+	commands   int
+	start      time.Time
+}
+
+// watchLeadership starts a term when Raft makes this node leader and ends
+// it when leadership is lost. It never waits for the old term's goroutines:
+// they may be waiting on Raft, and Raft may be waiting to tell us of the
+// next change. They end on their own, answering their callers.
+func (n *Node) watchLeadership() {
+	defer n.wg.Done()
+	var cur *term
+	end := func() {
+		if cur != nil {
+			cur.cancel()
+			n.term.CompareAndSwap(cur, nil)
+			cur = nil
+			n.m.isLeader.Set(0)
+			n.m.ready.Set(0)
+		}
+	}
+	for {
+		select {
+		case <-n.done:
+			end()
+			return
+		case leader := <-n.notify:
+			end()
+			if !leader {
+				n.logger.Info("leadership lost")
+				continue
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cur = &term{
+				ctx: ctx, cancel: cancel,
+				queue:      make(chan *proposal, 4*n.cfg.BatchMax),
+				inflight:   make(chan *inflight, maxInflight),
+				configured: map[string]lease.QuotaConfig{},
+			}
+			n.term.Store(cur)
+			n.m.isLeader.Set(1)
+			n.wg.Add(1)
+			go n.lead(cur)
+		}
+	}
+}
+
+// lead commits LeaderElected before anything is served: a Barrier first
+// (everything committed by earlier leaders is applied), then one entry
+// with this node's member record and LeaderElected stamped with this
+// node's clock, which pushes every live lease's reclaim time to at least
+// now + term + margin on this clock. Only once that entry is applied does
+// the term become ready and the batcher and ticker start.
+func (n *Node) lead(t *term) {
+	defer n.wg.Done()
+	n.logger.Info("leadership gained; committing LeaderElected before serving")
+	backoff := 10 * time.Millisecond
+	for {
+		err := n.raft.Barrier(n.cfg.ApplyTimeout).Error()
+		if err == nil {
+			err = n.commitElected(t)
+		}
+		if err == nil {
+			break
+		}
+		if t.ctx.Err() != nil || errors.Is(err, raft.ErrRaftShutdown) || errors.Is(err, ErrStopped) {
+			n.logger.Info("leadership ended before LeaderElected committed", "err", err)
+			return
+		}
+		n.logger.Warn("committing LeaderElected failed; retrying", "err", err)
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+	t.ready.Store(true)
+	n.m.ready.Set(1)
+	n.logger.Info("leader ready: LeaderElected applied")
+	n.wg.Add(3)
+	go n.batch(t)
+	go n.respond(t)
+	go n.tick(t)
+}
+
+func (n *Node) commitElected(t *term) error {
+	var stateNow int64
+	n.fsm.read(func(s *lease.State) { stateNow = s.Now() })
+	n.advanceClock(stateNow)
+	now := n.stamp()
+	cmd, err := lease.EncodeCommand(lease.LeaderElected{Now: now})
+	if err != nil {
+		return err
+	}
+	data := encodeEntry([]op{memberOp(member{ID: n.cfg.ID, GRPCAddr: n.grpcAddr}), commandOp(cmd)})
+	if t.ctx.Err() != nil {
+		return ErrNotLeader
+	}
+	f := n.raft.Apply(data, n.cfg.ApplyTimeout)
+	if err := f.Error(); err != nil {
+		return err
+	}
+	if err, ok := f.Response().(error); ok {
+		return err
+	}
+	return nil
+}
+
+// stamp returns the leader's clock in microseconds, never below a time it
+// returned before or the state's clock: entries from one leader never go
+// back in time, and the state machine adds max(now, last) across leaders.
+func (n *Node) stamp() int64 {
+	return n.advanceClock(n.clock().UnixMicro())
+}
+
+func (n *Node) advanceClock(now int64) int64 {
+	for {
+		last := n.lastNow.Load()
+		if now <= last {
+			return last
+		}
+		if n.lastNow.CompareAndSwap(last, now) {
+			return now
+		}
+	}
+}
+
+// propose hands p to the current term's batcher and waits for its entry
+// to be applied. An error means the outcome is unknown unless it wraps
+// ErrNotLeader/ErrNotReady returned before enqueueing; callers retry with
+// the same sequence numbers, which the state machine answers once.
+func (n *Node) propose(ctx context.Context, p *proposal) ([]OpResult, error) {
+	return n.proposeIn(ctx, n.term.Load(), p)
+}
+
+// proposeIn proposes within term t only.
+func (n *Node) proposeIn(ctx context.Context, t *term, p *proposal) ([]OpResult, error) {
+	switch {
+	case t == nil:
+		return nil, ErrNotLeader
+	case !t.ready.Load():
+		return nil, ErrNotReady
+	}
+	p.done = make(chan proposalResult, 1)
+	select {
+	case t.queue <- p:
+	case <-t.ctx.Done():
+		return nil, ErrNotLeader
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case r := <-p.done:
+		return r.results, r.err
+	case <-t.ctx.Done():
+		return nil, fmt.Errorf("%w: leadership lost while committing", ErrNotLeader)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// batch is the term's proposer: it takes queued proposals, stamps them
+// with one timestamp, and commits as many as fit (BatchMax commands) in one
+// Raft entry. With nothing in flight it proposes at once (no added
+// latency); with entries in flight it waits up to BatchWait for more, since
+// the entry would queue behind them anyway.
+func (n *Node) batch(t *term) {
+	defer n.wg.Done()
+	defer close(t.inflight)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		var first *proposal
+		select {
+		case first = <-t.queue:
+		case <-t.ctx.Done():
+			n.failQueued(t)
+			return
+		}
+		props := []*proposal{first}
+		size := len(first.ops) + len(first.configs)
+	drain:
+		for size < n.cfg.BatchMax {
+			select {
+			case p := <-t.queue:
+				props = append(props, p)
+				size += len(p.ops) + len(p.configs)
+				continue
+			default:
+			}
+			if len(t.inflight) == 0 || n.cfg.BatchWait == 0 {
+				break
+			}
+			timer.Reset(n.cfg.BatchWait)
+			select {
+			case p := <-t.queue:
+				timer.Stop()
+				props = append(props, p)
+				size += len(p.ops) + len(p.configs)
+			case <-timer.C:
+				break drain
+			case <-t.ctx.Done():
+				timer.Stop()
+				break drain
+			}
+		}
+		fl := n.build(t, props)
+		if fl == nil {
+			continue
+		}
+		if t.ctx.Err() != nil {
+			// Leadership ended while batching: do not propose under a term
+			// that is over (the next term starts with its own LeaderElected).
+			t.forget(fl.configured)
+			for _, p := range fl.props {
+				p.done <- proposalResult{err: ErrNotLeader}
+			}
+			continue
+		}
+		fl.future = n.raft.Apply(fl.data(), n.cfg.ApplyTimeout)
+		t.inflight <- &fl.inflight
+	}
+}
+
+// build stamps the proposals and lays out one entry. A proposal whose
+// commands cannot be encoded is answered at once and left out.
+func (n *Node) build(t *term, props []*proposal) *entryBuild {
+	now := n.stamp()
+	b := &entryBuild{inflight: inflight{start: time.Now()}}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range props {
+		enc, err := encodeProposal(p, now)
+		if err != nil {
+			p.done <- proposalResult{err: fmt.Errorf("%w: %w", ErrInvalidRequest, err)}
+			continue
+		}
+		for _, c := range p.configs {
+			want := c.Config()
+			if have, ok := t.configured[c.Quota]; ok && have == want {
+				continue
+			}
+			var cur lease.QuotaConfig
+			var exists bool
+			n.fsm.read(func(s *lease.State) {
+				var q lease.QuotaInfo
+				q, exists = s.Quota(c.Quota)
+				cur = q.QuotaConfig
+			})
+			t.configured[c.Quota] = want
+			if exists && cur == want {
+				continue
+			}
+			c.Now = now
+			data, err := lease.EncodeCommand(c)
+			if err != nil {
+				n.logger.Error("cannot encode quota configuration from the rules", "quota", c.Quota, "err", err)
+				delete(t.configured, c.Quota)
+				continue
+			}
+			b.ops = append(b.ops, commandOp(data))
+			b.configured = append(b.configured, c.Quota)
+		}
+		b.offsets = append(b.offsets, len(b.ops))
+		b.ops = append(b.ops, enc...)
+		b.props = append(b.props, p)
+		b.commands += len(enc)
+	}
+	if len(b.props) == 0 {
+		return nil
+	}
+	return b
+}
+
+// entryBuild is an inflight entry being laid out.
+type entryBuild struct {
+	inflight
+	ops []op
+}
+
+func (b *entryBuild) data() []byte { return encodeEntry(b.ops) }
+
+func encodeProposal(p *proposal, now int64) ([]op, error) {
+	ops := make([]op, len(p.ops))
+	for i, o := range p.ops {
+		if o.member != nil {
+			ops[i] = memberOp(*o.member)
+			continue
+		}
+		data, err := lease.EncodeCommand(stampCommand(o.cmd, now))
+		if err != nil {
+			return nil, err
+		}
+		ops[i] = commandOp(data)
+	}
+	return ops, nil
+}
+
+// stampCommand sets the leader's timestamp on a command.
+func stampCommand(c lease.Command, now int64) lease.Command {
+	switch v := c.(type) {
+	case lease.Grant:
+		v.Now = now
+		return v
+	case lease.Renew:
+		v.Now = now
+		return v
+	case lease.Release:
+		v.Now = now
+		return v
+	case lease.Tick:
+		v.Now = now
+		return v
+	case lease.LeaderElected:
+		v.Now = now
+		return v
+	case lease.ConfigureQuota:
+		v.Now = now
+		return v
+	}
+	return c
+}
+
+func (t *term) forget(quotas []string) {
+	if len(quotas) == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, q := range quotas {
+		delete(t.configured, q)
+	}
+}
+
+// failQueued answers everything still queued when the term ends.
+func (n *Node) failQueued(t *term) {
+	for {
+		select {
+		case p := <-t.queue:
+			p.done <- proposalResult{err: ErrNotLeader}
+		default:
+			return
+		}
+	}
+}
+
+// respond waits for each entry in proposal order and answers its
+// proposals from their own slice of the entry's results.
+func (n *Node) respond(t *term) {
+	defer n.wg.Done()
+	for fl := range t.inflight {
+		err := fl.future.Error()
+		var res *ApplyResult
+		if err == nil {
+			switch r := fl.future.Response().(type) {
+			case *ApplyResult:
+				res = r
+			case error:
+				err = r
+			default:
+				err = fmt.Errorf("unexpected apply result %T", r)
+			}
+		}
+		if err != nil {
+			t.forget(fl.configured)
+			if isLeadershipErr(err) {
+				err = fmt.Errorf("%w: %w", ErrNotLeader, err)
+			}
+			n.m.entriesFailed.Inc()
+			for _, p := range fl.props {
+				p.done <- proposalResult{err: err}
+			}
+			continue
+		}
+		n.m.commitDuration.Observe(time.Since(fl.start).Seconds())
+		n.m.batchCommands.Observe(float64(fl.commands))
+		n.m.batchRequests.Observe(float64(len(fl.props)))
+		for i, p := range fl.props {
+			switch p.kind {
+			case kindRenew:
+				n.m.renewals.Inc()
+			case kindRelease:
+				n.m.releases.Inc()
+			}
+			start := fl.offsets[i]
+			p.done <- proposalResult{results: res.Ops[start : start+len(p.ops)]}
+		}
+	}
+}
+
+// tick proposes a Tick every TickInterval while the term lasts: expired
+// leases are reclaimed and pools refilled even when nobody renews.
+func (n *Node) tick(t *term) {
+	defer n.wg.Done()
+	tk := time.NewTicker(n.cfg.TickInterval)
+	defer tk.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-tk.C:
+		}
+		res, err := n.proposeIn(t.ctx, t, &proposal{ops: []pendingOp{{cmd: lease.Tick{}}}})
+		if err != nil {
+			if t.ctx.Err() == nil {
+				n.logger.Warn("tick failed", "err", err)
+			}
+			continue
+		}
+		if r := res[0]; r.Err == nil && len(r.Result.Reclaimed) > 0 {
+			n.m.reclaimed.Add(float64(len(r.Result.Reclaimed)))
+			n.logger.Info("leases reclaimed after expiry", "count", len(r.Result.Reclaimed))
+		}
+	}
+}
+
+// isLeadershipErr reports Raft errors that mean "not (or no longer) the
+// leader": the caller should retry at the leader.
+func isLeadershipErr(err error) bool {
+	return errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) ||
+		errors.Is(err, raft.ErrLeadershipTransferInProgress) || errors.Is(err, raft.ErrRaftShutdown) ||
+		errors.Is(err, raft.ErrAbortedByRestore)
+}

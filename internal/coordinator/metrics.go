@@ -1,0 +1,204 @@
+package coordinator
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/internal/lease"
+)
+
+// metrics are one node's ration_coordinator_* metrics. Labels are bounded:
+// quotas are aggregated by rule (the rules file bounds rules), never
+// labelled by subject.
+type metrics struct {
+	renewals       prometheus.Counter
+	releases       prometheus.Counter
+	reclaimed      prometheus.Counter
+	entriesFailed  prometheus.Counter
+	leaderChanges  prometheus.Counter
+	batchCommands  prometheus.Histogram
+	batchRequests  prometheus.Histogram
+	commitDuration prometheus.Histogram
+	isLeader       prometheus.Gauge
+	ready          prometheus.Gauge
+	state          *stateCollector
+
+	all []prometheus.Collector
+}
+
+func newMetrics(n *Node) *metrics {
+	m := &metrics{
+		renewals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_renewals_committed_total",
+			Help: "Renew requests committed and applied by this node as leader.",
+		}),
+		releases: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_releases_committed_total",
+			Help: "Release requests committed and applied by this node as leader.",
+		}),
+		reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_leases_reclaimed_total",
+			Help: "Leases reclaimed after expiry plus safety margin (their unreturned tokens are lost), by ticks this node proposed.",
+		}),
+		entriesFailed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_entries_failed_total",
+			Help: "Raft entries this node proposed that failed to commit (leadership lost, timeout); their requests were answered UNAVAILABLE.",
+		}),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_leader_changes_total",
+			Help: "Leader changes observed by this node (including to no leader).",
+		}),
+		batchCommands: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ration_coordinator_batch_commands",
+			Help:    "Lease commands per Raft entry proposed by this node.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 13),
+		}),
+		batchRequests: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ration_coordinator_batch_requests",
+			Help:    "Requests (renewals, releases, ticks) per Raft entry proposed by this node.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 13),
+		}),
+		commitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ration_coordinator_apply_duration_seconds",
+			Help:    "Time from proposing an entry to its being committed and applied on the leader.",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
+		}),
+		isLeader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_coordinator_leader",
+			Help: "1 while this node is the Raft leader.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_coordinator_leader_ready",
+			Help: "1 while this node leads and has applied its LeaderElected entry (it serves leases).",
+		}),
+		state: &stateCollector{n: n},
+	}
+	m.all = []prometheus.Collector{
+		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.leaderChanges,
+		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.state,
+	}
+	return m
+}
+
+func (m *metrics) register(reg prometheus.Registerer) error {
+	var errs []error
+	for _, c := range m.all {
+		errs = append(errs, reg.Register(c))
+	}
+	return errors.Join(errs...)
+}
+
+func (m *metrics) unregister(reg prometheus.Registerer) {
+	for _, c := range m.all {
+		reg.Unregister(c)
+	}
+}
+
+// stateCollector reads the replicated state and Raft's statistics at
+// scrape time, so the series are never stale and need no bookkeeping on
+// the apply path.
+type stateCollector struct{ n *Node }
+
+var (
+	descPool = prometheus.NewDesc("ration_coordinator_quota_pool_tokens",
+		"Unassigned tokens P, summed over the rule's quotas (as of each quota's last refill).", []string{"rule"}, nil)
+	descLeasedCap = prometheus.NewDesc("ration_coordinator_quota_leased_cap_tokens",
+		"Reserved lease caps sum(b_i), summed over the rule's quotas.", []string{"rule"}, nil)
+	descLeasedRate = prometheus.NewDesc("ration_coordinator_quota_leased_rate_tokens_per_second",
+		"Reserved lease rates sum(r_i), summed over the rule's quotas.", []string{"rule"}, nil)
+	descBurst = prometheus.NewDesc("ration_coordinator_quota_burst_tokens",
+		"Burst B, summed over the rule's quotas: the bound of pool plus leased caps.", []string{"rule"}, nil)
+	descQuotas = prometheus.NewDesc("ration_coordinator_quotas",
+		"Leased quotas (rule, subject) in the replicated state, by rule.", []string{"rule"}, nil)
+	descLeases = prometheus.NewDesc("ration_coordinator_leases",
+		"Live leases in the replicated state, by rule.", []string{"rule"}, nil)
+	descRestores = prometheus.NewDesc("ration_coordinator_snapshot_restores_total",
+		"Snapshots restored into the state machine (from disk at start, or installed from the leader).", nil, nil)
+	descStopped = prometheus.NewDesc("ration_coordinator_fsm_stopped",
+		"1 if the state machine stopped on an entry it cannot apply (the node shuts down).", nil, nil)
+	descRaftState = prometheus.NewDesc("ration_coordinator_raft_state",
+		"1 for the node's current Raft state.", []string{"state"}, nil)
+	raftStats = []struct {
+		key  string
+		desc *prometheus.Desc
+	}{
+		{"term", prometheus.NewDesc("ration_coordinator_raft_term", "Current Raft term.", nil, nil)},
+		{"commit_index", prometheus.NewDesc("ration_coordinator_raft_commit_index", "Raft commit index.", nil, nil)},
+		{"applied_index", prometheus.NewDesc("ration_coordinator_raft_applied_index", "Last Raft index applied to the state machine.", nil, nil)},
+		{"last_log_index", prometheus.NewDesc("ration_coordinator_raft_last_log_index", "Last Raft log index.", nil, nil)},
+		{"last_snapshot_index", prometheus.NewDesc("ration_coordinator_raft_last_snapshot_index", "Index of the last snapshot.", nil, nil)},
+		{"fsm_pending", prometheus.NewDesc("ration_coordinator_raft_fsm_pending", "Committed entries waiting to be applied.", nil, nil)},
+		{"num_peers", prometheus.NewDesc("ration_coordinator_raft_peers", "Other voters in the Raft configuration.", nil, nil)},
+	}
+	raftStates = []string{"Follower", "Candidate", "Leader", "Shutdown"}
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPool, descLeasedCap, descLeasedRate, descBurst, descQuotas, descLeases, descRestores, descStopped, descRaftState} {
+		ch <- d
+	}
+	for _, s := range raftStats {
+		ch <- s.desc
+	}
+}
+
+type ruleSums struct {
+	pool, cap, rate, burst float64
+	quotas, leases         int
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.n
+	byRule := map[string]*ruleSums{}
+	n.fsm.read(func(s *lease.State) {
+		for _, name := range s.Quotas() {
+			q, _ := s.Quota(name)
+			rule, _, _ := strings.Cut(name, "|")
+			r := byRule[rule]
+			if r == nil {
+				r = &ruleSums{}
+				byRule[rule] = r
+			}
+			r.pool += q.Pool
+			r.cap += q.ReservedCap
+			r.rate += q.ReservedRate
+			r.burst += q.Burst
+			r.quotas++
+			r.leases += q.Leases
+		}
+	})
+	for rule, r := range byRule {
+		ch <- prometheus.MustNewConstMetric(descPool, prometheus.GaugeValue, r.pool, rule)
+		ch <- prometheus.MustNewConstMetric(descLeasedCap, prometheus.GaugeValue, r.cap, rule)
+		ch <- prometheus.MustNewConstMetric(descLeasedRate, prometheus.GaugeValue, r.rate, rule)
+		ch <- prometheus.MustNewConstMetric(descBurst, prometheus.GaugeValue, r.burst, rule)
+		ch <- prometheus.MustNewConstMetric(descQuotas, prometheus.GaugeValue, float64(r.quotas), rule)
+		ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(r.leases), rule)
+	}
+	ch <- prometheus.MustNewConstMetric(descRestores, prometheus.CounterValue, float64(n.fsm.Restores()))
+	stopped := 0.0
+	if n.fsm.Stopped() != nil {
+		stopped = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descStopped, prometheus.GaugeValue, stopped)
+	if n.raft == nil {
+		return
+	}
+	st := n.raft.State().String()
+	for _, s := range raftStates {
+		v := 0.0
+		if s == st {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descRaftState, prometheus.GaugeValue, v, s)
+	}
+	stats := n.raft.Stats()
+	for _, s := range raftStats {
+		if v, err := strconv.ParseFloat(stats[s.key], 64); err == nil {
+			ch <- prometheus.MustNewConstMetric(s.desc, prometheus.GaugeValue, v)
+		}
+	}
+}

@@ -1,0 +1,427 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/ration-dev/ration/internal/rules"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// Node is one coordinator: a Raft server replicating the FSM, the leader
+// duties when it leads (clock stamping, ticks, batching, LeaderElected), and
+// the gRPC and HTTP servers. Start builds one; Shutdown or Close ends it.
+type Node struct {
+	cfg    Config
+	logger *slog.Logger
+	clock  func() time.Time
+
+	fsm      *FSM
+	raft     *raft.Raft
+	trans    *raft.NetworkTransport
+	store    *raftboltdb.BoltStore
+	raftAddr string
+
+	grpcServer *grpc.Server
+	grpcLis    net.Listener
+	grpcAddr   string // advertised: what the member table holds
+	httpServer *http.Server
+	httpLis    net.Listener
+
+	reg *prometheus.Registry
+	m   *metrics
+
+	rules   atomic.Pointer[rules.Set]
+	term    atomic.Pointer[term] // the current leadership term; nil when not leader
+	lastNow atomic.Int64         // the last timestamp this node stamped, µs
+
+	notify   chan bool
+	observer *raft.Observer
+	done     chan struct{}
+	wg       sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+	removeDir string // a temporary data dir to delete on close (StartDev)
+}
+
+// Start opens the node's stores, starts Raft and the servers, bootstraps
+// or joins when configured, and returns. It does not wait for a leader
+// (see WaitReady). reg receives the node's metrics and is what /metrics
+// serves; nil means a new registry. Start returns every configuration
+// problem at once.
+func Start(ctx context.Context, cfg Config, logger *slog.Logger, reg *prometheus.Registry) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("%w: -data-dir: must not be empty", ErrInvalidConfig)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	set := cfg.Rules
+	if set == nil {
+		var err error
+		if set, err = rules.Load(cfg.RulesFile); err != nil {
+			return nil, fmt.Errorf("coordinator: rules: %w", err)
+		}
+	}
+	n := &Node{
+		cfg:    cfg,
+		logger: logger.With("node_id", cfg.ID),
+		clock:  time.Now,
+		reg:    reg,
+		notify: make(chan bool, 16),
+		done:   make(chan struct{}),
+	}
+	n.rules.Store(set)
+	if err := n.open(ctx); err != nil {
+		n.close()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) open(ctx context.Context) error {
+	cfg := n.cfg
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return fmt.Errorf("coordinator: data dir: %w", err)
+	}
+	hl := newHclog(n.logger, "raft")
+
+	// gRPC first: its advertised address goes into the member table.
+	lis, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("coordinator: -grpc %s: %w", cfg.GRPCAddr, err)
+	}
+	n.grpcLis = lis
+	n.grpcAddr = cfg.GRPCAdvertise
+	if n.grpcAddr == "" {
+		n.grpcAddr = lis.Addr().String()
+	}
+
+	var advertise net.Addr
+	if cfg.RaftAdvertise != "" {
+		a, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
+		if err != nil {
+			return fmt.Errorf("coordinator: -raft-advertise %s: %w", cfg.RaftAdvertise, err)
+		}
+		advertise = a
+	}
+	n.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, advertise, 3, 10*time.Second, hl.Named("transport"))
+	if err != nil {
+		return fmt.Errorf("coordinator: -raft %s: %w", cfg.RaftAddr, err)
+	}
+	n.raftAddr = string(n.trans.LocalAddr())
+
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, "raft.db")})
+	if err != nil {
+		return fmt.Errorf("coordinator: open raft log: %w", err)
+	}
+	logs, err := raft.NewLogCache(512, n.store)
+	if err != nil {
+		return fmt.Errorf("coordinator: log cache: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hl.Named("snapshot"))
+	if err != nil {
+		return fmt.Errorf("coordinator: snapshot store: %w", err)
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.ShutdownOnRemove = true
+	rc.NoLegacyTelemetry = true
+	rc.Logger = hl
+	rc.NotifyCh = n.notify
+
+	n.fsm = NewFSM(n.logger.With("component", "fsm"), func(err error) {
+		// Called from raft's FSM goroutine: raft.Shutdown waits for it, so
+		// the node is closed from a new goroutine.
+		go n.close()
+	})
+	hasState, err := raft.HasExistingState(logs, n.store, snaps)
+	if err != nil {
+		return fmt.Errorf("coordinator: read raft state: %w", err)
+	}
+	n.m = newMetrics(n)
+	if err := n.m.register(n.reg); err != nil {
+		return fmt.Errorf("coordinator: metrics: %w", err)
+	}
+	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.trans)
+	if err != nil {
+		return fmt.Errorf("coordinator: start raft: %w", err)
+	}
+
+	obs := make(chan raft.Observation, 16)
+	n.observer = raft.NewObserver(obs, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	n.raft.RegisterObserver(n.observer)
+	n.wg.Add(2)
+	go n.watchLeadership()
+	go n.watchLeaders(obs)
+
+	switch {
+	case cfg.Bootstrap && hasState:
+		n.logger.Info("-bootstrap ignored: this node already has Raft state")
+	case cfg.Bootstrap:
+		err := n.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
+			Suffrage: raft.Voter, ID: raft.ServerID(cfg.ID), Address: n.trans.LocalAddr(),
+		}}}).Error()
+		if err != nil {
+			return fmt.Errorf("coordinator: bootstrap: %w", err)
+		}
+		n.logger.Info("bootstrapped a new cluster", "raft_addr", n.raftAddr)
+	}
+
+	n.grpcServer = grpc.NewServer()
+	rationv1.RegisterLeasesServer(n.grpcServer, &leasesServer{n: n})
+	rationv1.RegisterAdminServer(n.grpcServer, &adminServer{n: n})
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.grpcServer.Serve(n.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.logger.Error("gRPC server stopped", "err", err)
+		}
+	}()
+
+	if cfg.HTTPAddr != "" {
+		if err := n.serveHTTP(); err != nil {
+			return err
+		}
+	}
+
+	if cfg.Join != "" && !hasState {
+		if err := n.join(ctx); err != nil {
+			return err
+		}
+	} else if cfg.Join != "" {
+		n.logger.Info("-join ignored: this node already has Raft state, so it is (or was) a member")
+	}
+	n.logger.Info("coordinator started", "raft_addr", n.raftAddr, "grpc_addr", n.grpcAddr, "http_addr", n.HTTPAddr())
+	return nil
+}
+
+// join asks the cluster at cfg.Join to add this node as a voter, following
+// redirects to the leader.
+func (n *Node) join(ctx context.Context) error {
+	c := NewClient([]string{n.cfg.Join}, ClientOptions{MaxAttempts: 50, BackoffMax: time.Second, Logger: n.logger})
+	defer c.Close()
+	_, err := c.AddVoter(ctx, &rationv1.AddVoterRequest{
+		Id: n.cfg.ID, RaftAddress: n.raftAddr, GrpcAddress: n.grpcAddr,
+	})
+	if err != nil {
+		return fmt.Errorf("coordinator: join through %s: %w", n.cfg.Join, err)
+	}
+	n.logger.Info("joined the cluster", "through", n.cfg.Join)
+	return nil
+}
+
+// watchLeaders counts the leader changes this node observes.
+func (n *Node) watchLeaders(obs chan raft.Observation) {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.done:
+			return
+		case o := <-obs:
+			lo := o.Data.(raft.LeaderObservation)
+			n.m.leaderChanges.Inc()
+			n.logger.Info("leader changed", "leader_id", string(lo.LeaderID), "leader_addr", string(lo.LeaderAddr))
+		}
+	}
+}
+
+// ID returns the node's Raft server id.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// RaftAddr returns the address peers dial.
+func (n *Node) RaftAddr() string { return n.raftAddr }
+
+// GRPCAddr returns the advertised gRPC address.
+func (n *Node) GRPCAddr() string { return n.grpcAddr }
+
+// HTTPAddr returns the bound HTTP address, or "" when HTTP is off.
+func (n *Node) HTTPAddr() string {
+	if n.httpLis == nil {
+		return ""
+	}
+	return n.httpLis.Addr().String()
+}
+
+// Raft returns the Raft instance, for operations and tests (Stats,
+// Snapshot, membership). Do not Apply to it directly: entries must be
+// encoded as the FSM expects and stamped by the leader.
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// FSM returns the node's state machine, for reading.
+func (n *Node) FSM() *FSM { return n.fsm }
+
+// Registry returns the registry the node's metrics are in.
+func (n *Node) Registry() *prometheus.Registry { return n.reg }
+
+// SetRules replaces the quota shapes (a reloaded rules file). A quota whose
+// shape changed is reconfigured, through Raft, at its next renewal.
+func (n *Node) SetRules(s *rules.Set) {
+	if s != nil {
+		n.rules.Store(s)
+	}
+}
+
+// Ready reports whether this node can serve leases: it leads and has
+// applied its LeaderElected entry.
+func (n *Node) Ready() bool {
+	t := n.term.Load()
+	return t != nil && t.ready.Load()
+}
+
+// Leader returns the leader's Raft id and gRPC address as this node knows
+// them ("" when unknown).
+func (n *Node) Leader() (id, grpcAddr string) {
+	_, lid := n.raft.LeaderWithID()
+	if lid == "" {
+		return "", ""
+	}
+	return string(lid), n.fsm.member(string(lid))
+}
+
+// WaitReady waits until this node is a ready leader, or another node is
+// known to lead, whichever comes first; it returns the leader's id.
+func (n *Node) WaitReady(ctx context.Context) (string, error) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if id, _ := n.Leader(); id != "" && (id != n.cfg.ID || n.Ready()) {
+			return id, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("coordinator: wait for a leader: %w", ctx.Err())
+		case <-n.done:
+			return "", ErrStopped
+		case <-tick.C:
+		}
+	}
+}
+
+// Done is closed when the node has stopped (Shutdown, Close, or its state
+// machine stopped on an entry it cannot apply: see Err).
+func (n *Node) Done() <-chan struct{} { return n.done }
+
+// Err returns why the node stopped by itself, or nil.
+func (n *Node) Err() error { return n.fsm.Stopped() }
+
+// Shutdown stops the node gracefully: a leader first hands leadership to
+// another voter (so the cluster does not wait an election timeout), then
+// in-flight RPCs finish, then Raft and the stores close. ctx bounds the
+// graceful part; Close follows in any case.
+func (n *Node) Shutdown(ctx context.Context) error {
+	if n.raft != nil && n.raft.State() == raft.Leader {
+		if servers, err := n.servers(); err == nil && len(servers) > 1 {
+			errc := make(chan error, 1)
+			go func() { errc <- n.raft.LeadershipTransfer().Error() }()
+			select {
+			case err := <-errc:
+				if err != nil {
+					n.logger.Warn("leadership transfer failed; the cluster will elect after a timeout", "err", err)
+				} else {
+					n.logger.Info("leadership transferred")
+				}
+			case <-ctx.Done():
+				n.logger.Warn("leadership transfer timed out", "err", ctx.Err())
+			}
+		}
+	}
+	if n.grpcServer != nil {
+		stopped := make(chan struct{})
+		go func() { n.grpcServer.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			n.grpcServer.Stop()
+		}
+	}
+	return n.close()
+}
+
+// Close stops the node at once: no leadership transfer, connections cut.
+// It is what a crash looks like to the rest of the cluster (the harness's
+// Kill), minus the lost fsync.
+func (n *Node) Close() error { return n.close() }
+
+func (n *Node) close() error {
+	n.closeOnce.Do(func() {
+		close(n.done)
+		if t := n.term.Swap(nil); t != nil {
+			t.cancel()
+		}
+		var errs []error
+		if n.grpcServer != nil {
+			n.grpcServer.Stop()
+		} else if n.grpcLis != nil {
+			n.grpcLis.Close()
+		}
+		if n.httpServer != nil {
+			n.httpServer.Close()
+		}
+		if n.raft != nil {
+			n.raft.DeregisterObserver(n.observer)
+			if err := n.raft.Shutdown().Error(); err != nil {
+				errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
+			}
+		}
+		if n.trans != nil {
+			n.trans.Close()
+		}
+		if n.store != nil {
+			if err := n.store.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close raft log: %w", err))
+			}
+		}
+		n.wg.Wait()
+		if n.removeDir != "" {
+			os.RemoveAll(n.removeDir)
+		}
+		if n.m != nil {
+			n.m.unregister(n.reg)
+		}
+		n.logger.Info("coordinator stopped")
+		n.closeErr = errors.Join(errs...)
+	})
+	return n.closeErr
+}
+
+// servers returns the Raft configuration's servers.
+func (n *Node) servers() ([]raft.Server, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	return f.Configuration().Servers, nil
+}

@@ -1,0 +1,438 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/internal/coordinator"
+	"github.com/ration-dev/ration/internal/rules"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// How long the Raft helpers wait for a cluster to get somewhere: generous,
+// since -race on two shared cores slows elections and catch-up tenfold.
+const (
+	raftWait       = 30 * time.Second
+	raftPoll       = 10 * time.Millisecond
+	raftStartTries = 5
+)
+
+// Coordinators is a coordinator cluster run in-process by
+// StartCoordinators: real Raft over TCP on loopback, BoltDB in
+// t.TempDir(), real gRPC listeners. Node i keeps its addresses across
+// Kill/Restart and Remove/Add. Methods that wait fail the test on timeout
+// and must be called from the test's goroutine.
+type Coordinators struct {
+	t     testing.TB
+	rules *rules.Set
+	opts  []func(*coordinator.Config)
+	logs  *testLog
+
+	mu      sync.Mutex
+	slots   []*coordSlot
+	clients []*coordinator.Client
+}
+
+type coordSlot struct {
+	cfg  coordinator.Config // addresses fixed after the first start
+	node *coordinator.Node  // nil while down
+	reg  *prometheus.Registry
+}
+
+// RaftTestConfig is the configuration StartCoordinators gives every node
+// before its options: short Raft timeouts (elections in well under a
+// second), a Tick every 100ms, no automatic snapshots (tests take them
+// with Raft().Snapshot()), and a 200ms safety margin.
+func RaftTestConfig() coordinator.Config {
+	c := coordinator.DefaultConfig()
+	c.RaftAddr = "127.0.0.1:0"
+	c.GRPCAddr = "127.0.0.1:0"
+	c.HTTPAddr = ""
+	c.HeartbeatTimeout = 300 * time.Millisecond
+	c.ElectionTimeout = 300 * time.Millisecond
+	c.LeaderLeaseTimeout = 150 * time.Millisecond
+	c.CommitTimeout = 10 * time.Millisecond
+	c.SnapshotThreshold = 1 << 40
+	c.SnapshotInterval = time.Hour
+	c.TickInterval = 100 * time.Millisecond
+	c.ApplyTimeout = 3 * time.Second
+	c.SafetyMargin = 200 * time.Millisecond
+	c.ShutdownTimeout = 2 * time.Second
+	return c
+}
+
+// StartCoordinators starts n coordinator nodes with the rules in
+// rulesYAML: node 0 bootstraps, the others join through it, so every
+// start exercises -join. opts adjust every node's configuration (applied
+// after RaftTestConfig). It returns once all n are voters and a leader
+// serves. Everything stops in t.Cleanup.
+//
+// Node logs go to t.Log at the level in RATION_TEST_LOG (debug, info,
+// warn, error; default warn).
+func StartCoordinators(t testing.TB, n int, rulesYAML string, opts ...func(*coordinator.Config)) *Coordinators {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("harness: StartCoordinators(%d): need at least one node", n)
+	}
+	set, err := rules.Parse("rules.yaml", []byte(rulesYAML))
+	if err != nil {
+		t.Fatalf("harness: rules: %v", err)
+	}
+	c := &Coordinators{t: t, rules: set, opts: opts, logs: newTestLog(t)}
+	t.Cleanup(c.stopAll)
+	for i := range n {
+		cfg := RaftTestConfig()
+		cfg.ID = fmt.Sprintf("node%d", i)
+		cfg.Bootstrap = i == 0
+		cfg.Rules = set
+		for _, o := range opts {
+			o(&cfg)
+		}
+		if i > 0 {
+			cfg.Join = c.Node(0).GRPCAddr()
+		}
+		c.slots = append(c.slots, &coordSlot{cfg: cfg})
+		c.start(i, true)
+		if i == 0 {
+			c.Leader(t)
+		}
+	}
+	c.WaitVoters(t, n)
+	return c
+}
+
+// start starts node i with a new data dir when fresh, else its old one.
+func (c *Coordinators) start(i int, fresh bool) {
+	c.t.Helper()
+	c.mu.Lock()
+	s := c.slots[i]
+	if fresh {
+		s.cfg.DataDir = c.t.TempDir()
+	}
+	cfg := s.cfg
+	c.mu.Unlock()
+	var err error
+	for try := 1; try <= raftStartTries; try++ {
+		reg := prometheus.NewRegistry()
+		ctx, cancel := context.WithTimeout(context.Background(), raftWait)
+		var node *coordinator.Node
+		node, err = coordinator.Start(ctx, cfg, c.logs.logger(), reg)
+		cancel()
+		if err == nil {
+			c.mu.Lock()
+			s.node, s.reg = node, reg
+			// Keep the addresses the kernel chose, so a restart (and the
+			// rest of the cluster) finds the node where it was.
+			s.cfg.RaftAddr = node.RaftAddr()
+			s.cfg.GRPCAddr = node.GRPCAddr()
+			c.mu.Unlock()
+			return
+		}
+		if !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatalf("harness: start %s: %v", s.cfg.ID, err)
+}
+
+// N is the number of node slots.
+func (c *Coordinators) N() int { return len(c.slots) }
+
+// Node returns node i, or nil while it is down.
+func (c *Coordinators) Node(i int) *coordinator.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.slots[i].node
+}
+
+// Registry returns node i's metrics registry (a new one per start).
+func (c *Coordinators) Registry(i int) *prometheus.Registry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.slots[i].reg
+}
+
+// Live returns the indexes of the nodes that are up.
+func (c *Coordinators) Live() []int {
+	var out []int
+	for i := range c.slots {
+		if c.Node(i) != nil {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// GRPCAddrs returns every node's gRPC address, up or down, in node order:
+// what an agent would be configured with.
+func (c *Coordinators) GRPCAddrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, len(c.slots))
+	for i, s := range c.slots {
+		out[i] = s.cfg.GRPCAddr
+	}
+	return out
+}
+
+// Leader waits until a live node leads and serves (LeaderElected
+// applied), and returns it.
+func (c *Coordinators) Leader(t testing.TB) (int, *coordinator.Node) {
+	t.Helper()
+	var i int
+	var n *coordinator.Node
+	c.waitUntil(t, "a ready leader", func() (bool, string) {
+		for _, j := range c.Live() {
+			if nd := c.Node(j); nd != nil && nd.Ready() {
+				i, n = j, nd
+				return true, ""
+			}
+		}
+		return false, "no live node is a ready leader"
+	})
+	return i, n
+}
+
+// WaitVoters waits until the leader's configuration has want voters.
+func (c *Coordinators) WaitVoters(t testing.TB, want int) {
+	t.Helper()
+	c.waitUntil(t, fmt.Sprintf("%d voters", want), func() (bool, string) {
+		for _, j := range c.Live() {
+			nd := c.Node(j)
+			if !nd.Ready() {
+				continue
+			}
+			f := nd.Raft().GetConfiguration()
+			if err := f.Error(); err != nil {
+				return false, err.Error()
+			}
+			if got := len(f.Configuration().Servers); got != want {
+				return false, fmt.Sprintf("%d servers", got)
+			}
+			return true, ""
+		}
+		return false, "no ready leader"
+	})
+}
+
+// Kill stops node i abruptly: no leadership transfer, listeners and
+// connections cut, Raft shut down. Its data dir stays for Restart.
+func (c *Coordinators) Kill(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	n := c.slots[i].node
+	c.slots[i].node = nil
+	c.mu.Unlock()
+	if n == nil {
+		c.t.Fatalf("harness: kill node%d: not running", i)
+	}
+	if err := n.Close(); err != nil {
+		c.t.Logf("harness: kill node%d: %v", i, err)
+	}
+}
+
+// Shutdown stops node i gracefully (leadership transfer first).
+func (c *Coordinators) Shutdown(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	n := c.slots[i].node
+	c.slots[i].node = nil
+	c.mu.Unlock()
+	if n == nil {
+		c.t.Fatalf("harness: shut down node%d: not running", i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Shutdown(ctx); err != nil {
+		c.t.Logf("harness: shut down node%d: %v", i, err)
+	}
+}
+
+// Restart starts node i again on its data dir and addresses.
+func (c *Coordinators) Restart(i int) {
+	c.t.Helper()
+	if c.Node(i) != nil {
+		c.t.Fatalf("harness: restart node%d: still running", i)
+	}
+	c.start(i, false)
+}
+
+// Remove takes node i out of the cluster through the leader's admin API,
+// then stops it.
+func (c *Coordinators) Remove(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	id := c.slots[i].cfg.ID
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), raftWait)
+	defer cancel()
+	cl := coordinator.NewClient(c.liveAddrs(), coordinator.ClientOptions{})
+	defer cl.Close()
+	if _, err := cl.RemoveServer(ctx, &rationv1.RemoveServerRequest{Id: id}); err != nil {
+		c.t.Fatalf("harness: remove node%d: %v", i, err)
+	}
+	if c.Node(i) != nil {
+		c.Kill(i)
+	}
+}
+
+// Add starts node i again with an empty data dir and joins it through a
+// live member, as a new server would be. It returns once the node is a
+// voter (it may still be catching up).
+func (c *Coordinators) Add(i int) {
+	c.t.Helper()
+	if c.Node(i) != nil {
+		c.t.Fatalf("harness: add node%d: still running", i)
+	}
+	live := c.liveAddrs()
+	if len(live) == 0 {
+		c.t.Fatalf("harness: add node%d: no live member to join through", i)
+	}
+	c.mu.Lock()
+	c.slots[i].cfg.Bootstrap = false
+	c.slots[i].cfg.Join = live[0]
+	c.mu.Unlock()
+	c.start(i, true)
+}
+
+func (c *Coordinators) liveAddrs() []string {
+	var out []string
+	for _, j := range c.Live() {
+		out = append(out, c.Node(j).GRPCAddr())
+	}
+	return out
+}
+
+// Client returns a Client for all nodes, closed at cleanup.
+func (c *Coordinators) Client(opts coordinator.ClientOptions) *coordinator.Client {
+	cl := coordinator.NewClient(c.GRPCAddrs(), opts)
+	c.mu.Lock()
+	c.clients = append(c.clients, cl)
+	c.mu.Unlock()
+	return cl
+}
+
+// Converged waits until every live node has applied the same last index
+// with byte-identical lease states, and returns that state's encoding and
+// index. Two nodes at the same index with different states fail the test
+// at once: the replicas diverged.
+func (c *Coordinators) Converged(t testing.TB) ([]byte, uint64) {
+	t.Helper()
+	var state []byte
+	var index uint64
+	c.waitUntil(t, "replicas to converge", func() (bool, string) {
+		var first []byte
+		var firstIdx uint64
+		var why []string
+		same := true
+		for k, j := range c.Live() {
+			b, idx, err := c.Node(j).FSM().StateBinary()
+			if err != nil {
+				t.Fatalf("harness: node%d: encode state: %v", j, err)
+			}
+			if k == 0 {
+				first, firstIdx = b, idx
+				continue
+			}
+			if idx != firstIdx {
+				same = false
+				why = append(why, fmt.Sprintf("node%d at %d, first live at %d", j, idx, firstIdx))
+				continue
+			}
+			if !bytes.Equal(b, first) {
+				t.Fatalf("harness: node%d and the first live node applied index %d but their states differ:\n%s\n---\n%s", j, idx, b, first)
+			}
+		}
+		state, index = first, firstIdx
+		return same, strings.Join(why, "; ")
+	})
+	return state, index
+}
+
+func (c *Coordinators) waitUntil(t testing.TB, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(raftWait)
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("harness: waited %v for %s (last: %s)", raftWait, what, why)
+		}
+		time.Sleep(raftPoll)
+	}
+}
+
+func (c *Coordinators) stopAll() {
+	c.mu.Lock()
+	clients := c.clients
+	c.clients = nil
+	c.mu.Unlock()
+	for _, cl := range clients {
+		cl.Close()
+	}
+	var wg sync.WaitGroup
+	for i := range c.slots {
+		c.mu.Lock()
+		n := c.slots[i].node
+		c.slots[i].node = nil
+		c.mu.Unlock()
+		if n != nil {
+			wg.Add(1)
+			go func() { defer wg.Done(); n.Close() }()
+		}
+	}
+	wg.Wait()
+}
+
+// testLog writes node logs to t.Log until the test ends; a Raft goroutine
+// that logs after that is dropped instead of panicking the test binary.
+type testLog struct {
+	t     testing.TB
+	level slog.Level
+	mu    sync.Mutex
+	done  bool
+}
+
+func newTestLog(t testing.TB) *testLog {
+	l := &testLog{t: t, level: slog.LevelWarn}
+	switch strings.ToLower(os.Getenv("RATION_TEST_LOG")) {
+	case "debug":
+		l.level = slog.LevelDebug
+	case "info":
+		l.level = slog.LevelInfo
+	case "error":
+		l.level = slog.LevelError
+	}
+	// Registered before the nodes' cleanups, so it runs after them.
+	t.Cleanup(func() {
+		l.mu.Lock()
+		l.done = true
+		l.mu.Unlock()
+	})
+	return l
+}
+
+func (l *testLog) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: l.level}))
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.done {
+		l.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
