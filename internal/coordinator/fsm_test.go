@@ -1,0 +1,204 @@
+package coordinator
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"maps"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/ration-dev/ration/internal/lease"
+)
+
+func entryLog(index uint64, ops ...op) *raft.Log {
+	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: encodeEntry(ops)}
+}
+
+func configureOp(t testing.TB, now int64) op {
+	return commandOp(mustEncode(t, lease.ConfigureQuota{Now: now, Quota: "hot|", Burst: 100, Rate: 10, LeasePeriod: 2e6}))
+}
+
+func newTestFSM(t *testing.T) (*FSM, *[]error) {
+	t.Helper()
+	var stops []error
+	f := NewFSM(slog.New(slog.DiscardHandler), func(err error) { stops = append(stops, err) })
+	if r, ok := f.Apply(entryLog(1, configureOp(t, 1))).(*ApplyResult); !ok || r.Ops[0].Err != nil {
+		t.Fatalf("configure: %v", r)
+	}
+	return f, &stops
+}
+
+func stateBytes(t *testing.T, f *FSM) []byte {
+	t.Helper()
+	b, _, err := f.StateBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestFSMStopsOnBadEntry: an entry this node cannot decode stops the
+// state machine: nothing of it is applied, nothing after it either, no
+// snapshot is taken, and onStop is called once.
+func TestFSMStopsOnBadEntry(t *testing.T) {
+	grant := mustEncode(t, lease.Grant{Now: 2, Holder: "a", Seq: 1, Quota: "hot|", Demand: 1})
+	unknownKind := append([]byte{99, 1}, grant[2:]...)
+	unknownVersion := append([]byte{grant[0], 9}, grant[2:]...)
+	tests := []struct {
+		name string
+		log  *raft.Log
+	}{
+		{"unknown entry type", &raft.Log{Index: 2, Type: raft.LogCommand, Data: []byte{0x7f, 1, 2, 3}}},
+		{"unknown entry type in a batch", &raft.Log{Index: 2, Type: raft.LogCommand,
+			Data: encodeEntry([]op{commandOp(grant), {typ: 0x21, data: []byte{1}}})}},
+		{"unknown lease command kind", entryLog(2, commandOp(unknownKind))},
+		{"unknown lease command version", entryLog(2, commandOp(unknownVersion))},
+		{"unknown lease command after a good one", entryLog(2, commandOp(grant), commandOp(unknownKind))},
+		{"corrupt lease command", entryLog(2, commandOp([]byte{grant[0], grant[1], '{'}))},
+		{"empty entry", &raft.Log{Index: 2, Type: raft.LogCommand}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, stops := newTestFSM(t)
+			before := stateBytes(t, f)
+			res := f.Apply(tc.log)
+			err, ok := res.(error)
+			if !ok || !errors.Is(err, ErrBadEntry) {
+				t.Fatalf("Apply(%s) = %v, want an error wrapping ErrBadEntry", tc.name, res)
+			}
+			if len(*stops) != 1 || f.Stopped() == nil {
+				t.Fatalf("onStop called %d times, Stopped() = %v; want once, non-nil", len(*stops), f.Stopped())
+			}
+			if after := stateBytes(t, f); !bytes.Equal(after, before) {
+				t.Errorf("the bad entry changed the state:\n%s\nwant\n%s", after, before)
+			}
+			// Nothing after it is applied.
+			res = f.Apply(entryLog(3, commandOp(grant)))
+			if err, ok := res.(error); !ok || !errors.Is(err, ErrStopped) {
+				t.Errorf("Apply after the stop = %v, want ErrStopped", res)
+			}
+			if after := stateBytes(t, f); !bytes.Equal(after, before) {
+				t.Error("an entry after the stop was applied")
+			}
+			if _, err := f.Snapshot(); !errors.Is(err, ErrStopped) {
+				t.Errorf("Snapshot after the stop = %v, want ErrStopped", err)
+			}
+			if len(*stops) != 1 {
+				t.Errorf("onStop called %d times, want once", len(*stops))
+			}
+		})
+	}
+}
+
+// TestFSMSkipsIgnorableEntry: a type this node does not know but that
+// carries the ignorable flag is skipped; the rest of its batch applies.
+func TestFSMSkipsIgnorableEntry(t *testing.T) {
+	f, stops := newTestFSM(t)
+	grant := mustEncode(t, lease.Grant{Now: 2, Holder: "a", Seq: 1, Quota: "hot|", Demand: 1})
+	res, ok := f.Apply(entryLog(2, op{typ: ignorableFlag | 0x33, data: []byte("future hint")}, commandOp(grant))).(*ApplyResult)
+	if !ok {
+		t.Fatalf("Apply = %v, want *ApplyResult", res)
+	}
+	if len(*stops) != 0 || f.Stopped() != nil {
+		t.Fatalf("an ignorable entry stopped the FSM: %v", f.Stopped())
+	}
+	if r := res.Ops[1]; r.Err != nil || r.Result.Lease == nil {
+		t.Errorf("grant after the ignorable entry: %+v, want a lease", r)
+	}
+}
+
+// TestFSMBatchResults: one entry, several commands and a member change;
+// each gets its own answer, in order, and the member table follows.
+func TestFSMBatchResults(t *testing.T) {
+	f := NewFSM(nil, nil)
+	res, ok := f.Apply(entryLog(7,
+		memberOp(member{ID: "n1", GRPCAddr: "127.0.0.1:9"}),
+		configureOp(t, 1),
+		commandOp(mustEncode(t, lease.Grant{Now: 1, Holder: "a", Seq: 1, Quota: "hot|", Demand: 4})),
+		commandOp(mustEncode(t, lease.Grant{Now: 1, Holder: "b", Seq: 1, Quota: "nope|", Demand: 4})),
+		commandOp(mustEncode(t, lease.Grant{Now: 1, Holder: "a", Seq: 1, Quota: "hot|", Demand: 4})),
+	)).(*ApplyResult)
+	if !ok || len(res.Ops) != 5 {
+		t.Fatalf("Apply = %v, want 5 results", res)
+	}
+	if r := res.Ops[2]; r.Err != nil || r.Result.Lease == nil || r.Result.Lease.ID == 0 {
+		t.Errorf("grant: %+v, want a lease", r)
+	}
+	if r := res.Ops[3]; !errors.Is(r.Err, lease.ErrUnknownQuota) {
+		t.Errorf("grant on an unknown quota: %v, want ErrUnknownQuota", r.Err)
+	}
+	if r := res.Ops[4]; r.Err != nil || !r.Result.Replayed || r.Result.Lease.ID != res.Ops[2].Result.Lease.ID {
+		t.Errorf("repeated grant: %+v, want the first answer replayed", r)
+	}
+	if got := f.Members(); !maps.Equal(got, map[string]string{"n1": "127.0.0.1:9"}) {
+		t.Errorf("members = %v", got)
+	}
+	f.Apply(entryLog(8, memberOp(member{ID: "n1"})))
+	if got := f.Members(); len(got) != 0 {
+		t.Errorf("members after removal = %v, want none", got)
+	}
+	if _, idx := f.State(); idx != 8 {
+		t.Errorf("applied index %d, want 8", idx)
+	}
+}
+
+// TestFSMSnapshotRestore persists a snapshot through a real file snapshot
+// store and restores it into a new FSM: same state bytes, members, index.
+// A corrupt snapshot is refused and changes nothing.
+func TestFSMSnapshotRestore(t *testing.T) {
+	f, _ := newTestFSM(t)
+	f.Apply(entryLog(2, memberOp(member{ID: "n1", GRPCAddr: "127.0.0.1:9"}),
+		commandOp(mustEncode(t, lease.Grant{Now: 3, Holder: "a", Seq: 1, Quota: "hot|", Demand: 4}))))
+	store, err := raft.NewFileSnapshotStoreWithLogger(t.TempDir(), 2, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Apply after the snapshot was taken must not leak into it.
+	f.Apply(entryLog(3, commandOp(mustEncode(t, lease.Tick{Now: 9e6}))))
+	sink, err := store.Create(raft.SnapshotVersionMax, 2, 1, raft.Configuration{}, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	g := NewFSM(nil, nil)
+	_, rc, err := store.Open(sink.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Restore(rc); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	want := NewFSM(nil, nil)
+	want.Apply(entryLog(1, configureOp(t, 1)))
+	want.Apply(entryLog(2, memberOp(member{ID: "n1", GRPCAddr: "127.0.0.1:9"}),
+		commandOp(mustEncode(t, lease.Grant{Now: 3, Holder: "a", Seq: 1, Quota: "hot|", Demand: 4}))))
+	if got, w := stateBytes(t, g), stateBytes(t, want); !bytes.Equal(got, w) {
+		t.Errorf("restored state\n%s\nwant the state at the snapshot\n%s", got, w)
+	}
+	if _, idx := g.State(); idx != 2 {
+		t.Errorf("restored index %d, want 2", idx)
+	}
+	if !maps.Equal(g.Members(), want.Members()) || g.Restores() != 1 {
+		t.Errorf("restored members %v (restores %d), want %v (1)", g.Members(), g.Restores(), want.Members())
+	}
+
+	for _, bad := range [][]byte{nil, {9}, {snapshotVersion, 2, 0, '{'}, {snapshotVersion, 2, 1, 200}} {
+		before := stateBytes(t, g)
+		if err := g.Restore(io.NopCloser(bytes.NewReader(bad))); !errors.Is(err, ErrBadEntry) {
+			t.Errorf("Restore(%x) = %v, want ErrBadEntry", bad, err)
+		}
+		if !bytes.Equal(stateBytes(t, g), before) {
+			t.Errorf("Restore(%x) changed the state", bad)
+		}
+	}
+}
