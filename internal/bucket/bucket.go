@@ -46,12 +46,17 @@ func (l Limit) Validate() error {
 
 // TimeToFull is how long an empty bucket takes to refill completely: the
 // earliest moment its state may be forgotten. Zero rate never refills, so
-// such a bucket must be kept forever (returns 0, meaning "no expiry").
+// such a bucket must be kept forever (returns 0, meaning "no expiry"). A
+// refill longer than the largest Duration (a tiny rate) saturates there.
 func (l Limit) TimeToFull() time.Duration {
 	if l.Rate <= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(l.Burst/l.Rate*1e6)) * time.Microsecond
+	us := math.Ceil(l.Burst / l.Rate * 1e6)
+	if us >= float64(math.MaxInt64/int64(time.Microsecond)) {
+		return math.MaxInt64
+	}
+	return time.Duration(us) * time.Microsecond
 }
 
 // Request is one charge against one bucket.
@@ -119,6 +124,17 @@ type Result struct {
 	// request id and nothing was charged this time.
 	Replayed bool
 }
+
+// Outcome is one TakeBatch answer: a Result, or an error (for that request
+// alone: a batch never fails as a whole).
+type Outcome struct {
+	Result Result
+	Err    error
+}
+
+// DefaultRequestIDTTL is how long a store remembers a request id's decision
+// when not told otherwise.
+const DefaultRequestIDTTL = 10 * time.Minute
 
 // Key names the bucket of one rule and one subject. The hash tag keeps
 // everything one decision touches in one Redis Cluster slot.

@@ -1,0 +1,83 @@
+package bucket
+
+import "context"
+
+// Hooks for the external tests (package bucket_test). Those live outside the
+// package because they use internal/harness, whose Raft helpers import
+// packages that import bucket.
+
+// ScriptSHA names the bucket script on a Redis server.
+var ScriptSHA = scriptSHA
+
+// ExpiryMargin is added to a bucket's time to full before it may expire.
+const ExpiryMargin = expiryMargin
+
+// RequestIDKey names the record of request id under key.
+var RequestIDKey = requestIDKey
+
+// Decision is a take decision with its floats as computed, before they
+// become durations.
+type Decision struct {
+	Allowed              bool
+	Tokens, Retry, Reset float64 // tokens left; seconds
+	Now                  int64
+	Replayed             bool
+}
+
+// ModelDecide is Take reporting the model's floats.
+func ModelDecide(s State, exists bool, l Limit, cost float64, now int64) (State, Decision) {
+	s, d := take(s, exists, l, cost, now)
+	return s, Decision{Allowed: d.allowed, Tokens: d.tokens, Retry: d.retry, Reset: d.reset, Now: now}
+}
+
+// TakeRaw is Take reporting the script's reply as it came.
+func (s *RedisStore) TakeRaw(ctx context.Context, req Request) (Decision, error) {
+	r, err := s.take(ctx, req)
+	return Decision{Allowed: r.allowed, Tokens: r.tokens, Retry: r.retry, Reset: r.reset, Now: r.now, Replayed: r.replayed}, err
+}
+
+// RefundRaw is Refund also reporting whether it credited (a missing bucket
+// counts as credited) and the server time the script used.
+func (s *RedisStore) RefundRaw(ctx context.Context, req Request) (refunded bool, now int64, err error) {
+	return s.refund(ctx, req)
+}
+
+// Holds reports whether m has a bucket or request-id record for key.
+func (m *MemoryStore) Holds(key string) bool {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		_, ok := sh.buckets[key]
+		for k := range sh.ids {
+			ok = ok || k.key == key
+		}
+		sh.mu.Unlock()
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// SweepNow sweeps key's shard as if it were due.
+func (m *MemoryStore) SweepNow(key string) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		sh.sweepAt = 0
+		sh.mu.Unlock()
+	}
+	m.lock(key, m.clock()).mu.Unlock()
+}
+
+// Size counts the buckets and request-id records held.
+func (m *MemoryStore) Size() (buckets, ids int) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		buckets += len(sh.buckets)
+		ids += len(sh.ids)
+		sh.mu.Unlock()
+	}
+	return buckets, ids
+}

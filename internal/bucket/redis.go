@@ -1,0 +1,424 @@
+package bucket
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultRedisTimeout bounds one Redis call when RedisOptions.Timeout is 0.
+const DefaultRedisTimeout = 250 * time.Millisecond
+
+// RedisOptions tunes a RedisStore. The zero value is usable.
+type RedisOptions struct {
+	// Timeout is the deadline of every call (Take, TakeBatch, Refund, Ping),
+	// on top of the caller's context. 0 means DefaultRedisTimeout. The client
+	// must honour context deadlines on its sockets (OpenRedis sets
+	// ContextTimeoutEnabled); otherwise only its read/write timeouts apply.
+	Timeout time.Duration
+	// RequestIDTTL is how long a request id's decision is remembered; 0 means
+	// DefaultRequestIDTTL. It is rounded up to whole milliseconds.
+	RequestIDTTL time.Duration
+	// Logger receives rare events (a script reloaded after NOSCRIPT); never
+	// one line per decision. nil discards.
+	Logger *slog.Logger
+	// DisableAutoPipeline sends each Take and Refund on a pooled connection
+	// of its own instead of through the client's automatic pipeliner (go-redis
+	// AsyncAutoPipeline, experimental in v9.23), which batches concurrent
+	// calls into shared round trips: about 1.4-2x the decisions per second at
+	// 64 concurrent callers, at an equal single-caller latency (see
+	// bench_test.go). TakeBatch always sends one explicit pipeline.
+	DisableAutoPipeline bool
+}
+
+// RedisStore keeps buckets in Redis: one hash per bucket, changed only by one
+// Lua script (redis.lua) that reads the server clock, refills, decides and
+// writes atomically, so every agent sharing the Redis sees one balance.
+//
+// The script is run by EVALSHA and, when the server answers NOSCRIPT (a
+// restart, a failover to a replica that never saw it, SCRIPT FLUSH), by EVAL,
+// which also caches it again: no call fails for it. Decisions go to the
+// primary only; pass a client that routes writes there (OpenRedis does: no
+// replica reads, no latency routing).
+//
+// Concurrent Take and Refund calls share round trips through the client's
+// automatic pipeliner unless RedisOptions.DisableAutoPipeline; each call
+// still returns by its own deadline (a reply that comes later is dropped, its
+// outcome uncertain, as with any timeout).
+//
+// Retries: go-redis retries a command that failed on the network (MaxRetries)
+// and so may run a take twice when the first reply was lost: the bucket is
+// charged twice (never credited twice). A take with a RequestID is replayed
+// instead, charging once. A refund without a RequestID is never retried,
+// since running it twice would credit twice; with an id it is safe to retry.
+type RedisStore struct {
+	c       redis.UniversalClient
+	ap      *redis.AutoPipeliner // nil: plain pooled calls
+	timeout time.Duration
+	ridTTL  string // request-id TTL, milliseconds
+	log     *slog.Logger
+	// lastReload is when a NOSCRIPT reload was last logged (unix ns), so a
+	// failover that reloads on many connections logs once.
+	lastReload atomic.Int64
+}
+
+//go:embed redis.lua
+var scriptSrc string
+
+// scriptSHA is what EVALSHA names the script by.
+var scriptSHA = func() string {
+	sum := sha1.Sum([]byte(scriptSrc))
+	return hex.EncodeToString(sum[:])
+}()
+
+const (
+	opTake   = "take"
+	opRefund = "refund"
+)
+
+// NewRedisStore returns a store over c. It does no I/O: the script is loaded
+// by the first call that needs it. The store does not own c: closing c (which
+// also stops its automatic pipeliner) is the caller's job, after the last
+// call.
+func NewRedisStore(c redis.UniversalClient, opts RedisOptions) *RedisStore {
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultRedisTimeout
+	}
+	if opts.RequestIDTTL <= 0 {
+		opts.RequestIDTTL = DefaultRequestIDTTL
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	ms := (opts.RequestIDTTL + time.Millisecond - 1) / time.Millisecond
+	s := &RedisStore{
+		c:       c,
+		timeout: opts.Timeout,
+		ridTTL:  strconv.FormatInt(int64(ms), 10),
+		log:     opts.Logger,
+	}
+	if !opts.DisableAutoPipeline {
+		ap, err := c.AsyncAutoPipeline()
+		if err != nil {
+			s.log.Warn("redis automatic pipelining unavailable; deciding on pooled connections", "err", err)
+		} else {
+			s.ap = ap
+		}
+	}
+	return s
+}
+
+// Take charges req.Cost against req.Key's bucket and reports the decision.
+// A repeated RequestID returns the recorded decision (Replayed) and charges
+// nothing. Bad input fails with ErrInvalid or ErrCostExceedsBurst before any
+// I/O; Redis failures wrap ErrUnavailable.
+func (s *RedisStore) Take(ctx context.Context, req Request) (Result, error) {
+	r, err := s.take(ctx, req)
+	if err != nil {
+		return Result{}, err
+	}
+	return r.result(), nil
+}
+
+// take is Take with the script's reply as it came (floats unconverted).
+func (s *RedisStore) take(ctx context.Context, req Request) (takeReply, error) {
+	if err := req.Validate(); err != nil {
+		return takeReply{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	cmd := s.cmd(ctx, opTake, req, true)
+	err := s.do(ctx, cmd)
+	if isNoScript(err) {
+		s.noteReload()
+		cmd = s.cmd(ctx, opTake, req, false)
+		err = s.do(ctx, cmd)
+	}
+	if err != nil {
+		return takeReply{}, s.fail(opTake, err)
+	}
+	return parseTake(cmd)
+}
+
+// TakeBatch decides every request in one pipeline round trip (a Redis
+// Cluster client splits it per node and runs the parts concurrently).
+// Requests on the same key are decided in order. out[i] answers reqs[i]; an
+// invalid request fails alone, without I/O. len(out) must be at least
+// len(reqs): TakeBatch panics otherwise.
+func (s *RedisStore) TakeBatch(ctx context.Context, reqs []Request, out []Outcome) {
+	out = out[:len(reqs)]
+	cmds := make([]*redis.Cmd, len(reqs))
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	pipe := s.c.Pipeline()
+	for i, req := range reqs {
+		out[i] = Outcome{}
+		if err := req.Validate(); err != nil {
+			out[i].Err = err
+			continue
+		}
+		cmds[i] = s.cmd(ctx, opTake, req, true)
+		_ = pipe.Process(ctx, cmds[i])
+	}
+	if pipe.Len() == 0 {
+		return
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	var again redis.Pipeliner
+	for i, cmd := range cmds {
+		if cmd != nil && isNoScript(cmd.Err()) {
+			if again == nil {
+				s.noteReload()
+				again = s.c.Pipeline()
+			}
+			cmds[i] = s.cmd(ctx, opTake, reqs[i], false)
+			_ = again.Process(ctx, cmds[i])
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
+	}
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		if err := cmd.Err(); err != nil {
+			out[i].Err = s.fail(opTake, err)
+			continue
+		}
+		r, err := parseTake(cmd)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		out[i].Result = r.result()
+	}
+}
+
+// Refund gives req.Cost back to req.Key's bucket, capped at its burst. With a
+// RequestID it refunds only a decision recorded under that id as allowed and
+// not yet refunded, and marks it refunded, so a retried refund credits once.
+// Without an id it always refunds (and is never retried by the client).
+func (s *RedisStore) Refund(ctx context.Context, req Request) error {
+	_, _, err := s.refund(ctx, req)
+	return err
+}
+
+// refund reports whether the bucket was credited (a missing bucket, being
+// full, counts as credited) and the server time the script used.
+func (s *RedisStore) refund(ctx context.Context, req Request) (refunded bool, now int64, err error) {
+	if err := req.Validate(); err != nil {
+		return false, 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	run := func(sha bool) (*redis.Cmd, error) {
+		cmd := s.cmd(ctx, opRefund, req, sha)
+		if req.RequestID == "" {
+			return cmd, s.do(ctx, noRetryCmd{cmd})
+		}
+		return cmd, s.do(ctx, cmd)
+	}
+	cmd, err := run(true)
+	if isNoScript(err) {
+		s.noteReload()
+		cmd, err = run(false)
+	}
+	if err != nil {
+		return false, 0, s.fail(opRefund, err)
+	}
+	reply, err := cmd.Text()
+	flag, ts, ok := strings.Cut(reply, " ")
+	if err == nil && ok && (flag == "0" || flag == "1") {
+		if now, err = strconv.ParseInt(ts, 10, 64); err == nil {
+			return flag == "1", now, nil
+		}
+	}
+	return false, 0, fmt.Errorf("bucket: redis refund: unexpected reply %q (%v)", reply, err)
+}
+
+// Ping checks that Redis answers (every master of a cluster).
+func (s *RedisStore) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var err error
+	if cc, ok := s.c.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.Ping(ctx).Err()
+		})
+	} else {
+		err = s.c.Ping(ctx).Err()
+	}
+	if err != nil {
+		return s.fail("ping", err)
+	}
+	return nil
+}
+
+// do runs one command, returning by ctx's deadline. Through the automatic
+// pipeliner the command is not cancelled at the deadline (it is already in a
+// shared batch): only the wait for it ends, and cmd must not be read then.
+func (s *RedisStore) do(ctx context.Context, cmd redis.Cmder) error {
+	if s.ap != nil {
+		return s.ap.Submit(ctx, cmd).WaitContext(ctx)
+	}
+	return s.c.Process(ctx, cmd)
+}
+
+// cmd builds one script call. sha selects EVALSHA (else EVAL, which also
+// caches the script on that server).
+func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) *redis.Cmd {
+	args := make([]any, 0, 10)
+	if sha {
+		args = append(args, "evalsha", scriptSHA)
+	} else {
+		args = append(args, "eval", scriptSrc)
+	}
+	if req.RequestID != "" {
+		args = append(args, 2, req.Key, requestIDKey(req.Key, req.RequestID))
+	} else {
+		args = append(args, 1, req.Key)
+	}
+	args = append(args, op, formatFloat(req.Limit.Burst), formatFloat(req.Limit.Rate),
+		formatFloat(req.Cost), s.ridTTL)
+	return redis.NewCmd(ctx, args...)
+}
+
+// requestIDKey names the record of one request id. It shares the bucket
+// key's hash tag, so both are in one Redis Cluster slot; a key without a
+// hash tag (Key always adds one) cannot use request ids on a Cluster.
+func requestIDKey(key, id string) string { return key + ":r:" + id }
+
+// formatFloat writes the shortest decimal that reads back (strtod, in the
+// script) as exactly v.
+func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// parseTake reads the script's take reply:
+// "<allowed> <tokens> <retry s> <reset s> <now µs> <replayed>".
+func parseTake(cmd *redis.Cmd) (takeReply, error) {
+	reply, err := cmd.Text()
+	if err != nil {
+		return takeReply{}, fmt.Errorf("bucket: redis take: reply: %w", err)
+	}
+	return parseTakeReply(reply)
+}
+
+// takeReply is the script's take reply, floats as the script computed them.
+type takeReply struct {
+	decision
+	now      int64
+	replayed bool
+}
+
+func (r takeReply) result() Result {
+	res := r.decision.result(r.now)
+	res.Replayed = r.replayed
+	return res
+}
+
+func parseTakeReply(reply string) (takeReply, error) {
+	var r takeReply
+	var f [6]string
+	rest := reply
+	for i := range f {
+		var ok bool
+		f[i], rest, ok = strings.Cut(rest, " ")
+		if ok != (i < len(f)-1) {
+			return r, fmt.Errorf("bucket: redis take: unexpected reply %q", reply)
+		}
+	}
+	var errs [5]error
+	r.allowed = f[0] == "1"
+	r.tokens, errs[0] = strconv.ParseFloat(f[1], 64)
+	r.retry, errs[1] = strconv.ParseFloat(f[2], 64)
+	r.reset, errs[2] = strconv.ParseFloat(f[3], 64)
+	r.now, errs[3] = strconv.ParseInt(f[4], 10, 64)
+	r.replayed = f[5] == "1"
+	if (f[0] != "0" && f[0] != "1") || (f[5] != "0" && f[5] != "1") {
+		errs[4] = errors.New("flags must be 0 or 1")
+	}
+	if err := errors.Join(errs[:]...); err != nil {
+		return r, fmt.Errorf("bucket: redis take: unexpected reply %q: %w", reply, err)
+	}
+	return r, nil
+}
+
+// noRetryCmd keeps go-redis from sending a command again after a network
+// error: the first attempt may have run.
+type noRetryCmd struct{ *redis.Cmd }
+
+func (noRetryCmd) NoRetry() bool { return true }
+
+func isNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+func (s *RedisStore) noteReload() {
+	now := time.Now().UnixNano()
+	last := s.lastReload.Load()
+	if now-last > int64(time.Minute) && s.lastReload.CompareAndSwap(last, now) {
+		s.log.Info("redis answered NOSCRIPT (restart, failover or SCRIPT FLUSH); reloading the bucket script with EVAL")
+	}
+}
+
+// fail wraps a Redis error with the operation, and with ErrUnavailable when
+// the store could not be reached or could not apply the decision now.
+func (s *RedisStore) fail(op string, err error) error {
+	if unavailable(err) {
+		return fmt.Errorf("bucket: redis %s: %w: %w", op, ErrUnavailable, err)
+	}
+	return fmt.Errorf("bucket: redis %s: %w", op, err)
+}
+
+// unavailableCodes are server replies meaning "not now, not here": the
+// command was refused (or could not be confirmed), and another node or a
+// later moment may answer.
+var unavailableCodes = []string{
+	"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN",
+	"NOREPLICAS", "OOM", "BUSY", "MISCONF",
+}
+
+// unavailable reports whether err means the store could not be reached or
+// answer in time: network errors, deadlines, pool exhaustion, a closed
+// client, and the server replies in unavailableCodes.
+func unavailable(err error) bool {
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		if strings.HasPrefix(msg, "ERR max number of clients reached") {
+			return true
+		}
+		for _, code := range unavailableCodes {
+			// Redis 7 keeps the code first in a script's error; older
+			// versions quote it as "-CODE" inside "ERR Error running script".
+			if strings.HasPrefix(msg, code+" ") || strings.Contains(msg, "-"+code+" ") {
+				return true
+			}
+		}
+		return false
+	}
+	var nerr net.Error
+	return errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, context.Canceled) ||
+		errors.Is(err, redis.ErrPoolTimeout) ||
+		errors.Is(err, redis.ErrPoolExhausted) ||
+		errors.Is(err, redis.ErrClosed) ||
+		errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) ||
+		errors.As(err, &nerr)
+}

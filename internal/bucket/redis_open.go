@@ -1,0 +1,283 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// OpenRedis returns a pooled client for spec, which takes one of these forms:
+//
+//	host:port
+//	    one Redis server, database 0.
+//	redis://[user:password@]host:port[/db]
+//	    one Redis server; db is the database number (default 0).
+//	redis-sentinel://[user:password@]host:port[,host:port...]/master-name
+//	    the primary that the listed Sentinels name master-name, followed
+//	    through failovers; user and password are for the Redis servers, the
+//	    Sentinels are reached without them.
+//	redis-cluster://[user:password@]host:port[,host:port...]
+//	    a Redis Cluster; the listed nodes are seeds, the rest is discovered.
+//
+// A user or password containing ':', '@', '/' or ',' must be percent-encoded
+// (%3A, %40, %2F, %2C). IPv6 hosts go in brackets: [::1]:6379.
+//
+// timeout (> 0) bounds dialling, each read and write, and waiting for a
+// pooled connection; the client also honours context deadlines. Decisions go
+// to primaries only: replicas are never read, and Cluster routing is by slot
+// owner (no latency or random routing). OpenRedis does no I/O; an error names
+// the part of spec that is wrong (passwords are never echoed).
+func OpenRedis(spec string, timeout time.Duration) (redis.UniversalClient, error) {
+	if timeout <= 0 {
+		return nil, fmt.Errorf("bucket: redis timeout %v must be positive", timeout)
+	}
+	a, err := parseRedisSpec(spec)
+	if err != nil {
+		return nil, fmt.Errorf("bucket: redis address %q: %w", redactSpec(spec), err)
+	}
+	switch a.kind {
+	case "sentinel":
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            a.master,
+			SentinelAddrs:         a.addrs,
+			Username:              a.user,
+			Password:              a.password,
+			DB:                    a.db,
+			DialTimeout:           timeout,
+			ReadTimeout:           timeout,
+			WriteTimeout:          timeout,
+			PoolTimeout:           timeout,
+			ContextTimeoutEnabled: true,
+		}), nil
+	case "cluster":
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 a.addrs,
+			Username:              a.user,
+			Password:              a.password,
+			DialTimeout:           timeout,
+			ReadTimeout:           timeout,
+			WriteTimeout:          timeout,
+			PoolTimeout:           timeout,
+			ContextTimeoutEnabled: true,
+		}), nil
+	default:
+		return redis.NewClient(&redis.Options{
+			Addr:                  a.addrs[0],
+			Username:              a.user,
+			Password:              a.password,
+			DB:                    a.db,
+			DialTimeout:           timeout,
+			ReadTimeout:           timeout,
+			WriteTimeout:          timeout,
+			PoolTimeout:           timeout,
+			ContextTimeoutEnabled: true,
+		}), nil
+	}
+}
+
+type redisSpec struct {
+	kind           string // "single", "sentinel", "cluster"
+	addrs          []string
+	user, password string
+	db             int
+	master         string
+}
+
+func parseRedisSpec(spec string) (redisSpec, error) {
+	var a redisSpec
+	scheme, rest, ok := strings.Cut(spec, "://")
+	if !ok {
+		if err := checkHostPort(spec); err != nil {
+			return a, fmt.Errorf("%w (want host:port, redis://, redis-sentinel:// or redis-cluster://)", err)
+		}
+		a.kind, a.addrs = "single", []string{spec}
+		return a, nil
+	}
+	switch scheme {
+	case "redis":
+		a.kind = "single"
+	case "redis-sentinel":
+		a.kind = "sentinel"
+	case "redis-cluster":
+		a.kind = "cluster"
+	default:
+		return a, fmt.Errorf("scheme %q is not supported (want redis://, redis-sentinel:// or redis-cluster://)", scheme)
+	}
+	if strings.ContainsAny(rest, "?#") {
+		return a, errors.New("query parameters and fragments are not supported")
+	}
+	authority, path, _ := strings.Cut(rest, "/")
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		userinfo := authority[:i]
+		authority = authority[i+1:]
+		user, pass, hasPass := strings.Cut(userinfo, ":")
+		var err error
+		if a.user, err = url.PathUnescape(user); err != nil {
+			return a, errors.New("user is not valid percent-encoding")
+		}
+		if hasPass {
+			if a.password, err = url.PathUnescape(pass); err != nil {
+				return a, errors.New("password is not valid percent-encoding")
+			}
+		}
+	}
+	if authority == "" {
+		return a, errors.New("no host:port after the scheme")
+	}
+	a.addrs = strings.Split(authority, ",")
+	for _, hp := range a.addrs {
+		if err := checkHostPort(hp); err != nil {
+			return a, err
+		}
+	}
+	switch a.kind {
+	case "single":
+		if len(a.addrs) > 1 {
+			return a, fmt.Errorf("redis:// takes one host:port, got %d (use redis-cluster:// or redis-sentinel:// for several)", len(a.addrs))
+		}
+		if path != "" {
+			db, err := strconv.Atoi(path)
+			if err != nil || db < 0 {
+				return a, fmt.Errorf("database %q after '/' must be a number >= 0", path)
+			}
+			a.db = db
+		}
+	case "sentinel":
+		if path == "" {
+			return a, errors.New("missing master name: redis-sentinel://host:port[,host:port...]/master-name")
+		}
+		if strings.Contains(path, "/") {
+			return a, fmt.Errorf("master name %q must not contain '/'", path)
+		}
+		a.master = path
+	case "cluster":
+		if path != "" {
+			return a, fmt.Errorf("unexpected %q after '/': a cluster has only database 0", path)
+		}
+	}
+	return a, nil
+}
+
+func checkHostPort(hp string) error {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", hp)
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host", hp)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q in %q must be a number in 1..65535", port, hp)
+	}
+	return nil
+}
+
+// redactSpec hides a password in spec (for error messages).
+func redactSpec(spec string) string {
+	scheme, rest, ok := strings.Cut(spec, "://")
+	if !ok {
+		return spec
+	}
+	authority, path, hasPath := strings.Cut(rest, "/")
+	i := strings.LastIndex(authority, "@")
+	if i < 0 {
+		return spec
+	}
+	user, _, hasPass := strings.Cut(authority[:i], ":")
+	if hasPass {
+		user += ":xxxxx"
+	}
+	out := scheme + "://" + user + authority[i:]
+	if hasPath {
+		out += "/" + path
+	}
+	return out
+}
+
+// CheckEviction reads maxmemory-policy (CONFIG GET; on every master of a
+// Cluster) and returns it with a warning, empty only for noeviction. Buckets
+// that Redis evicts come back full: budget returned early, silently.
+//
+// For a Cluster whose masters disagree, policy lists "addr=policy" for each,
+// sorted. An error means the policy could not be read (CONFIG may be renamed
+// or forbidden on managed Redis); the caller should then warn that it could
+// not check.
+func CheckEviction(ctx context.Context, c redis.UniversalClient) (policy string, warning string, err error) {
+	get := func(ctx context.Context, c redis.Cmdable) (string, error) {
+		m, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil {
+			return "", err
+		}
+		p, ok := m["maxmemory-policy"]
+		if !ok {
+			return "", errors.New("CONFIG GET maxmemory-policy returned nothing")
+		}
+		return p, nil
+	}
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		p, err := get(ctx, c)
+		if err != nil {
+			return "", "", fmt.Errorf("bucket: read maxmemory-policy: %w", err)
+		}
+		return p, evictionWarning(p), nil
+	}
+	var mu sync.Mutex
+	byNode := map[string]string{}
+	err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		p, err := get(ctx, n)
+		if err != nil {
+			return fmt.Errorf("%s: %w", n.Options().Addr, err)
+		}
+		mu.Lock()
+		byNode[n.Options().Addr] = p
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("bucket: read maxmemory-policy: %w", err)
+	}
+	var warnings, parts []string
+	distinct := map[string]bool{}
+	for addr, p := range byNode {
+		distinct[p] = true
+		parts = append(parts, addr+"="+p)
+		if w := evictionWarning(p); w != "" {
+			warnings = append(warnings, addr+": "+w)
+		}
+	}
+	sort.Strings(parts)
+	sort.Strings(warnings)
+	if len(distinct) == 1 {
+		for p := range distinct {
+			policy = p
+		}
+	} else {
+		policy = strings.Join(parts, ",")
+	}
+	return policy, strings.Join(warnings, "; "), nil
+}
+
+func evictionWarning(policy string) string {
+	switch {
+	case policy == "noeviction":
+		return ""
+	case strings.HasPrefix(policy, "volatile-"):
+		return fmt.Sprintf("maxmemory-policy is %s: under memory pressure Redis may evict keys that have a TTL, "+
+			"which every bucket with a refill rate and every request-id record has; an evicted bucket "+
+			"comes back full (budget returned early) and an evicted request id can be charged twice. "+
+			"Buckets with rate 0 have no TTL and are safe. Set maxmemory-policy noeviction", policy)
+	default:
+		return fmt.Sprintf("maxmemory-policy is %s: under memory pressure Redis may evict buckets, which then "+
+			"come back full (budget returned early, silently). Set maxmemory-policy noeviction", policy)
+	}
+}

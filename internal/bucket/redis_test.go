@@ -1,0 +1,754 @@
+package bucket_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/harness"
+)
+
+// testTimeout is the store deadline in tests that expect answers: generous,
+// since -race on two cores is slow. Tests never assert on speed.
+const testTimeout = 5 * time.Second
+
+// openRedis opens spec as the agent would, closed when t ends.
+func openRedis(t testing.TB, spec string, timeout time.Duration) redis.UniversalClient {
+	t.Helper()
+	c, err := bucket.OpenRedis(spec, timeout)
+	if err != nil {
+		t.Fatalf("OpenRedis(%q): %v", spec, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// countHook counts dials and commands that a client sends.
+type countHook struct{ n atomic.Int64 }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		h.n.Add(1)
+		return next(ctx, network, addr)
+	}
+}
+
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// redisFixture is a fresh client and store over spec, for one subtest;
+// inspect looks at the servers directly.
+func redisFixture(t *testing.T, spec string, inspect redis.UniversalClient, opts bucket.RedisOptions) *fixture {
+	c := openRedis(t, spec, testTimeout)
+	hook := &countHook{}
+	c.AddHook(hook)
+	return &fixture{
+		store: bucket.NewRedisStore(c, opts),
+		wait:  time.Sleep,
+		held:  func(t *testing.T, key string) bool { return redisHolds(t, inspect, key) },
+		io:    hook.n.Load,
+	}
+}
+
+// redisHolds reports whether key or any request-id record of it exists.
+func redisHolds(t *testing.T, c redis.UniversalClient, key string) bool {
+	t.Helper()
+	ctx := context.Background()
+	var node redis.Cmdable = c
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		n, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			t.Fatalf("master for %s: %v", key, err)
+		}
+		node = n
+	}
+	if n, err := node.Exists(ctx, key).Result(); err != nil || n > 0 {
+		if err != nil {
+			t.Fatalf("EXISTS %s: %v", key, err)
+		}
+		return true
+	}
+	keys, err := node.Keys(ctx, globEscape(bucket.RequestIDKey(key, "*"))).Result()
+	if err != nil {
+		t.Fatalf("KEYS: %v", err)
+	}
+	return len(keys) > 0
+}
+
+// globEscape escapes the glob characters of s, but keeps a trailing '*'.
+func globEscape(s string) string {
+	body, star := strings.CutSuffix(s, "*")
+	var b strings.Builder
+	for _, r := range body {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	if star {
+		b.WriteByte('*')
+	}
+	return b.String()
+}
+
+func TestRedisStore(t *testing.T) {
+	t.Parallel()
+	srv := harness.StartRedis(t)
+	for _, mode := range []struct {
+		name    string
+		disable bool
+	}{{"autopipeline", false}, {"pooled", true}} {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			opts := bucket.RedisOptions{Timeout: testTimeout, DisableAutoPipeline: mode.disable}
+			runStoreSuite(t, func(t *testing.T) *fixture { return redisFixture(t, srv.Addr, srv.Client(), opts) })
+		})
+	}
+}
+
+func TestRedisStoreCluster(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cl := harness.StartCluster(t)
+	spec := "redis-cluster://" + strings.Join(cl.Addrs, ",")
+	runStoreSuite(t, func(t *testing.T) *fixture {
+		return redisFixture(t, spec, cl.Client(), bucket.RedisOptions{Timeout: testTimeout})
+	})
+
+	t.Run("buckets on every master", func(t *testing.T) {
+		s := bucket.NewRedisStore(openRedis(t, spec, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
+		perNode := map[*harness.Redis][]string{}
+		for i := 0; len(perNode) < len(cl.Nodes) || minLen(perNode) < 2; i++ {
+			k := bucket.Key("spread", strconv.Itoa(i))
+			slot, err := cl.Client().ClusterKeySlot(ctx, k).Result()
+			if err != nil {
+				t.Fatalf("CLUSTER KEYSLOT %s: %v", k, err)
+			}
+			n := cl.NodeForSlot(int(slot))
+			perNode[n] = append(perNode[n], k)
+		}
+		l := bucket.Limit{Burst: 3, Rate: 0}
+		for owner, keys := range perNode {
+			for _, k := range keys[:2] {
+				for i := 0; i < 4; i++ {
+					res := mustTake(t, s, bucket.Request{Key: k, Limit: l, Cost: 1, RequestID: "r" + strconv.Itoa(i)})
+					if want := i < 3; res.Allowed != want || res.Remaining != float64(max(0, 2-i)) {
+						t.Errorf("%s take %d: %+v, want allowed=%v", k, i+1, res, want)
+					}
+				}
+				if res := mustTake(t, s, bucket.Request{Key: k, Limit: l, Cost: 1, RequestID: "r0"}); !res.Replayed {
+					t.Errorf("%s: repeated id not replayed: %+v", k, res)
+				}
+				for _, n := range cl.Nodes {
+					// KEYS, unlike EXISTS, answers on a node that does not own the slot.
+					var got int
+					for _, name := range []string{k, bucket.RequestIDKey(k, "r0")} {
+						keys, err := n.Client().Keys(ctx, globEscape(name)).Result()
+						if err != nil {
+							t.Fatalf("KEYS on %s: %v", n.Addr, err)
+						}
+						got += len(keys)
+					}
+					if want := map[bool]int{true: 2, false: 0}[n == owner]; got != want {
+						t.Errorf("%s and its id record: %d of them on %s, want %d (owner %s)", k, got, n.Addr, want, owner.Addr)
+					}
+				}
+			}
+		}
+		out := make([]bucket.Outcome, 0, 6)
+		var batch []bucket.Request
+		for _, keys := range perNode {
+			batch = append(batch, bucket.Request{Key: keys[0], Limit: l, Cost: 1}, bucket.Request{Key: keys[1], Limit: l, Cost: 1})
+		}
+		out = out[:len(batch)]
+		s.TakeBatch(ctx, batch, out)
+		for i, o := range out {
+			if o.Err != nil || o.Result.Allowed {
+				t.Errorf("batch on spent buckets across nodes [%d] %s: %+v, want denied", i, batch[i].Key, o)
+			}
+		}
+	})
+
+	t.Run("CheckEviction on every master", func(t *testing.T) {
+		c := openRedis(t, spec, testTimeout)
+		if p, w, err := bucket.CheckEviction(ctx, c); err != nil || p != "noeviction" || w != "" {
+			t.Fatalf("CheckEviction = %q, %q, %v; want noeviction and no warning", p, w, err)
+		}
+		odd := cl.Nodes[1]
+		if err := odd.Client().ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+			t.Fatal(err)
+		}
+		defer odd.Client().ConfigSet(ctx, "maxmemory-policy", "noeviction")
+		p, w, err := bucket.CheckEviction(ctx, c)
+		if err != nil || !strings.Contains(p, odd.Addr+"=allkeys-lru") || !strings.Contains(w, odd.Addr) || strings.Contains(w, cl.Nodes[0].Addr) {
+			t.Errorf("CheckEviction with %s on allkeys-lru = %q, %q, %v; want that node named", odd.Addr, p, w, err)
+		}
+	})
+}
+
+func minLen(m map[*harness.Redis][]string) int {
+	n := math.MaxInt
+	for _, v := range m {
+		n = min(n, len(v))
+	}
+	return n
+}
+
+// scriptCheck runs the script and the model side by side on one bucket:
+// the model is fed the server time the script used, and both the replies
+// and the stored hash must agree with it bit for bit.
+type scriptCheck struct {
+	s       *bucket.RedisStore
+	c       *redis.Client // inspection
+	key     string
+	l       bucket.Limit
+	st      bucket.State
+	exists  bool
+	ids     map[string]*idRecord
+	lastNow int64 // latest server time seen
+}
+
+type idRecord struct {
+	reply    bucket.Decision
+	refunded bool
+}
+
+// fataler is what scriptCheck needs of *testing.T and *rapid.T.
+type fataler interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+func newScriptCheck(f fataler, s *bucket.RedisStore, c *redis.Client, key string, l bucket.Limit) *scriptCheck {
+	f.Helper()
+	tm, err := c.Time(context.Background()).Result()
+	if err != nil {
+		f.Fatalf("TIME: %v", err)
+	}
+	return &scriptCheck{s: s, c: c, key: key, l: l, ids: map[string]*idRecord{}, lastNow: tm.UnixMicro()}
+}
+
+func (sc *scriptCheck) take(f fataler, cost float64, id string) {
+	f.Helper()
+	req := bucket.Request{Key: sc.key, Limit: sc.l, Cost: cost, RequestID: id}
+	got, err := sc.s.TakeRaw(context.Background(), req)
+	if err != nil {
+		f.Fatalf("take %+v: %v", req, err)
+	}
+	var want bucket.Decision
+	if rec := sc.ids[id]; rec != nil {
+		want = rec.reply
+		want.Replayed = true
+	} else {
+		sc.st, want = bucket.ModelDecide(sc.st, sc.exists, sc.l, cost, got.Now)
+		sc.exists = true
+		if id != "" {
+			sc.ids[id] = &idRecord{reply: want}
+		}
+	}
+	if !sameDecision(got, want) {
+		f.Fatalf("take %+v:\n script %s\n model  %s", req, fmtDecision(got), fmtDecision(want))
+	}
+	sc.lastNow = max(sc.lastNow, got.Now)
+	sc.checkState(f)
+}
+
+func (sc *scriptCheck) refund(f fataler, cost float64, id string) {
+	f.Helper()
+	req := bucket.Request{Key: sc.key, Limit: sc.l, Cost: cost, RequestID: id}
+	got, now, err := sc.s.RefundRaw(context.Background(), req)
+	if err != nil {
+		f.Fatalf("refund %+v: %v", req, err)
+	}
+	want := true
+	if id != "" {
+		rec := sc.ids[id]
+		if rec == nil || !rec.reply.Allowed || rec.refunded {
+			want = false
+		} else {
+			rec.refunded = true
+		}
+	}
+	if want && sc.exists {
+		sc.st = bucket.Refund(sc.st, sc.l, cost, now)
+	}
+	if got != want {
+		f.Fatalf("refund %+v: refunded=%v, model says %v", req, got, want)
+	}
+	sc.lastNow = max(sc.lastNow, now)
+	sc.checkState(f)
+}
+
+// inject writes a state directly, as another writer (or a clock that has
+// since stepped back) would have left it.
+func (sc *scriptCheck) inject(f fataler, st bucket.State) {
+	f.Helper()
+	err := sc.c.HSet(context.Background(), sc.key, "tokens", strconv.FormatFloat(st.Tokens, 'g', -1, 64), "last", st.Last).Err()
+	if err != nil {
+		f.Fatalf("HSET: %v", err)
+	}
+	sc.st, sc.exists = st, true
+}
+
+func (sc *scriptCheck) drop(f fataler) {
+	f.Helper()
+	if err := sc.c.Del(context.Background(), sc.key).Err(); err != nil {
+		f.Fatalf("DEL: %v", err)
+	}
+	sc.st, sc.exists = bucket.State{}, false
+}
+
+// checkState compares the stored hash with the model's state, bit for bit.
+func (sc *scriptCheck) checkState(f fataler) {
+	f.Helper()
+	h, err := sc.c.HGetAll(context.Background(), sc.key).Result()
+	if err != nil {
+		f.Fatalf("HGETALL %s: %v", sc.key, err)
+	}
+	if !sc.exists {
+		if len(h) != 0 {
+			f.Fatalf("HGETALL %s = %v, model has no bucket", sc.key, h)
+		}
+		return
+	}
+	tokens, err1 := strconv.ParseFloat(h["tokens"], 64)
+	last, err2 := strconv.ParseInt(h["last"], 10, 64)
+	if err := errors.Join(err1, err2); err != nil || len(h) != 2 {
+		f.Fatalf("HGETALL %s = %v: %v", sc.key, h, err)
+	}
+	if math.Float64bits(tokens) != math.Float64bits(sc.st.Tokens) || last != sc.st.Last {
+		f.Fatalf("stored tokens=%s (%v) last=%d, model %v (%x) %d", h["tokens"], tokens, last, sc.st.Tokens, math.Float64bits(sc.st.Tokens), sc.st.Last)
+	}
+}
+
+func sameDecision(a, b bucket.Decision) bool {
+	return a.Allowed == b.Allowed && a.Now == b.Now && a.Replayed == b.Replayed &&
+		math.Float64bits(a.Tokens) == math.Float64bits(b.Tokens) &&
+		math.Float64bits(a.Retry) == math.Float64bits(b.Retry) &&
+		math.Float64bits(a.Reset) == math.Float64bits(b.Reset)
+}
+
+func fmtDecision(d bucket.Decision) string {
+	return fmt.Sprintf("allowed=%v tokens=%v (%x) retry=%v (%x) reset=%v (%x) now=%d replayed=%v",
+		d.Allowed, d.Tokens, math.Float64bits(d.Tokens), d.Retry, math.Float64bits(d.Retry),
+		d.Reset, math.Float64bits(d.Reset), d.Now, d.Replayed)
+}
+
+// TestScriptMatchesModel is the differential test: random sequences of
+// takes, refunds (with and without request ids), injected states (clock
+// offsets either way), deletions and limit changes, each checked exactly
+// against the model. rapid logs the seed of a failing run
+// (-rapid.seed=N replays it; -rapid.checks=N runs more).
+func TestScriptMatchesModel(t *testing.T) {
+	t.Parallel()
+	srv := harness.StartRedis(t)
+	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
+	var run atomic.Int64
+	limit := func(rt *rapid.T) bucket.Limit {
+		return bucket.Limit{
+			Burst: rapid.OneOf(
+				rapid.SampledFrom([]float64{1, 2.5, 3, 10, 100, 1e6, 1e12, 1e-3}),
+				rapid.Float64Range(1e-6, bucket.MaxValue),
+			).Draw(rt, "burst"),
+			Rate: rapid.OneOf(
+				rapid.SampledFrom([]float64{0, 1e-9, 0.1, 1, 3.7, 1000, 1e6, 1e12}),
+				rapid.Float64Range(0, bucket.MaxValue),
+			).Draw(rt, "rate"),
+		}
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		sc := newScriptCheck(rt, s, srv.Client(), bucket.Key("diff", strconv.FormatInt(run.Add(1), 10)), limit(rt))
+		cost := func() float64 {
+			b := sc.l.Burst
+			return rapid.OneOf(
+				rapid.SampledFrom([]float64{b, b / 2, b / 3, math.Min(1, b), math.Nextafter(b, 0)}),
+				rapid.Float64Range(b*1e-9, b),
+			).Draw(rt, "cost")
+		}
+		id := func() string { return rapid.SampledFrom([]string{"", "", "a", "b"}).Draw(rt, "id") }
+		steps := rapid.IntRange(1, 30).Draw(rt, "steps")
+		for i := 0; i < steps; i++ {
+			switch op := rapid.IntRange(0, 9).Draw(rt, "op"); {
+			case op <= 4:
+				sc.take(rt, cost(), id())
+			case op == 5:
+				sc.refund(rt, cost(), id())
+			case op == 6:
+				frac := rapid.Float64Range(0, 1).Draw(rt, "fill")
+				offset := rapid.OneOf(
+					rapid.Int64Range(-20_000_000, 20_000_000),
+					rapid.Int64Range(-1e13, 1e13),
+				).Draw(rt, "offset µs")
+				sc.inject(rt, bucket.State{Tokens: frac * sc.l.Burst, Last: sc.lastNow + offset})
+			case op == 7:
+				time.Sleep(time.Duration(rapid.IntRange(0, 3000).Draw(rt, "sleep µs")) * time.Microsecond)
+			case op == 8:
+				sc.l = limit(rt) // the rule changed shape
+			case op == 9:
+				sc.drop(rt)
+			}
+		}
+	})
+}
+
+// FuzzScript checks one script call against the model from an arbitrary
+// stored state, on one redis-server for the whole run.
+func FuzzScript(f *testing.F) {
+	srv := harness.StartRedis(f)
+	s := bucket.NewRedisStore(openRedis(f, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
+	var run atomic.Int64
+	f.Add(0.5, 10.0, 1.0, 0.25, int64(-3_000_000), uint8(0))
+	f.Add(0.0, 1e12, 1e12, 1.0, int64(9_000_000_000), uint8(1))
+	f.Add(1.0, 3.0, 0.0, 0.5, int64(0), uint8(2))
+	f.Add(0.1, 1e-3, 1e-9, 1.0, int64(-1e13), uint8(3))
+	f.Add(0.999, 7.3, 3.7, 0.999, int64(1), uint8(5))
+	f.Fuzz(func(t *testing.T, fill, burst, rate, costFrac float64, offset int64, op uint8) {
+		l := bucket.Limit{Burst: burst, Rate: rate}
+		if l.Validate() != nil || math.IsNaN(fill) || math.IsInf(fill, 0) || math.IsNaN(costFrac) || math.IsInf(costFrac, 0) {
+			return
+		}
+		cost := math.Abs(math.Mod(costFrac, 1)) * burst
+		if cost == 0 {
+			cost = burst
+		}
+		offset %= 1e13
+		sc := newScriptCheck(t, s, srv.Client(), bucket.Key("fuzz", strconv.FormatInt(run.Add(1), 10)), l)
+		if op&1 == 1 {
+			sc.inject(t, bucket.State{Tokens: math.Abs(math.Mod(fill, 1)) * burst, Last: sc.lastNow + offset})
+		}
+		id := ""
+		if op&4 != 0 {
+			id = "f"
+		}
+		if op&2 == 0 {
+			sc.take(t, cost, id)
+			sc.take(t, cost, id)
+		} else {
+			sc.refund(t, cost, id)
+			sc.take(t, cost, id)
+			sc.refund(t, cost, id)
+		}
+	})
+}
+
+func TestRedisClockBackwards(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := harness.StartRedis(t)
+	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
+	c := srv.Client()
+	tm, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := tm.UnixMicro() + 10_000_000 // last written by a clock 10s ahead
+	k := bucket.Key("clock", "s")
+	l := bucket.Limit{Burst: 10, Rate: 1000}
+	if err := c.HSet(ctx, k, "tokens", "3", "last", ahead).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res := mustTake(t, s, bucket.Request{Key: k, Limit: l, Cost: 1})
+	if !res.Allowed || res.Remaining != 2 || res.Now >= ahead {
+		t.Fatalf("take with last 10s ahead = %+v; want 2 left (no refill) at a now before %d", res, ahead)
+	}
+	if got, err := c.HGet(ctx, k, "last").Int64(); err != nil || got != ahead {
+		t.Errorf("last = %d, %v; want it kept at %d", got, err, ahead)
+	}
+	// The TTL counts from last, which is ahead: time to full (10ms) + 10s.
+	if pttl, err := c.PTTL(ctx, k).Result(); err != nil || pttl < 10*time.Second {
+		t.Errorf("PTTL = %v, %v; want >= 10s (time to full counted from a last 10s ahead)", pttl, err)
+	}
+}
+
+func TestRedisExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := harness.StartRedis(t)
+	const ridTTL = 90 * time.Second
+	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout, RequestIDTTL: ridTTL})
+	c := srv.Client()
+	pttl := func(key string) time.Duration {
+		t.Helper()
+		d, err := c.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	k := bucket.Key("expiry", "s")
+	l := bucket.Limit{Burst: 10, Rate: 4}
+	mustTake(t, s, bucket.Request{Key: k, Limit: l, Cost: 10, RequestID: "id"})
+	ttf := l.TimeToFull()
+	if got := pttl(k); got < ttf || got > ttf+bucket.ExpiryMargin+time.Millisecond {
+		t.Errorf("bucket PTTL = %v; want in [time to full %v, + margin %v]", got, ttf, bucket.ExpiryMargin)
+	}
+	if got := pttl(bucket.RequestIDKey(k, "id")); got <= ridTTL-10*time.Second || got > ridTTL {
+		t.Errorf("request id PTTL = %v; want about %v", got, ridTTL)
+	}
+	// The rule becomes a fixed allowance: the bucket is kept for good.
+	mustTake(t, s, bucket.Request{Key: k, Limit: bucket.Limit{Burst: 10, Rate: 0}, Cost: 1})
+	if got := pttl(k); got != -1 {
+		t.Errorf("rate-0 bucket PTTL = %v; want none (-1ms)", got)
+	}
+	// A refill longer than 2^50 µs is kept for good too.
+	slow := bucket.Key("expiry", "slow")
+	mustTake(t, s, bucket.Request{Key: slow, Limit: bucket.Limit{Burst: 1e12, Rate: 1e-3}, Cost: 1})
+	if got := pttl(slow); got != -1 {
+		t.Errorf("1e15 s refill PTTL = %v; want none (-1ms)", got)
+	}
+	// A refund refreshes the TTL by the same rule.
+	mustRefund(t, s, bucket.Request{Key: k, Limit: l, Cost: 1})
+	if got := pttl(k); got < ttf {
+		t.Errorf("PTTL after refund = %v; want >= %v", got, ttf)
+	}
+}
+
+func TestRedisScriptFlush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := harness.StartRedis(t)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout, Logger: log})
+	c := srv.Client()
+	m := newModel(bucket.Limit{Burst: 10, Rate: 0})
+	k := bucket.Key("flush", "s")
+	loaded := func() bool {
+		ok, err := c.ScriptExists(ctx, bucket.ScriptSHA).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok[0]
+	}
+	if loaded() {
+		t.Fatal("script loaded before the first call")
+	}
+	m.check(t, mustTake(t, s, bucket.Request{Key: k, Limit: m.l, Cost: 1}), 1)
+	if !loaded() {
+		t.Fatal("script not cached after the first call")
+	}
+	flush := func() {
+		t.Helper()
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush()
+	m.check(t, mustTake(t, s, bucket.Request{Key: k, Limit: m.l, Cost: 1}), 1)
+	flush()
+	out := make([]bucket.Outcome, 3)
+	s.TakeBatch(ctx, []bucket.Request{{Key: k, Limit: m.l, Cost: 1}, {Key: k, Limit: m.l, Cost: 2}, {Key: k, Limit: m.l, Cost: 1}}, out)
+	for i, o := range out {
+		if o.Err != nil {
+			t.Fatalf("batch after SCRIPT FLUSH [%d]: %v", i, o.Err)
+		}
+		m.check(t, o.Result, []float64{1, 2, 1}[i])
+	}
+	flush()
+	mustRefund(t, s, bucket.Request{Key: k, Limit: m.l, Cost: 5})
+	m.refund(5, m.st.Last)
+	m.check(t, mustTake(t, s, bucket.Request{Key: k, Limit: m.l, Cost: 1}), 1)
+	if !loaded() {
+		t.Error("script not cached again after the reloads")
+	}
+	if n := strings.Count(logs.String(), "NOSCRIPT"); n != 1 {
+		t.Errorf("logged the reload %d times, want once per minute:\n%s", n, logs.String())
+	}
+}
+
+func TestCheckEviction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tests := []struct {
+		policy string
+		warn   string // substring; "" means no warning
+	}{
+		{"noeviction", ""},
+		{"allkeys-lru", "allkeys-lru: under memory pressure Redis may evict buckets"},
+		{"volatile-ttl", "Buckets with rate 0 have no TTL and are safe"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.policy, func(t *testing.T) {
+			t.Parallel()
+			srv := harness.StartRedis(t, harness.WithConfig("maxmemory-policy "+tt.policy))
+			p, w, err := bucket.CheckEviction(ctx, openRedis(t, srv.Addr, testTimeout))
+			if err != nil || p != tt.policy || (tt.warn == "") != (w == "") || !strings.Contains(w, tt.warn) {
+				t.Errorf("CheckEviction = %q, %q, %v; want %q with a warning containing %q", p, w, err, tt.policy, tt.warn)
+			}
+		})
+	}
+	t.Run("unreachable", func(t *testing.T) {
+		t.Parallel()
+		srv := harness.StartRedis(t)
+		c := openRedis(t, srv.Addr, time.Second)
+		srv.Stop()
+		if _, _, err := bucket.CheckEviction(ctx, c); err == nil {
+			t.Error("CheckEviction of a stopped server: no error")
+		}
+	})
+}
+
+// TestRedisUnavailable checks that every failure to reach Redis, or to have
+// it apply a decision now, wraps ErrUnavailable, and that other errors do
+// not.
+func TestRedisUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	req := func(t *testing.T) bucket.Request {
+		return bucket.Request{Key: bucket.Key(t.Name(), "s"), Limit: bucket.Limit{Burst: 5, Rate: 1}, Cost: 1}
+	}
+	checkAll := func(t *testing.T, s *bucket.RedisStore, code string) {
+		t.Helper()
+		r := req(t)
+		_, err := s.Take(ctx, r)
+		if !errors.Is(err, bucket.ErrUnavailable) || !strings.Contains(err.Error(), code) {
+			t.Errorf("Take error = %v; want ErrUnavailable mentioning %q", err, code)
+		}
+		out := make([]bucket.Outcome, 2)
+		s.TakeBatch(ctx, []bucket.Request{r, r}, out)
+		for i, o := range out {
+			if !errors.Is(o.Err, bucket.ErrUnavailable) {
+				t.Errorf("TakeBatch[%d] error = %v; want ErrUnavailable", i, o.Err)
+			}
+		}
+		if err := s.Refund(ctx, r); !errors.Is(err, bucket.ErrUnavailable) {
+			t.Errorf("Refund error = %v; want ErrUnavailable", err)
+		}
+	}
+
+	t.Run("stopped", func(t *testing.T) {
+		t.Parallel()
+		srv := harness.StartRedis(t)
+		s := bucket.NewRedisStore(openRedis(t, srv.Addr, time.Second), bucket.RedisOptions{Timeout: time.Second})
+		mustTake(t, s, req(t)) // pooled connections exist
+		srv.Stop()
+		checkAll(t, s, "")
+		if err := s.Ping(ctx); !errors.Is(err, bucket.ErrUnavailable) {
+			t.Errorf("Ping error = %v; want ErrUnavailable", err)
+		}
+	})
+	t.Run("paused", func(t *testing.T) {
+		t.Parallel()
+		srv := harness.StartRedis(t)
+		s := bucket.NewRedisStore(openRedis(t, srv.Addr, 300*time.Millisecond), bucket.RedisOptions{Timeout: 300 * time.Millisecond})
+		mustTake(t, s, req(t))
+		srv.Pause()
+		checkAll(t, s, "")
+		srv.Resume()
+	})
+	// The server refuses writes: Take and TakeBatch fail, and so does Refund
+	// to the bucket that a first Take created before the server turned.
+	t.Run("replica answers READONLY", func(t *testing.T) {
+		t.Parallel()
+		primary := harness.StartRedis(t)
+		replica := harness.StartRedis(t, harness.WithReplicaOf(primary.Addr))
+		mustTake(t, bucket.NewRedisStore(openRedis(t, primary.Addr, time.Second), bucket.RedisOptions{Timeout: time.Second}), req(t))
+		if n, err := primary.Client().Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+			t.Fatalf("WAIT 1 = %d, %v", n, err)
+		}
+		s := bucket.NewRedisStore(openRedis(t, replica.Addr, time.Second), bucket.RedisOptions{Timeout: time.Second})
+		checkAll(t, s, "READONLY")
+	})
+	for _, tt := range []struct{ code, param, value string }{
+		{"NOREPLICAS", "min-replicas-to-write", "1"},
+		{"OOM", "maxmemory", "1"},
+	} {
+		t.Run(tt.code, func(t *testing.T) {
+			t.Parallel()
+			srv := harness.StartRedis(t)
+			s := bucket.NewRedisStore(openRedis(t, srv.Addr, time.Second), bucket.RedisOptions{Timeout: time.Second})
+			mustTake(t, s, req(t))
+			if err := srv.Client().ConfigSet(ctx, tt.param, tt.value).Err(); err != nil {
+				t.Fatal(err)
+			}
+			checkAll(t, s, tt.code)
+		})
+	}
+	t.Run("other errors are not unavailability", func(t *testing.T) {
+		t.Parallel()
+		srv := harness.StartRedis(t)
+		s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
+		r := req(t)
+		if err := srv.Client().Set(ctx, r.Key, "not a hash", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Take(ctx, r)
+		if err == nil || errors.Is(err, bucket.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Errorf("Take on a string key: error %v; want WRONGTYPE, not ErrUnavailable", err)
+		}
+	})
+}
+
+func TestRedisSentinelFailover(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	ss := harness.StartSentinel(t, "ration")
+	spec := "redis-sentinel://" + strings.Join(ss.SentinelAddrs, ",") + "/" + ss.MasterName
+	s := bucket.NewRedisStore(openRedis(t, spec, time.Second), bucket.RedisOptions{Timeout: time.Second})
+	k := bucket.Key("failover", "s")
+	req := bucket.Request{Key: k, Limit: bucket.Limit{Burst: 100, Rate: 0}, Cost: 1}
+	if res := mustTake(t, s, req); res.Remaining != 99 {
+		t.Fatalf("first take = %+v, want 99 left", res)
+	}
+	// The replica has the write before the primary dies.
+	if n, err := ss.Primary.Client().Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 = %d, %v", n, err)
+	}
+	ss.Primary.Kill()
+	newAddr, err := ss.WaitForFailover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newAddr != ss.Replica.Addr {
+		t.Fatalf("sentinels promoted %s, want the replica %s", newAddr, ss.Replica.Addr)
+	}
+	// The same store, no restart: it decides against the new primary once
+	// its client has followed the switch.
+	var res bucket.Result
+	for attempt := 1; ; attempt++ {
+		res, err = s.Take(ctx, req)
+		if err == nil {
+			t.Logf("decided on the new primary after %d attempts", attempt)
+			break
+		}
+		if !errors.Is(err, bucket.ErrUnavailable) {
+			t.Fatalf("take during failover: %v (want ErrUnavailable while it lasts)", err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no decision on the new primary: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if !res.Allowed || res.Remaining != 98 {
+		t.Errorf("take on the new primary = %+v, want 98 left (the replicated balance)", res)
+	}
+	if got, err := ss.Replica.Client().HGet(ctx, k, "tokens").Result(); err != nil || got != "98" {
+		t.Errorf("new primary holds tokens=%q (%v), want 98", got, err)
+	}
+}

@@ -1,0 +1,171 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestParseRedisSpec(t *testing.T) {
+	tests := []struct {
+		spec string
+		want redisSpec
+	}{
+		{"localhost:6379", redisSpec{kind: "single", addrs: []string{"localhost:6379"}}},
+		{"[::1]:6379", redisSpec{kind: "single", addrs: []string{"[::1]:6379"}}},
+		{"redis://10.0.0.1:6380", redisSpec{kind: "single", addrs: []string{"10.0.0.1:6380"}}},
+		{"redis://h:1/3", redisSpec{kind: "single", addrs: []string{"h:1"}, db: 3}},
+		{"redis://:s3cret@h:1/", redisSpec{kind: "single", addrs: []string{"h:1"}, password: "s3cret"}},
+		{"redis://app:p%40ss%3Aw@h:1", redisSpec{kind: "single", addrs: []string{"h:1"}, user: "app", password: "p@ss:w"}},
+		{"redis-sentinel://s1:26379,s2:26379,s3:26379/mymaster",
+			redisSpec{kind: "sentinel", addrs: []string{"s1:26379", "s2:26379", "s3:26379"}, master: "mymaster"}},
+		{"redis-sentinel://u:p@s1:26379/m", redisSpec{kind: "sentinel", addrs: []string{"s1:26379"}, master: "m", user: "u", password: "p"}},
+		{"redis-cluster://n1:7000,n2:7001", redisSpec{kind: "cluster", addrs: []string{"n1:7000", "n2:7001"}}},
+		{"redis-cluster://n1:7000/", redisSpec{kind: "cluster", addrs: []string{"n1:7000"}}},
+	}
+	for _, tt := range tests {
+		got, err := parseRedisSpec(tt.spec)
+		if err != nil || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("parseRedisSpec(%q) = %+v, %v; want %+v", tt.spec, got, err, tt.want)
+		}
+	}
+}
+
+func TestOpenRedisErrors(t *testing.T) {
+	tests := []struct {
+		spec string
+		want string // in the error
+	}{
+		{"", `"" is not host:port`},
+		{"localhost", `"localhost" is not host:port`},
+		{"localhost:http", `port "http" in "localhost:http"`},
+		{"h:0", `port "0"`},
+		{"h:70000", `port "70000"`},
+		{":6379", `":6379" has no host`},
+		{"rediss://h:1", `scheme "rediss" is not supported`},
+		{"redis://", "no host:port after the scheme"},
+		{"redis://h:1,h:2", "redis:// takes one host:port, got 2"},
+		{"redis://h:1/x", `database "x" after '/'`},
+		{"redis://h:1/-1", `database "-1"`},
+		{"redis://h:1?db=2", "query parameters"},
+		{"redis://u:p%zz@h:1", "password is not valid percent-encoding"},
+		{"redis-sentinel://s:1", "missing master name"},
+		{"redis-sentinel://s:1/", "missing master name"},
+		{"redis-sentinel://s:1,bad/m", `"bad" is not host:port`},
+		{"redis-sentinel://s:1/m/2", `master name "m/2"`},
+		{"redis-cluster://n:1/2", "a cluster has only database 0"},
+		{"redis-cluster://n:1,,n:2", `"" is not host:port`},
+	}
+	for _, tt := range tests {
+		c, err := OpenRedis(tt.spec, time.Second)
+		if err == nil {
+			_ = c.Close()
+			t.Errorf("OpenRedis(%q) succeeded; want an error containing %q", tt.spec, tt.want)
+			continue
+		}
+		if !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("OpenRedis(%q) error = %q; want it to contain %q", tt.spec, err, tt.want)
+		}
+	}
+	if _, err := OpenRedis("h:1", 0); err == nil {
+		t.Errorf("OpenRedis with timeout 0 succeeded")
+	}
+}
+
+func TestOpenRedisNeverEchoesPassword(t *testing.T) {
+	_, err := OpenRedis("redis://app:hunter2@h:1/x", time.Second)
+	if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "app:xxxxx@h:1") {
+		t.Errorf("error %q; want the password redacted", err)
+	}
+}
+
+func TestOpenRedisClientKinds(t *testing.T) {
+	tests := []struct {
+		spec  string
+		check func(redis.UniversalClient) string
+	}{
+		{"h:1", func(c redis.UniversalClient) string {
+			o := c.(*redis.Client).Options()
+			if o.Addr != "h:1" || o.ReadTimeout != 2*time.Second || o.DialTimeout != 2*time.Second ||
+				o.WriteTimeout != 2*time.Second || o.PoolTimeout != 2*time.Second || !o.ContextTimeoutEnabled {
+				return "single options not set from spec and timeout"
+			}
+			return ""
+		}},
+		{"redis://u:p@h:1/4", func(c redis.UniversalClient) string {
+			o := c.(*redis.Client).Options()
+			if o.Username != "u" || o.Password != "p" || o.DB != 4 {
+				return "credentials or db not set"
+			}
+			return ""
+		}},
+		{"redis-cluster://a:1,b:2", func(c redis.UniversalClient) string {
+			o := c.(*redis.ClusterClient).Options()
+			if len(o.Addrs) != 2 || o.ReadOnly || o.RouteByLatency || o.RouteRandomly || !o.ContextTimeoutEnabled {
+				return "cluster must route to masters only"
+			}
+			return ""
+		}},
+		{"redis-sentinel://a:1/m", func(c redis.UniversalClient) string {
+			if _, ok := c.(*redis.Client); !ok {
+				return "sentinel spec must give a failover *redis.Client (primary only)"
+			}
+			return ""
+		}},
+	}
+	for _, tt := range tests {
+		c, err := OpenRedis(tt.spec, 2*time.Second)
+		if err != nil {
+			t.Errorf("OpenRedis(%q): %v", tt.spec, err)
+			continue
+		}
+		if msg := tt.check(c); msg != "" {
+			t.Errorf("OpenRedis(%q): %s", tt.spec, msg)
+		}
+		_ = c.Close()
+	}
+}
+
+// redisErr is a server error reply as go-redis types them.
+type redisErr string
+
+func (e redisErr) Error() string { return string(e) }
+func (redisErr) RedisError()     {}
+
+func TestUnavailable(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{redisErr("LOADING Redis is loading the dataset in memory"), true},
+		{redisErr("READONLY You can't write against a read only replica."), true},
+		{redisErr("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), true},
+		{redisErr("CLUSTERDOWN The cluster is down"), true},
+		{redisErr("TRYAGAIN Multiple keys request during rehashing of slot"), true},
+		{redisErr("NOREPLICAS Not enough good replicas to write. script: 1, on @user_script:1."), true},
+		{redisErr("ERR Error running script (call to f_1): @user_script:1: -NOREPLICAS Not enough good replicas to write."), true},
+		{redisErr("OOM command not allowed when used memory > 'maxmemory'."), true},
+		{redisErr("BUSY Redis is busy running a script."), true},
+		{redisErr("ERR max number of clients reached"), true},
+		{redisErr("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
+		{redisErr("ERR user_script:1: Script attempted to access nonexistent global variable"), false},
+		{redis.ErrPoolTimeout, true},
+		{redis.ErrClosed, true},
+		{context.DeadlineExceeded, true},
+		{fmt.Errorf("wrapped: %w", context.Canceled), true},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, true},
+		{errors.New("bucket: redis take: unexpected reply"), false},
+	}
+	for _, tt := range tests {
+		if got := unavailable(tt.err); got != tt.want {
+			t.Errorf("unavailable(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,11 @@
+// Package harness starts the real processes Ration's tests run against:
+// redis-server primaries, replicas, Sentinels and Clusters (redis*.go), each
+// on free loopback ports in its own temporary directory, stopped by
+// t.Cleanup, with its log dumped when the test fails. Raft cluster helpers
+// live in their own files.
+//
+// It is imported only by _test.go files and by test/chaos. Everything is
+// parallel-safe: no package globals, every helper takes the testing.TB that
+// owns what it starts. A missing binary fails the test (never skips it) with
+// the Debian package that provides it.
+package harness

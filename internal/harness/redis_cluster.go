@@ -1,0 +1,88 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const clusterReadyTimeout = 30 * time.Second
+
+// Cluster is a Redis Cluster of three masters without replicas, on loopback.
+// Node i owns the slots from Slots[i][0] to Slots[i][1], inclusive. Needs
+// Redis >= 7.0 (cluster-port, CLUSTER ADDSLOTSRANGE).
+type Cluster struct {
+	Addrs []string
+	Nodes []*Redis
+	Slots [][2]int
+
+	t          testing.TB
+	clientOnce sync.Once
+	client     *redis.ClusterClient
+}
+
+// StartCluster starts three cluster-enabled servers, splits the 16384 slots
+// evenly among them, joins them with CLUSTER MEET and returns once every
+// node reports cluster_state:ok and knows all three.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	const n = 3
+	c := &Cluster{t: t}
+	for i := 0; i < n; i++ {
+		node := startRedis(t, redisConfig{cluster: true, lines: []string{"cluster-node-timeout 2000"}})
+		c.Nodes = append(c.Nodes, node)
+		c.Addrs = append(c.Addrs, node.Addr)
+		c.Slots = append(c.Slots, [2]int{i * 16384 / n, (i+1)*16384/n - 1})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
+	defer cancel()
+	for i, node := range c.Nodes {
+		lo, hi := c.Slots[i][0], c.Slots[i][1]
+		if err := node.Client().Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			t.Fatalf("harness: cluster addslotsrange %d %d on %s: %v", lo, hi, node.Addr, err)
+		}
+	}
+	for _, node := range c.Nodes[1:] {
+		err := c.Nodes[0].Client().Do(ctx, "CLUSTER", "MEET", "127.0.0.1", node.Port, node.busPort).Err()
+		if err != nil {
+			t.Fatalf("harness: cluster meet %s: %v", node.Addr, err)
+		}
+	}
+	for _, node := range c.Nodes {
+		waitFor(ctx, t, "cluster node "+node.Addr+" ready", func() (bool, string) {
+			info, err := node.Client().ClusterInfo(ctx).Result()
+			if err != nil {
+				return false, err.Error()
+			}
+			state, known := infoField(info, "cluster_state"), infoField(info, "cluster_known_nodes")
+			return state == "ok" && known == strconv.Itoa(n),
+				fmt.Sprintf("cluster_state:%s cluster_known_nodes:%s", state, known)
+		})
+	}
+	return c
+}
+
+// Client returns a cluster client over all nodes, for a test to inspect or
+// set up state; it is closed when the test ends.
+func (c *Cluster) Client() *redis.ClusterClient {
+	c.clientOnce.Do(func() {
+		c.client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+		c.t.Cleanup(func() { _ = c.client.Close() })
+	})
+	return c.client
+}
+
+// NodeForSlot returns the node that owns slot.
+func (c *Cluster) NodeForSlot(slot int) *Redis {
+	for i, s := range c.Slots {
+		if slot >= s[0] && slot <= s[1] {
+			return c.Nodes[i]
+		}
+	}
+	return nil
+}
