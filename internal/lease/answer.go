@@ -39,11 +39,16 @@ func (a answer) result(holder string) (Result, error) {
 				l := *it.Lease
 				ir.Lease = &l
 			}
-			ir.Err = it.Code.err(fmt.Sprintf("renew %d (quota %q) by %q", it.LeaseID, it.Quota, holder))
+			if it.Code != codeOK {
+				ir.Err = it.Code.err(fmt.Sprintf("renew %d (quota %q) by %q", it.LeaseID, it.Quota, holder))
+			}
 			r.Items[i] = ir
 		}
 	case KindRelease:
 		r.Credited = a.Credited
+	}
+	if a.Code == codeOK {
+		return r, nil
 	}
 	return r, a.Code.err(fmt.Sprintf("%s %d by %q", a.Kind, a.LeaseID, holder))
 }

@@ -13,9 +13,11 @@ import "math"
 //   - Refill at the adopted Rate, never above the adopted Cap.
 //   - Tokens put in a renewal's Unused, or a release's, are taken out of the
 //     bucket when the command is sent and never spent, whatever the answer.
-//   - Adopt only the answer to the latest command sent for this lease; an
-//     answer to an older one (late, or overtaken by a retry with a newer
-//     Seq) is ignored, so a confirmation is never undone.
+//   - Adopt only the answer to the latest command sent for this lease, and
+//     only once: an answer to an older one (late, or overtaken by a retry
+//     with a newer Seq) is ignored, so a confirmation is never undone, and
+//     a second copy of an answer (the replay a retry gets) does not add its
+//     tokens twice.
 //   - On a shrink, the excess over the new cap is not spent: it is owed, and
 //     given back at the next renewal or release.
 //
@@ -38,6 +40,7 @@ type Holding struct {
 	at      int64  // Balance is as of at
 	sentSeq uint64 // the latest command sent for this lease
 	sentAt  int64
+	adopted uint64 // the seq whose answer was adopted last
 }
 
 // AgentValidity is how long after sending its request a holder may spend a
@@ -88,11 +91,13 @@ func (h *Holding) Release(now int64, holder string, seq uint64) Release {
 
 // Adopt takes an answer (a grant's lease or a renewal item's) received at
 // now for the command sent with seq. It reports false, and changes nothing,
-// for an answer to anything but the latest command sent for this lease.
+// for an answer to anything but the latest command sent for this lease, or
+// one already adopted.
 func (h *Holding) Adopt(now int64, seq uint64, l Lease) bool {
-	if seq != h.sentSeq || l.Quota != h.Quota {
+	if seq != h.sentSeq || seq == h.adopted || l.Quota != h.Quota {
 		return false
 	}
+	h.adopted = seq
 	h.refill(now)
 	if !h.Valid(now) {
 		h.Balance, h.Owed = 0, 0 // an expired term's tokens are forfeit

@@ -53,6 +53,9 @@ func TestHoldingWithState(t *testing.T) {
 	if !h.Adopt(sec, 1, *r.Lease) {
 		t.Fatal("Adopt of the grant's answer refused")
 	}
+	if h.Adopt(sec, 1, *r.Lease) {
+		t.Fatal("adopted a second copy of the same answer (a replay)")
+	}
 	if h.Balance != 100 || h.ValidUntil != 10*sec {
 		t.Fatalf("after grant: balance %v, valid until %d; want 100, %d", h.Balance, h.ValidUntil, 10*sec)
 	}

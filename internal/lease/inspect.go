@@ -84,6 +84,16 @@ func (s *State) LeaseByID(id uint64) (LeaseInfo, bool) {
 	return l.info(), true
 }
 
+// LastSeq is the holder's last applied sequence number, if it is still
+// remembered (see RecordTTL).
+func (s *State) LastSeq(holder string) (uint64, bool) {
+	h := s.holders[holder]
+	if h == nil {
+		return 0, false
+	}
+	return h.seq, true
+}
+
 func (l *lease) info() LeaseInfo {
 	return LeaseInfo{
 		Lease: Lease{

@@ -68,6 +68,8 @@ type lease struct {
 	BoundAt int64   `json:"bound_at"`
 	Demand  float64 `json:"demand"`
 	Weight  float64 `json:"weight"`
+
+	pos int // index in its quota's leases, set by targets; not state
 }
 
 // holder is what is remembered about a holder for idempotence.
@@ -243,7 +245,7 @@ func (s *State) grant(c Grant) (Result, error) {
 			s.leases[l.ID] = l
 		}
 		l.Demand, l.Weight = c.Demand, weightOr1(c.Weight)
-		out, _ := s.resize(q, l, 0, false, q.targets(s.now, l)[l])
+		out, _ := s.resize(q, l, 0, false, q.targets(s.now, l).of(l))
 		q.settle()
 		return answer{Kind: KindGrant, Lease: &out}
 	})
@@ -272,7 +274,7 @@ func (s *State) renew(c Renew) (Result, error) {
 			l.Demand, l.Weight = it.Demand, weightOr1(it.Weight)
 			live[i] = l
 		}
-		targets := map[*quota]map[*lease]target{}
+		targets := map[*quota]targetList{}
 		var touched []*quota
 		for i, l := range live {
 			if l == nil {
@@ -288,7 +290,7 @@ func (s *State) renew(c Renew) (Result, error) {
 			}
 			it := c.Items[i]
 			confirmed := it.ConfirmedCap == l.Cap && it.ConfirmedRate == l.Rate
-			out, credited := s.resize(q, l, it.Unused, confirmed, t[l])
+			out, credited := s.resize(q, l, it.Unused, confirmed, t.of(l))
 			items[i].Lease, items[i].Credited = &out, credited
 		}
 		for _, q := range touched {
@@ -534,13 +536,21 @@ func (q *quota) reservedExcept(x *lease) (capSum, rateSum float64) {
 // reserved beyond the others' own shares.
 type target struct{ cap, rate float64 }
 
+// targetList holds the targets of a quota's leases, by position.
+type targetList []target
+
+// of returns l's target; l must belong to the quota, unchanged since.
+func (t targetList) of(l *lease) target { return t[l.pos] }
+
 // targets water-fills r and B among the live leases of q (those not expired
 // at now, and extra, a lease being granted) by demand and weight. Rate shares
 // are bounded by [MinSlice, MaxSlice]; caps get the same proportion of B, by
-// scaling demands and slices by B/r (by the lease period when r is 0).
-func (q *quota) targets(now int64, extra *lease) map[*lease]target {
-	var ls []*lease
-	for _, l := range q.leases {
+// scaling demands and slices by B/r (by the lease period when r is 0). Leases
+// that are not live get a zero target.
+func (q *quota) targets(now int64, extra *lease) targetList {
+	ls := make([]*lease, 0, len(q.leases))
+	for i, l := range q.leases {
+		l.pos = i
 		if l == extra || now <= l.Expiry {
 			ls = append(ls, l)
 		}
@@ -556,17 +566,24 @@ func (q *quota) targets(now int64, extra *lease) map[*lease]target {
 		d[i], w[i], lo[i], hi[i] = l.Demand, l.Weight, q.cfg.MinSlice, maxSlice
 	}
 	rates := FairShare(q.cfg.Rate, d, w, lo, hi)
-	scale := float64(q.cfg.LeasePeriod) / 1e6
+	var caps []float64
 	if q.cfg.Rate > 0 {
-		scale = q.cfg.Burst / q.cfg.Rate
+		// Water-filling is scale-invariant: filling B with everything
+		// scaled by B/r gives the rate shares scaled by B/r.
+		caps = dc
+		for i := range ls {
+			caps[i] = rates[i] * q.cfg.Burst / q.cfg.Rate
+		}
+	} else {
+		scale := float64(q.cfg.LeasePeriod) / 1e6
+		for i := range ls {
+			dc[i], lo[i], hi[i] = d[i]*scale, lo[i]*scale, hi[i]*scale
+		}
+		caps = FairShare(q.cfg.Burst, dc, w, lo, hi)
 	}
-	for i := range ls {
-		dc[i], lo[i], hi[i] = d[i]*scale, lo[i]*scale, hi[i]*scale
-	}
-	caps := FairShare(q.cfg.Burst, dc, w, lo, hi)
-	out := make(map[*lease]target, n)
+	out := make(targetList, len(q.leases))
 	for i, l := range ls {
-		out[l] = target{cap: caps[i], rate: rates[i]}
+		out[l.pos] = target{cap: caps[i], rate: rates[i]}
 	}
 	return out
 }

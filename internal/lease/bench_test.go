@@ -1,0 +1,76 @@
+package lease
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkRenew measures one agent renewing 100 leases (one per quota) in
+// one command, each quota shared with other holders.
+func BenchmarkRenew(b *testing.B) {
+	for _, others := range []int{1, 100} {
+		b.Run(fmt.Sprintf("items=100/others=%d", others), func(b *testing.B) {
+			s := New()
+			must := func(c Command) Result {
+				r, err := s.Apply(c)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return r
+			}
+			renew := Renew{Holder: "agent", Seq: 1}
+			for q := range 100 {
+				name := fmt.Sprintf("q%d", q)
+				must(ConfigureQuota{Quota: name, Burst: 1000, Rate: 100, LeasePeriod: MaxPeriod, SafetyMargin: sec})
+				for o := range others {
+					must(Grant{Holder: fmt.Sprintf("other%d", o), Seq: uint64(q + 1), Quota: name, Demand: 10})
+				}
+				l := must(Grant{Holder: "agent", Seq: renew.Seq, Quota: name, Demand: 10}).Lease
+				renew.Seq++
+				renew.Items = append(renew.Items, RenewItem{LeaseID: l.ID, Quota: name, Demand: 10, ConfirmedCap: l.Cap, ConfirmedRate: l.Rate})
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				renew.Now += 1000
+				r := must(renew)
+				renew.Seq++
+				for i, it := range r.Items {
+					renew.Items[i].ConfirmedCap, renew.Items[i].ConfirmedRate = it.Lease.Cap, it.Lease.Rate
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkGrant measures a grant in a quota of n holders (a renewal in
+// place, so the state does not grow with b.N).
+func BenchmarkGrant(b *testing.B) {
+	for _, n := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("holders=%d", n), func(b *testing.B) {
+			s := New()
+			if _, err := s.Apply(ConfigureQuota{Quota: "q", Burst: 1e6, Rate: 1e4, LeasePeriod: MaxPeriod, SafetyMargin: sec}); err != nil {
+				b.Fatal(err)
+			}
+			seq := make([]uint64, n)
+			var now int64
+			grant := func(i int) {
+				seq[i]++
+				now += 1000
+				if _, err := s.Apply(Grant{Now: now, Holder: fmt.Sprintf("h%d", i), Seq: seq[i], Quota: "q", Demand: float64(i%7 + 1)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range n {
+				grant(i)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				grant(i % n)
+				i++
+			}
+		})
+	}
+}

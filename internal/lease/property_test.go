@@ -1,0 +1,559 @@
+package lease
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// The property test runs a small world: quotas, agents that hold leases
+// through Holding and spend them on real (simulated) time, a network that
+// loses, duplicates, delays and reorders commands, and leaders whose clocks
+// are offset from real time (within the safety margin, or far ahead after
+// an election). After every step it checks:
+//
+//   - CheckInvariants (conservation at reserved sizes, pool within its room);
+//   - ceilings only fall, except by ConfigureQuota;
+//   - every lease an agent may still spend is counted by the coordinator at
+//     least at the sizes the agent uses;
+//   - a command already applied (duplicate, late, reordered) changes nothing
+//     and credits nothing, and each credit is at most what was given back;
+//   - the ledgers: per quota, tokens handed to holders (starting balances and
+//     top-ups) plus the holders' possible refill (reserved rates over time)
+//     minus credited returns <= B + r*(now - t0); per lease, credits <=
+//     tokens handed to it plus its possible refill;
+//   - with honest agents: the tokens they actually spent in any window of
+//     real time [t0, t1] are <= B + r*(t1 - t0);
+//
+// and at the end, that replaying the command log on a fresh state, and
+// through a snapshot (MarshalBinary/UnmarshalBinary) or a Clone taken
+// midway, gives the same answers and byte-identical state.
+func TestStateMachineProperties(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		w := newWorld(rt)
+		steps := rapid.IntRange(20, 300).Draw(rt, "steps")
+		for range steps {
+			w.step()
+		}
+		w.checkReplay()
+	})
+}
+
+type simAgent struct {
+	name  string
+	seq   uint64
+	holds map[string]*Holding
+	liar  bool // over-reports what it gives back, and keeps spending it
+}
+
+type flight struct {
+	agent *simAgent
+	cmd   Command // as sent: Now is stamped when applied
+	seq   uint64
+}
+
+type spent struct {
+	at   int64 // real time
+	cost float64
+}
+
+type ledger struct{ handed, credited, accrued float64 }
+
+type world struct {
+	t        *rapid.T
+	s        *State
+	log      []Command
+	answers  []Result
+	errs     []string
+	real     int64 // real time, µs
+	offset   int64 // the leader's clock minus real time
+	margin   int64 // every quota's safety margin
+	maxTerm  int64
+	quotas   []string
+	cfgs     map[string]ConfigureQuota
+	maxB     map[string]float64
+	maxR     map[string]float64
+	t0       map[string]int64
+	agents   []*simAgent
+	inflight []flight
+	sent     []flight // applied at least once, for duplicates
+	spends   map[string][]spent
+	honest   bool
+	byQuota  map[string]*ledger
+	byLease  map[string]*ledger // holder + "|" + quota
+}
+
+func newWorld(t *rapid.T) *world {
+	w := &world{
+		t: t, s: New(), real: 1000 * sec,
+		cfgs: map[string]ConfigureQuota{}, maxB: map[string]float64{}, maxR: map[string]float64{},
+		t0: map[string]int64{}, spends: map[string][]spent{},
+		byQuota: map[string]*ledger{}, byLease: map[string]*ledger{},
+	}
+	w.margin = rapid.Int64Range(sec/10, 2*sec).Draw(t, "margin")
+	for i := range rapid.IntRange(1, 2).Draw(t, "quotas") {
+		name := fmt.Sprintf("q%d", i)
+		w.quotas = append(w.quotas, name)
+		w.byQuota[name] = &ledger{}
+		w.configure(name)
+	}
+	w.honest = rapid.Bool().Draw(t, "honest")
+	for i := range rapid.IntRange(2, 4).Draw(t, "agents") {
+		w.agents = append(w.agents, &simAgent{
+			name: fmt.Sprintf("a%d", i), holds: map[string]*Holding{}, liar: !w.honest && i == 0,
+		})
+	}
+	return w
+}
+
+// stamp is the leader's clock, sometimes read a little early (an entry
+// stamped before an earlier one was applied): never ahead of the leader.
+func (w *world) stamp() int64 {
+	now := w.real + w.offset
+	if rapid.Bool().Draw(w.t, "stale stamp") {
+		now -= rapid.Int64Range(0, w.margin/4).Draw(w.t, "staleness")
+	}
+	return max(0, now)
+}
+
+func (w *world) configure(name string) {
+	t := w.t
+	c := ConfigureQuota{
+		Quota:        name,
+		Burst:        rapid.Float64Range(1, 1000).Draw(t, "burst"),
+		LeasePeriod:  rapid.Int64Range(sec, 20*sec).Draw(t, "period"),
+		SafetyMargin: w.margin,
+	}
+	if rapid.IntRange(0, 4).Draw(t, "rate kind") > 0 {
+		c.Rate = rapid.Float64Range(0.5, 100).Draw(t, "rate")
+	}
+	unit := max(c.Rate, 1)
+	if rapid.Bool().Draw(t, "min slice") {
+		c.MinSlice = rapid.Float64Range(0, unit/4).Draw(t, "min")
+	}
+	if rapid.Bool().Draw(t, "max slice") {
+		c.MaxSlice = c.MinSlice + rapid.Float64Range(0.01, unit).Draw(t, "max")
+	}
+	c.Now = w.stamp()
+	if _, ok := w.cfgs[name]; !ok {
+		w.t0[name] = max(c.Now, w.s.Now())
+	}
+	w.cfgs[name] = c
+	w.maxB[name] = max(w.maxB[name], c.Burst)
+	w.maxR[name] = max(w.maxR[name], c.Rate)
+	w.maxTerm = max(w.maxTerm, c.LeasePeriod)
+	if _, err := w.apply(c); err != nil {
+		t.Fatalf("configure %+v: %v", c, err)
+	}
+}
+
+func (w *world) step() {
+	t := w.t
+	switch rapid.SampledFrom([]string{
+		"deliver", "spend all", "grant", "wait", "renew", "deliver", "spend", "deliver", "spend all",
+		"grant", "renew", "wait", "tick", "duplicate", "release", "leader", "tick", "leader", "configure",
+	}).Draw(t, "action") {
+	case "wait":
+		if rapid.IntRange(0, 4).Draw(t, "long wait") == 0 {
+			w.real += rapid.Int64Range(0, 2*w.maxTerm).Draw(t, "wait")
+		} else {
+			w.real += rapid.Int64Range(0, w.maxTerm/5).Draw(t, "short wait")
+		}
+	case "grant":
+		// Mostly an agent asks for a quota it cannot spend; sometimes it
+		// asks again for one it holds (a renewal without returns).
+		a := rapid.SampledFrom(w.agents).Draw(t, "agent")
+		q := rapid.SampledFrom(w.quotas).Draw(t, "quota")
+		h := a.holds[q]
+		if h == nil {
+			h = &Holding{Quota: q}
+			a.holds[q] = h
+		}
+		if h.Valid(w.real) && rapid.IntRange(0, 3).Draw(t, "grant again") > 0 {
+			return
+		}
+		a.seq++
+		g := h.Grant(w.real, a.name, a.seq, w.demand())
+		w.inflight = append(w.inflight, flight{agent: a, cmd: g, seq: a.seq})
+	case "renew":
+		a := rapid.SampledFrom(w.agents).Draw(t, "agent")
+		var items []RenewItem
+		a.seq++
+		for _, q := range w.quotas {
+			h := a.holds[q]
+			if h == nil || !h.Valid(w.real) {
+				continue
+			}
+			surrender := 0.0
+			if rapid.Bool().Draw(t, "surrender") {
+				surrender = rapid.Float64Range(0, h.Lease.Cap).Draw(t, "surrender amount")
+			}
+			it := h.Renewal(w.real, a.seq, w.demand(), surrender)
+			if a.liar {
+				it.Unused += rapid.Float64Range(0, 1000).Draw(t, "lie")
+			}
+			items = append(items, it)
+		}
+		if len(items) == 0 {
+			a.seq--
+			return
+		}
+		w.inflight = append(w.inflight, flight{agent: a, cmd: Renew{Holder: a.name, Seq: a.seq, Items: items}, seq: a.seq})
+	case "release":
+		a := rapid.SampledFrom(w.agents).Draw(t, "agent")
+		q := rapid.SampledFrom(w.quotas).Draw(t, "quota")
+		h := a.holds[q]
+		if h == nil || h.Lease.ID == 0 {
+			return
+		}
+		a.seq++
+		rel := h.Release(w.real, a.name, a.seq)
+		if a.liar {
+			rel.Unused += rapid.Float64Range(0, 1000).Draw(t, "lie")
+		}
+		delete(a.holds, q)
+		w.inflight = append(w.inflight, flight{agent: a, cmd: rel, seq: a.seq})
+	case "deliver":
+		if len(w.inflight) == 0 {
+			return
+		}
+		i := rapid.IntRange(0, len(w.inflight)-1).Draw(t, "which")
+		f := w.inflight[i]
+		w.inflight = append(w.inflight[:i], w.inflight[i+1:]...)
+		r, err := w.applyHolder(f)
+		w.sent = append(w.sent, f)
+		if rapid.IntRange(0, 3).Draw(t, "reply lost") > 0 {
+			w.receive(f, r, err)
+		}
+	case "duplicate":
+		if len(w.sent) == 0 {
+			return
+		}
+		f := rapid.SampledFrom(w.sent).Draw(t, "duplicate of")
+		last, known := w.s.LastSeq(f.agent.name)
+		before, _ := w.s.MarshalBinary()
+		r, err := w.applyHolder(f)
+		if known && f.seq <= last {
+			if !r.Replayed && !errors.Is(err, ErrStale) {
+				t.Fatalf("duplicate of seq %d (last %d) applied again: %+v, %v", f.seq, last, r, err)
+			}
+			if after, _ := w.s.MarshalBinary(); !bytes.Equal(before, after) {
+				t.Fatalf("duplicate of seq %d changed the state", f.seq)
+			}
+		}
+		if rapid.Bool().Draw(t, "duplicate reply delivered") {
+			w.receive(f, r, err)
+		}
+	case "spend":
+		a := rapid.SampledFrom(w.agents).Draw(t, "agent")
+		var valid []string
+		for _, q := range w.quotas {
+			if h := a.holds[q]; h != nil && h.Valid(w.real) {
+				valid = append(valid, q)
+			}
+		}
+		if len(valid) == 0 {
+			return
+		}
+		q := rapid.SampledFrom(valid).Draw(t, "quota")
+		h := a.holds[q]
+		h.refill(w.real)
+		cost := h.Balance
+		if rapid.Bool().Draw(t, "spend part") {
+			cost *= rapid.Float64Range(0, 1).Draw(t, "part")
+		}
+		if cost > 0 && h.Spend(w.real, cost) {
+			w.recordSpend(q, cost)
+		}
+	case "spend all":
+		// Every agent spends everything it can: the worst case for the
+		// bound on spending.
+		for _, a := range w.agents {
+			for _, q := range w.quotas {
+				if h := a.holds[q]; h != nil && h.Valid(w.real) {
+					h.refill(w.real)
+					if cost := h.Balance; cost > 0 && h.Spend(w.real, cost) {
+						w.recordSpend(q, cost)
+					}
+				}
+			}
+		}
+	case "tick":
+		w.apply(Tick{Now: w.stamp()})
+	case "leader":
+		switch rapid.IntRange(0, 3).Draw(t, "clock") {
+		case 0:
+			// A leader whose clock is far ahead: only the election rule
+			// keeps the old leases and the pools safe.
+			w.offset = rapid.Int64Range(w.maxTerm, 3*w.maxTerm).Draw(t, "far ahead")
+		case 1:
+			w.offset = rapid.Int64Range(-3*w.maxTerm, 0).Draw(t, "far behind")
+		default:
+			w.offset = rapid.Int64Range(-w.margin/4, w.margin/4).Draw(t, "offset")
+		}
+		w.apply(LeaderElected{Now: w.stamp()})
+		if rapid.Bool().Draw(t, "tick at once") {
+			w.apply(Tick{Now: w.stamp()})
+		}
+	case "configure":
+		w.configure(rapid.SampledFrom(w.quotas).Draw(t, "quota"))
+	}
+}
+
+func (w *world) demand() float64 {
+	return rapid.SampledFrom([]float64{50, 5, 500, 0.5, 0}).Draw(w.t, "demand")
+}
+
+// applyHolder stamps and applies a holder's command.
+func (w *world) applyHolder(f flight) (Result, error) {
+	switch c := f.cmd.(type) {
+	case Grant:
+		c.Now = w.stamp()
+		return w.apply(c)
+	case Renew:
+		c.Now = w.stamp()
+		return w.apply(c)
+	case Release:
+		c.Now = w.stamp()
+		return w.apply(c)
+	}
+	w.t.Fatalf("not a holder command: %+v", f.cmd)
+	return Result{}, nil
+}
+
+// receive is the agent getting an answer.
+func (w *world) receive(f flight, r Result, err error) {
+	a := f.agent
+	switch c := f.cmd.(type) {
+	case Grant:
+		if h := a.holds[c.Quota]; err == nil && h != nil {
+			h.Adopt(w.real, f.seq, *r.Lease)
+		}
+	case Renew:
+		for _, it := range r.Items {
+			h := a.holds[it.Quota]
+			switch {
+			case h == nil:
+			case errors.Is(it.Err, ErrLeaseExpired):
+				if h.Lease.ID == it.LeaseID {
+					h.Drop()
+				}
+			case it.Err == nil:
+				h.Adopt(w.real, f.seq, *it.Lease)
+			}
+		}
+	}
+}
+
+// apply applies a command and checks every per-step property.
+func (w *world) apply(c Command) (Result, error) {
+	t := w.t
+	prevNow := w.s.Now()
+	ceil := map[string]QuotaInfo{}
+	rates := map[string]float64{}
+	for _, q := range w.quotas {
+		ceil[q], _ = w.s.Quota(q)
+		for _, l := range w.s.Leases(q) {
+			rates[l.Holder+"|"+q] = l.ReservedRate
+		}
+	}
+	var releasedQuota string
+	if rel, ok := c.(Release); ok {
+		if l, ok := w.s.LeaseByID(rel.LeaseID); ok {
+			releasedQuota = l.Quota
+		}
+	}
+
+	r, err := w.s.Apply(c)
+	w.log = append(w.log, c)
+	w.answers = append(w.answers, r)
+	w.errs = append(w.errs, errString(err))
+	if err != nil && !errors.Is(err, ErrStale) && !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("Apply(%+v) = %v", c, err)
+	}
+	if err := w.s.CheckInvariants(); err != nil {
+		t.Fatalf("after %+v: %v", c, err)
+	}
+
+	// Ledgers: reserved rates held since the previous step accrue.
+	dt := float64(w.s.Now()-prevNow) / 1e6
+	for key, rate := range rates {
+		w.lease(key).accrued += rate * dt
+		w.byQuota[quotaOf(key)].accrued += rate * dt
+	}
+	if !r.Replayed {
+		w.account(c, r, releasedQuota)
+	}
+	for _, q := range w.quotas {
+		info, _ := w.s.Quota(q)
+		if _, ok := c.(ConfigureQuota); !ok {
+			tol := tolerance(info.CeilBurst, info.Leases)
+			if info.CeilBurst > ceil[q].CeilBurst+tol || info.CeilRate > ceil[q].CeilRate+tol {
+				t.Fatalf("%+v raised %s's ceilings from (%v, %v) to (%v, %v)", c, q,
+					ceil[q].CeilBurst, ceil[q].CeilRate, info.CeilBurst, info.CeilRate)
+			}
+		}
+		l := w.byQuota[q]
+		limit := w.maxB[q] + w.maxR[q]*float64(w.s.Now()-w.t0[q])/1e6
+		if got := l.handed + l.accrued - l.credited; got > limit+1e-6*max(1, limit) {
+			t.Fatalf("quota %s ledger: handed %v + refill bound %v - credited %v = %v > B + r*T = %v",
+				q, l.handed, l.accrued, l.credited, got, limit)
+		}
+	}
+	present := map[string]bool{}
+	for _, q := range w.quotas {
+		for _, l := range w.s.Leases(q) {
+			present[l.Holder+"|"+q] = true
+		}
+	}
+	for key, l := range w.byLease {
+		if l.credited > l.handed+l.accrued+1e-6*max(1, l.handed+l.accrued) {
+			t.Fatalf("lease %s credited %v > handed %v + refill bound %v", key, l.credited, l.handed, l.accrued)
+		}
+		if !present[key] {
+			delete(w.byLease, key) // released or reclaimed: a new record starts afresh
+		}
+	}
+	w.checkHolders()
+	return r, err
+}
+
+func quotaOf(key string) string {
+	for i := len(key) - 1; i >= 0; i-- {
+		if key[i] == '|' {
+			return key[i+1:]
+		}
+	}
+	return key
+}
+
+func (w *world) lease(key string) *ledger {
+	l := w.byLease[key]
+	if l == nil {
+		l = &ledger{}
+		w.byLease[key] = l
+	}
+	return l
+}
+
+// account books a fresh answer's transfers, and checks no credit exceeds
+// what was given back.
+func (w *world) account(c Command, r Result, releasedQuota string) {
+	t := w.t
+	switch c := c.(type) {
+	case Grant:
+		if r.Lease != nil {
+			w.byQuota[c.Quota].handed += r.Lease.Balance
+			w.lease(c.Holder + "|" + c.Quota).handed += r.Lease.Balance
+		}
+	case Renew:
+		for i, it := range r.Items {
+			if it.Credited > c.Items[i].Unused {
+				t.Fatalf("item %d credited %v, more than the %v given back", i, it.Credited, c.Items[i].Unused)
+			}
+			if it.Lease == nil {
+				continue
+			}
+			key := c.Holder + "|" + it.Quota
+			w.byQuota[it.Quota].handed += it.Lease.Balance
+			w.byQuota[it.Quota].credited += it.Credited
+			w.lease(key).handed += it.Lease.Balance
+			w.lease(key).credited += it.Credited
+		}
+	case Release:
+		if r.Credited > c.Unused {
+			t.Fatalf("release credited %v, more than the %v given back", r.Credited, c.Unused)
+		}
+		if releasedQuota != "" {
+			w.byQuota[releasedQuota].credited += r.Credited
+			w.lease(c.Holder + "|" + releasedQuota).credited += r.Credited
+		}
+	}
+}
+
+// checkHolders: whatever an agent may still spend, the coordinator counts.
+func (w *world) checkHolders() {
+	for _, a := range w.agents {
+		for q, h := range a.holds {
+			if !h.Valid(w.real) {
+				continue
+			}
+			var rec *LeaseInfo
+			for _, l := range w.s.Leases(q) {
+				if l.Holder == a.name {
+					rec = &l
+				}
+			}
+			eps := 1e-9 * max(1, w.cfgs[q].Burst)
+			switch {
+			case rec == nil:
+				w.t.Fatalf("agent %s may spend lease %d of %s until %d (now %d), but the coordinator has no lease for it",
+					a.name, h.Lease.ID, q, h.ValidUntil, w.real)
+			case rec.ReservedCap < h.Lease.Cap-eps || rec.ReservedRate < h.Lease.Rate-eps:
+				w.t.Fatalf("agent %s spends %s at cap %v rate %v, coordinator reserves only %v, %v",
+					a.name, q, h.Lease.Cap, h.Lease.Rate, rec.ReservedCap, rec.ReservedRate)
+			case h.Balance > h.Lease.Cap+eps:
+				w.t.Fatalf("agent %s holds %v above its cap %v", a.name, h.Balance, h.Lease.Cap)
+			}
+		}
+	}
+}
+
+// recordSpend checks every window of real time ending now: with honest
+// agents, what was spent in [t0, now] is at most B + r*(now - t0).
+func (w *world) recordSpend(q string, cost float64) {
+	w.spends[q] = append(w.spends[q], spent{at: w.real, cost: cost})
+	if !w.honest {
+		return
+	}
+	s := w.spends[q]
+	var sum float64
+	for k := len(s) - 1; k >= 0; k-- {
+		sum += s[k].cost
+		limit := w.maxB[q] + w.maxR[q]*float64(w.real-s[k].at)/1e6
+		if sum > limit+1e-9*max(1, limit) {
+			w.t.Fatalf("quota %s: %v spent in [%d, %d], more than B + r*T = %v", q, sum, s[k].at, w.real, limit)
+		}
+	}
+}
+
+// checkReplay: the log replayed on a fresh state, and through a snapshot and
+// a clone taken midway, gives the same answers and the same bytes.
+func (w *world) checkReplay() {
+	t := w.t
+	want, err := w.s.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := rapid.IntRange(0, len(w.log)).Draw(t, "snapshot at")
+	fresh := New()
+	w.replay(fresh, 0, k, "fresh")
+	b, err := fresh.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := New()
+	if err := restored.UnmarshalBinary(b); err != nil {
+		t.Fatalf("UnmarshalBinary of a snapshot at %d: %v", k, err)
+	}
+	clone := fresh.Clone()
+	for name, s := range map[string]*State{"fresh": fresh, "snapshot": restored, "clone": clone} {
+		w.replay(s, k, len(w.log), name)
+		got, _ := s.MarshalBinary()
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s replay (split at %d of %d) differs:\n got %s\nwant %s", name, k, len(w.log), got, want)
+		}
+	}
+}
+
+func (w *world) replay(s *State, from, to int, name string) {
+	for i := from; i < to; i++ {
+		r, err := s.Apply(w.log[i])
+		if errString(err) != w.errs[i] || !sameResult(r, w.answers[i]) {
+			w.t.Fatalf("%s replay of command %d %+v: %+v, %v; first time %+v, %s", name, i, w.log[i], r, err, w.answers[i], w.errs[i])
+		}
+	}
+}
