@@ -65,8 +65,9 @@ type Config struct {
 	Warmup   time.Duration // not counted
 	Timeout  time.Duration // per call (per message for streams)
 
-	PIDs []int
-	JSON bool
+	PIDs       []int
+	JSON       bool
+	CPUProfile string // write this tool's CPU profile here
 }
 
 // weightedRule is one entry of -mix.
@@ -175,6 +176,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "deadline of each call (each message on a stream)")
 	fs.StringVar(&pids, "pids", "", "comma list of process ids whose CPU time (utime+stime from /proc) is reported per decision")
 	fs.BoolVar(&cfg.JSON, "json", false, "print the report as JSON on stdout (instead of text)")
+	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write this tool's own CPU profile to the file (is the load generator the bottleneck?)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, err

@@ -131,6 +131,16 @@ func checkCounts(t *testing.T, r Report) {
 	if !(0 < l.P50 && l.P50 <= l.P90 && l.P90 <= l.P95 && l.P95 <= l.P99 && l.P99 <= l.P999 && l.P999 <= l.Max) {
 		t.Errorf("percentiles out of order: %+v", l)
 	}
+	var fp int64
+	for _, m := range []map[string]int64{r.AllowedByReason, r.DeniedByReason} {
+		fp += m["unavailable"] + m["emergency"]
+	}
+	if fp != r.FailurePolicy || r.NoRule != r.AllowedByReason["no_rule"] {
+		t.Errorf("failure_policy %d, no_rule %d; by reason %v %v", r.FailurePolicy, r.NoRule, r.AllowedByReason, r.DeniedByReason)
+	}
+	if r.DecidedPerSec > r.DecisionsPerSec {
+		t.Errorf("decided/s %v > decisions/s %v", r.DecidedPerSec, r.DecisionsPerSec)
+	}
 	if r.ElapsedSeconds <= 0 || r.DecisionsPerSec <= 0 {
 		t.Errorf("elapsed %vs, %v decisions/s: want both positive", r.ElapsedSeconds, r.DecisionsPerSec)
 	}

@@ -44,6 +44,14 @@ type Report struct {
 	CallsPerSec     float64 `json:"calls_per_s"`     //
 	DecisionsPerSec float64 `json:"decisions_per_s"` //
 
+	// DecidedPerSec counts only decisions a rule's bucket made: not errors,
+	// not failure-policy answers (reasons unavailable and emergency: the
+	// store was unreachable or slower than the agent's -decision-timeout),
+	// not requests that matched no rule. It is the throughput to compare.
+	DecidedPerSec float64 `json:"decided_per_s"`
+	FailurePolicy int64   `json:"failure_policy"` // decisions a failure policy answered
+	NoRule        int64   `json:"no_rule"`        // requests that matched no rule (admitted)
+
 	Allowed         int64            `json:"allowed"`
 	Denied          int64            `json:"denied"`
 	Errors          int64            `json:"errors"`
@@ -136,13 +144,24 @@ func (r *Report) fill(t totals, elapsed time.Duration) {
 			r.ErrorsByReason[k.reason] += v
 		}
 	}
+	for _, m := range []map[string]int64{r.AllowedByReason, r.DeniedByReason} {
+		r.FailurePolicy += m["unavailable"] + m["emergency"]
+	}
+	r.NoRule = r.AllowedByReason["no_rule"]
+	if s := elapsed.Seconds(); s > 0 {
+		r.DecidedPerSec = math.Round(float64(r.Decisions-r.Errors-r.FailurePolicy-r.NoRule) / s)
+	}
 	r.Latency = summarize(t.lat, t.maxLat)
 	if t.amort != nil {
 		a := summarize(t.amort, t.maxAmort)
 		r.Amortized = &a
 	}
-	if n := r.AllowedByReason["no_rule"]; n > 0 && n*2 > r.Decisions {
+	if n := r.NoRule; n > 0 && n*2 > r.Decisions {
 		r.Notes = append(r.Notes, fmt.Sprintf("%d of %d decisions matched no rule: check -rule, -descriptor-key and the agent's rules", n, r.Decisions))
+	}
+	if n := r.FailurePolicy; n > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("%d of %d decisions (%.1f%%) were answered by a failure policy, not by a bucket: the store was unreachable or slower than the agent's -decision-timeout; decisions/s overstates the throughput, see decided/s",
+			n, r.Decisions, 100*float64(n)/float64(r.Decisions)))
 	}
 	if r.Errors > 0 {
 		r.Notes = append(r.Notes, fmt.Sprintf("%d decisions failed; see errors by reason", r.Errors))
@@ -205,6 +224,9 @@ func (r *Report) writeText(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	p("decisions\t%s\t%s/s\n", group(r.Decisions), group(int64(r.DecisionsPerSec)))
+	if r.Mode != modeEmpty {
+		p("decided\t%s/s\tby a bucket (not errors, failure policy or no rule)\n", group(int64(r.DecidedPerSec)))
+	}
 	if r.Batch > 1 {
 		p("calls\t%s\t%s/s\n", group(r.Calls), group(int64(r.CallsPerSec)))
 	}
