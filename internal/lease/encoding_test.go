@@ -6,6 +6,8 @@ import (
 	"math"
 	"reflect"
 	"testing"
+
+	"pgregory.net/rapid"
 )
 
 // sampleCommands has one of each kind, with every field set.
@@ -168,4 +170,47 @@ func fuzzState(t *testing.T) *State {
 		}
 	}
 	return s
+}
+
+// TestEncodeRoundTripProperty: decode(encode(c)) == c for random commands
+// with any finite numbers and any valid UTF-8 names.
+func TestEncodeRoundTripProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		str := rapid.StringN(0, 20, -1)
+		num := rapid.Float64()
+		i64 := rapid.Int64()
+		u64 := rapid.Uint64()
+		var c Command
+		switch rapid.IntRange(0, 5).Draw(t, "kind") {
+		case 0:
+			c = ConfigureQuota{Now: i64.Draw(t, "now"), Quota: str.Draw(t, "quota"), Burst: num.Draw(t, "b"), Rate: num.Draw(t, "r"),
+				LeasePeriod: i64.Draw(t, "d"), MinSlice: num.Draw(t, "min"), MaxSlice: num.Draw(t, "max"), SafetyMargin: i64.Draw(t, "m")}
+		case 1:
+			c = Grant{Now: i64.Draw(t, "now"), Holder: str.Draw(t, "holder"), Seq: u64.Draw(t, "seq"), Quota: str.Draw(t, "quota"),
+				Demand: num.Draw(t, "demand"), Weight: num.Draw(t, "weight")}
+		case 2:
+			r := Renew{Now: i64.Draw(t, "now"), Holder: str.Draw(t, "holder"), Seq: u64.Draw(t, "seq")}
+			if rapid.Bool().Draw(t, "items") {
+				r.Items = rapid.SliceOfN(rapid.Custom(func(t *rapid.T) RenewItem {
+					return RenewItem{LeaseID: u64.Draw(t, "id"), Quota: str.Draw(t, "quota"), Unused: num.Draw(t, "u"),
+						Demand: num.Draw(t, "d"), Weight: num.Draw(t, "w"), ConfirmedCap: num.Draw(t, "cc"), ConfirmedRate: num.Draw(t, "cr")}
+				}), 0, 5).Draw(t, "items")
+			}
+			c = r
+		case 3:
+			c = Release{Now: i64.Draw(t, "now"), Holder: str.Draw(t, "holder"), Seq: u64.Draw(t, "seq"), LeaseID: u64.Draw(t, "id"), Unused: num.Draw(t, "u")}
+		case 4:
+			c = Tick{Now: i64.Draw(t, "now")}
+		case 5:
+			c = LeaderElected{Now: i64.Draw(t, "now")}
+		}
+		b, err := EncodeCommand(c)
+		if err != nil {
+			t.Fatalf("EncodeCommand(%+v) = %v", c, err)
+		}
+		got, err := DecodeCommand(b)
+		if err != nil || !reflect.DeepEqual(got, c) {
+			t.Fatalf("DecodeCommand(EncodeCommand(%+v)) = %+v, %v", c, got, err)
+		}
+	})
 }
