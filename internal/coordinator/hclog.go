@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -63,19 +64,24 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 }
 
 // fixArgs keeps slog from printing !BADKEY for hclog's odd-length argument
-// lists (hclog accepts a trailing value with no key) and renders values
-// hclog would have formatted itself.
+// lists (hclog accepts a trailing value without a key), and formats
+// hclog.Fmt values as hclog would.
 func fixArgs(args []any) []any {
-	if len(args)%2 == 1 {
-		args = append(args[:len(args):len(args)], "")
-		args[len(args)-1], args[len(args)-2] = args[len(args)-2], "extra"
-	}
-	for i := 0; i+1 < len(args); i += 2 {
-		if f, ok := args[i+1].(hclog.Format); ok {
-			args[i+1] = slog.AnyValue([]any(f))
+	out := make([]any, 0, len(args)+1)
+	for i := 0; i < len(args); i += 2 {
+		if i+1 == len(args) {
+			out = append(out, "extra", args[i])
+			break
 		}
+		v := args[i+1]
+		if f, ok := v.(hclog.Format); ok && len(f) > 0 {
+			if format, ok := f[0].(string); ok {
+				v = fmt.Sprintf(format, f[1:]...)
+			}
+		}
+		out = append(out, args[i], v)
 	}
-	return args
+	return out
 }
 
 func (h *hclogAdapter) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }

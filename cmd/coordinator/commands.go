@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// runCommand runs an operator command against one node's admin API. It
+// asks that node, not the leader: status shows what the node itself
+// sees, and quotas and leases read its replicated state (a follower's may
+// lag by the entries it has not applied).
+func runCommand(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("coordinator "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:8301", "gRPC address of a coordinator node")
+	timeout := fs.Duration("timeout", 5*time.Second, "deadline for the call")
+	quota := new(string)
+	if name == "leases" {
+		quota = fs.String("quota", "", "only the leases of this quota (rule|subject)")
+	}
+	switch name {
+	case "status", "quotas", "leases":
+	default:
+		return fmt.Errorf("unknown command %q: want status, quotas or leases (or flags: see -h)", name)
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected arguments %q", name, fs.Args())
+	}
+	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("%s: -addr %q: %w", name, *addr, err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	admin := rationv1.NewAdminClient(cc)
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	switch name {
+	case "status":
+		st, err := admin.Status(ctx, &rationv1.StatusRequest{})
+		if err != nil {
+			return fmt.Errorf("status of %s: %w", *addr, err)
+		}
+		fmt.Fprintf(w, "node\t%s\t%s\n", st.Id, st.State)
+		fmt.Fprintf(w, "leader\t%s\t%s\n", orDash(st.LeaderId), orDash(st.LeaderAddress))
+		fmt.Fprintf(w, "term\t%d\t\n", st.Term)
+		fmt.Fprintf(w, "commit / applied\t%d / %d\t\n", st.CommitIndex, st.AppliedIndex)
+		fmt.Fprintf(w, "last snapshot\t%d\t\n\n", st.LastSnapshotIndex)
+		fmt.Fprintln(w, "SERVER\tRAFT ADDRESS\tSUFFRAGE")
+		for _, s := range st.Servers {
+			fmt.Fprintf(w, "%s\t%s\t%s\n", s.Id, s.Address, s.Suffrage)
+		}
+	case "quotas":
+		resp, err := admin.ListQuotas(ctx, &rationv1.ListQuotasRequest{})
+		if err != nil {
+			return fmt.Errorf("quotas of %s: %w", *addr, err)
+		}
+		fmt.Fprintln(w, "QUOTA\tBURST\tRATE\tPOOL\tLEASED CAP\tLEASED RATE\tLEASES")
+		for _, q := range resp.Quotas {
+			fmt.Fprintf(w, "%s\t%g\t%g\t%.2f\t%.2f\t%.3f\t%d\n", q.Quota, q.Burst, q.Rate, q.Pool, q.LeasedCap, q.LeasedRate, q.Leases)
+		}
+	case "leases":
+		resp, err := admin.ListLeases(ctx, &rationv1.ListLeasesRequest{Quota: *quota})
+		if err != nil {
+			return fmt.Errorf("leases of %s: %w", *addr, err)
+		}
+		fmt.Fprintln(w, "LEASE\tQUOTA\tHOLDER\tCAP\tRATE\tDEMAND\tEXPIRY\tRECLAIM")
+		for _, l := range resp.Leases {
+			fmt.Fprintf(w, "%d\t%s\t%s\t%.2f\t%.3f\t%.3f\t%s\t%s\n", l.LeaseId, l.Quota, l.Holder, l.Cap, l.Rate, l.Demand,
+				usTime(l.ExpiryUnixUs), usTime(l.ReclaimUnixUs))
+		}
+	}
+	return nil
+}
+
+func orDash(s string) string {
+	if strings.TrimSpace(s) == "" {
+		return "-"
+	}
+	return s
+}
+
+func usTime(us int64) string {
+	return time.UnixMicro(us).UTC().Format("15:04:05.000")
+}

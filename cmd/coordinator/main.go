@@ -1,0 +1,182 @@
+// Command coordinator runs one node of Ration's lease coordinator: a Raft
+// group that replicates the lease state and hands budget slices to gateway
+// agents (docs/leases.md).
+//
+//	coordinator -dev                                  # one node, temporary data, sample rules
+//	coordinator -id n1 -bootstrap -data-dir /var/lib/ration -rules rules.yaml
+//	coordinator -id n2 -join 10.0.0.1:8301 -data-dir /var/lib/ration -rules rules.yaml
+//	coordinator -validate -rules rules.yaml           # check config and rules, then exit
+//	coordinator status -addr 127.0.0.1:8301           # operator commands
+//	coordinator quotas -addr 127.0.0.1:8301
+//	coordinator leases -addr 127.0.0.1:8301 [-quota rule|subject]
+//
+// Every flag can also be set with a RATION_* environment variable (-h
+// names them). SIGTERM or SIGINT: a leader hands leadership over, then the
+// node stops. SIGHUP reloads the rules file.
+package main
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/ration-dev/ration/internal/coordinator"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+//go:embed devrules.yaml
+var devRules []byte
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "coordinator:", err)
+		}
+		os.Exit(exitCode(err))
+	}
+}
+
+var errInvalidRules = errors.New("rules file is invalid")
+
+func exitCode(err error) int {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errInvalidRules):
+		return 1
+	default:
+		return 2
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup func(string) (string, bool)) error {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return runCommand(ctx, args[0], args[1:], stdout, stderr)
+	}
+	cfg := coordinator.DefaultConfig()
+	for _, a := range args {
+		if a == "-dev" || a == "--dev" || a == "-dev=true" || a == "--dev=true" {
+			cfg = coordinator.DevConfig()
+		}
+	}
+	if v, ok := lookup("RATION_DEV"); ok && (v == "1" || strings.EqualFold(v, "true")) {
+		cfg = coordinator.DevConfig()
+	}
+	if err := cfg.LoadEnv(lookup); err != nil {
+		return err
+	}
+	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: coordinator [flags]\n       coordinator status|quotas|leases -addr HOST:PORT [-quota Q]\n\nflags:")
+		fs.PrintDefaults()
+	}
+	cfg.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q (flags only; see -h)", fs.Args())
+	}
+	set, err := loadRules(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return fmt.Errorf("%s: %w", cfg.RulesFile, errInvalidRules)
+	}
+	cfg.Rules = set
+	if cfg.Dev && cfg.DataDir == "" {
+		dir, err := os.MkdirTemp("", "ration-coordinator-dev-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		cfg.DataDir = dir
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.ValidateOnly {
+		leased := 0
+		for _, r := range set.Rules() {
+			if r.Mode == rules.ModeLeased {
+				leased++
+			}
+		}
+		fmt.Fprintf(stdout, "configuration valid; rules: %d, %d leased (version %s)\n", len(set.Rules()), leased, set.Hash())
+		return nil
+	}
+
+	level, _ := coordinator.ParseLogLevel(cfg.LogLevel)
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := coordinator.BridgeRaftMetrics(reg); err != nil {
+		return err
+	}
+	node, err := coordinator.Start(ctx, cfg, logger, reg)
+	if err != nil {
+		return err
+	}
+	if cfg.Dev {
+		fmt.Fprintf(stderr, "coordinator -dev: gRPC %s, HTTP %s, data %s (deleted on exit)\n  try: coordinator status -addr %s\n",
+			node.GRPCAddr(), node.HTTPAddr(), cfg.DataDir, node.GRPCAddr())
+	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-hup:
+			if cfg.RulesFile == "" {
+				logger.Info("SIGHUP: no -rules file to reload")
+				continue
+			}
+			s, err := rules.Load(cfg.RulesFile)
+			if err != nil {
+				logger.Error("SIGHUP: rules file rejected; the old rules stay in force", "err", err)
+				continue
+			}
+			node.SetRules(s)
+			logger.Info("SIGHUP: rules reloaded", "rules_version", s.Hash())
+			continue
+		case <-ctx.Done():
+			logger.Info("shutting down")
+		case <-node.Done():
+		}
+		break
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	shutdownErr := node.Shutdown(sctx)
+	if err := node.Err(); err != nil {
+		return err
+	}
+	return shutdownErr
+}
+
+// loadRules reads -rules, or under -dev without -rules the embedded
+// sample.
+func loadRules(cfg coordinator.Config) (*rules.Set, error) {
+	if cfg.RulesFile != "" {
+		return rules.Load(cfg.RulesFile)
+	}
+	if cfg.Dev {
+		return rules.Parse("devrules.yaml (embedded)", devRules)
+	}
+	return nil, nil // Validate reports the missing -rules
+}

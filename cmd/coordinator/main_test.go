@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func noEnv(string) (string, bool) { return "", false }
+
+// syncBuffer is written by the node's logger while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(good, devRules, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("rules:\n  - name: x\n    burst: -1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		args     []string
+		wantErr  string // "" = success
+		wantCode int
+		wantOut  string
+	}{
+		{"valid", []string{"-validate", "-rules", good, "-data-dir", dir}, "", 0, "2 leased"},
+		{"invalid rules", []string{"-validate", "-rules", bad, "-data-dir", dir}, "rules file is invalid", 1, ""},
+		{"missing rules", []string{"-validate", "-data-dir", dir}, "-rules", 2, ""},
+		{"bad flags named", []string{"-validate", "-rules", good, "-data-dir", "", "-tick", "0s"}, "-tick", 2, ""},
+		{"dev is valid", []string{"-dev", "-validate"}, "", 0, "configuration valid"},
+		{"stray argument", []string{"-dev", "-validate", "--", "x"}, "unexpected arguments", 2, ""},
+		{"unknown command", []string{"frobnicate"}, "unknown command", 2, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			err := run(context.Background(), tc.args, &out, &errb, noEnv)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("run(%q) = %v (stderr %s)", tc.args, err, errb.String())
+				}
+				if !strings.Contains(out.String(), tc.wantOut) {
+					t.Errorf("stdout %q, want %q", out.String(), tc.wantOut)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("run(%q) = %v, want an error mentioning %q", tc.args, err, tc.wantErr)
+			}
+			if got := exitCode(err); got != tc.wantCode {
+				t.Errorf("exit code %d, want %d", got, tc.wantCode)
+			}
+		})
+	}
+}
+
+// TestDevAndCommands runs `coordinator -dev` on free ports, asks it for its
+// status, quotas and leases with the operator commands, then stops it as
+// SIGTERM would.
+func TestDevAndCommands(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-dev", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-level", "warn"},
+			&bytes.Buffer{}, &stderr, noEnv)
+	}()
+	re := regexp.MustCompile(`gRPC (\S+),`)
+	var addr string
+	deadline := time.Now().Add(30 * time.Second)
+	for addr == "" {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			addr = m[1]
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("coordinator -dev exited: %v\n%s", err, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("coordinator -dev did not start:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The leader serves once LeaderElected is applied; status shows it.
+	var out bytes.Buffer
+	for {
+		out.Reset()
+		if err := run(ctx, []string{"status", "-addr", addr}, &out, &bytes.Buffer{}, noEnv); err != nil {
+			t.Fatalf("status: %v", err)
+		}
+		if strings.Contains(out.String(), "Leader") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never showed a leader:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, cmd := range [][]string{{"quotas", "-addr", addr}, {"leases", "-addr", addr, "-quota", "x|y"}} {
+		out.Reset()
+		if err := run(ctx, cmd, &out, &bytes.Buffer{}, noEnv); err != nil {
+			t.Fatalf("%s: %v", cmd[0], err)
+		}
+		if !strings.Contains(out.String(), "QUOTA") {
+			t.Errorf("%s printed %q, want a table header", cmd[0], out.String())
+		}
+	}
+	if err := run(ctx, []string{"status", "-addr", addr, "-timeout", "x"}, &out, &bytes.Buffer{}, noEnv); err == nil {
+		t.Error("status with a bad -timeout succeeded")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("coordinator -dev returned %v on shutdown", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("coordinator -dev did not stop")
+	}
+}
