@@ -38,7 +38,10 @@ func TestRedisLifecycle(t *testing.T) {
 	if r.Running() {
 		t.Fatalf("running after Kill")
 	}
-	if err := c.Ping(ctx).Err(); err == nil {
+	short, cancel = context.WithTimeout(ctx, 500*time.Millisecond)
+	err = c.Ping(short).Err()
+	cancel()
+	if err == nil {
 		t.Fatalf("PING answered after Kill")
 	}
 	r.Restart()
