@@ -197,12 +197,18 @@ verdict() { awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN { ok = (op == ">=") ? (v >
 empty_rate=$(r empty .decisions_per_s)
 allow_rate=$(r allow .decided_per_s)
 batch_rate=$(r batch .decided_per_s)
-ceil16=$(csv_field "${ceiling[16]}" 2)
-ceil1=$(csv_field "${ceiling[1]}" 2)
+ceil16=$(csv_field "${ceiling[16]}" 2 | awk '{ printf "%.0f", $1 }')
+ceil1=$(csv_field "${ceiling[1]}" 2 | awk '{ printf "%.0f", $1 }')
 allow_p99_ms=$(awk -v us="$(r allow .latency_us.p99)" 'BEGIN { printf "%.2f", us / 1000 }')
 r_allow=$(ratio "$allow_rate" "$empty_rate")
 r_batch=$(ratio "$batch_rate" "$ceil16")
 elapsed=$(( $(date +%s) - script_start ))
+# All CPU one decision costs (agent, redis, tool): when the three share the
+# CPUs and keep them busy, decisions/s ratios follow these costs.
+cpu_all() { r "$1" '.cpu_total_us_per_decision + (.self_cpu.us_per_decision // 0)'; }
+cpu_empty=$(cpu_all empty)
+cpu_allow=$(cpu_all allow)
+cpu_bound=$(ratio "$cpu_empty" "$cpu_allow")
 
 {
   cat <<EOF
@@ -248,6 +254,14 @@ script as an admission).
 | AllowBatch decided/s / redis-benchmark pipelined ceiling (P16) | $r_batch ($batch_rate / $ceil16) | >= 0.60 | $(verdict "$r_batch" ">=" 0.60) |
 | p99 of unary Allow at $CONC callers | ${allow_p99_ms} ms | < 2 ms | $(verdict "$allow_p99_ms" "<" 2) |
 
+All the CPU one decision costs (agent + redis + tool) is $cpu_empty µs for the
+empty call and $cpu_allow µs for unary Allow. When the shared CPUs are the
+limit, decisions/s go inversely with these costs, so unary/empty tends to
+$cpu_empty / $cpu_allow = $cpu_bound here: a unary Allow adds a script run in
+Redis and a Redis round trip in the agent that the empty call does not have.
+The 0.85 target measures the agent itself only with Redis and the load
+generator on other cores.
+
 ## Results
 
 "decided/s" counts only what a rule's bucket decided: not errors and not
@@ -267,14 +281,18 @@ EOF
     IFS='|' read -r name what _ <<<"$row"
     jq -r --arg what "$what" '
       def cpu(i): (.cpu[i].us_per_decision // "n/a");
+      def rnd: . + 0.5 | floor;
       def pct(n): if .decisions > 0 then "\((1000 * n / .decisions | floor) / 10)%" else "n/a" end;
-      "| \($what) | \(.decisions_per_s) | \(.decided_per_s) | \(pct(.allowed)) | \(pct(.failure_policy)) | \(.latency_us.p50) | \(.latency_us.p99) | \(.latency_us.p99_9) | \(cpu(0)) | \(cpu(1)) | \(.cpu_total_us_per_decision) | \(.self_cpu.us_per_decision // "n/a") | \(((.cpu_total_us_per_decision + (.self_cpu.us_per_decision // 0)) * .decisions_per_s / 1e4 | floor) / 100) | \(.errors) |"
+      "| \($what) | \(.decisions_per_s) | \(.decided_per_s) | \(pct(.allowed)) | \(pct(.failure_policy)) | \(.latency_us.p50 | rnd) | \(.latency_us.p99 | rnd) | \(.latency_us.p99_9 | rnd) | \(cpu(0)) | \(cpu(1)) | \(.cpu_total_us_per_decision) | \(.self_cpu.us_per_decision // "n/a") | \(((.cpu_total_us_per_decision + (.self_cpu.us_per_decision // 0)) * .decisions_per_s / 1e4 | floor) / 100) | \(.errors) |"
     ' "$work/results/$name.json"
   done
   cat <<EOF
 
 The Redis ceiling: redis-benchmark, $CONC clients, EVALSHA of the agent's
-own script (\`$script\`, SHA1 \`$sha\`) on $KEYS random keys, no agent:
+own script (\`$script\`, SHA1 \`$sha\`) with the agent's arguments for rule
+\`bench\`, on $KEYS random keys, no agent in between (\`-n\` sized by a
+20,000-request probe to run about $DURATION). The agent pipelines a whole
+batch ($BATCH scripts) per round trip, deeper than the ceiling's 16:
 
 | pipeline | requests/s | p50 ms | p99 ms |
 | --- | ---: | ---: | ---: |
