@@ -50,9 +50,10 @@ type simAgent struct {
 }
 
 type flight struct {
-	agent *simAgent
-	cmd   Command // as sent: Now is stamped when applied
-	seq   uint64
+	agent  *simAgent
+	cmd    Command // as sent: Now is stamped when applied
+	seq    uint64
+	sentAt int64
 }
 
 type spent struct {
@@ -63,27 +64,28 @@ type spent struct {
 type ledger struct{ handed, credited, accrued float64 }
 
 type world struct {
-	t        *rapid.T
-	s        *State
-	log      []Command
-	answers  []Result
-	errs     []string
-	real     int64 // real time, µs
-	offset   int64 // the leader's clock minus real time
-	margin   int64 // every quota's safety margin
-	maxTerm  int64
-	quotas   []string
-	cfgs     map[string]ConfigureQuota
-	maxB     map[string]float64
-	maxR     map[string]float64
-	t0       map[string]int64
-	agents   []*simAgent
-	inflight []flight
-	sent     []flight // applied at least once, for duplicates
-	spends   map[string][]spent
-	honest   bool
-	byQuota  map[string]*ledger
-	byLease  map[string]*ledger // holder + "|" + quota
+	t         *rapid.T
+	s         *State
+	log       []Command
+	answers   []Result
+	errs      []string
+	real      int64 // real time, µs
+	stampedAt int64 // real time of the last stamp
+	offset    int64 // the leader's clock minus real time
+	margin    int64 // every quota's safety margin
+	maxTerm   int64
+	quotas    []string
+	cfgs      map[string]ConfigureQuota
+	maxB      map[string]float64
+	maxR      map[string]float64
+	t0        map[string]int64
+	agents    []*simAgent
+	inflight  []flight
+	sent      []flight // applied at least once, for duplicates
+	spends    map[string][]spent
+	honest    bool
+	byQuota   map[string]*ledger
+	byLease   map[string]*ledger // holder + "|" + quota
 }
 
 func newWorld(t *rapid.T) *world {
@@ -109,14 +111,21 @@ func newWorld(t *rapid.T) *world {
 	return w
 }
 
-// stamp is the leader's clock, sometimes read a little early (an entry
-// stamped before an earlier one was applied): never ahead of the leader.
-func (w *world) stamp() int64 {
-	now := w.real + w.offset
+// stamp is the leader's clock, sometimes read a little before the entry is
+// applied. Entries are stamped in log order, so the real times at which they
+// are stamped never go back (the Now they carry can, across leaders).
+func (w *world) stamp() int64 { return w.stampAfter(0) }
+
+// stampAfter stamps a command sent at sentAt: a leader cannot stamp what
+// it has not received.
+func (w *world) stampAfter(sentAt int64) int64 {
+	at := w.real
 	if rapid.Bool().Draw(w.t, "stale stamp") {
-		now -= rapid.Int64Range(0, w.margin/4).Draw(w.t, "staleness")
+		at -= rapid.Int64Range(0, w.margin/4).Draw(w.t, "staleness")
 	}
-	return max(0, now)
+	at = max(at, w.stampedAt, sentAt)
+	w.stampedAt = at
+	return max(0, at+w.offset)
 }
 
 func (w *world) configure(name string) {
@@ -177,7 +186,7 @@ func (w *world) step() {
 		}
 		a.seq++
 		g := h.Grant(w.real, a.name, a.seq, w.demand())
-		w.inflight = append(w.inflight, flight{agent: a, cmd: g, seq: a.seq})
+		w.inflight = append(w.inflight, flight{agent: a, cmd: g, seq: a.seq, sentAt: w.real})
 	case "renew":
 		a := rapid.SampledFrom(w.agents).Draw(t, "agent")
 		var items []RenewItem
@@ -201,7 +210,7 @@ func (w *world) step() {
 			a.seq--
 			return
 		}
-		w.inflight = append(w.inflight, flight{agent: a, cmd: Renew{Holder: a.name, Seq: a.seq, Items: items}, seq: a.seq})
+		w.inflight = append(w.inflight, flight{agent: a, cmd: Renew{Holder: a.name, Seq: a.seq, Items: items}, seq: a.seq, sentAt: w.real})
 	case "release":
 		a := rapid.SampledFrom(w.agents).Draw(t, "agent")
 		q := rapid.SampledFrom(w.quotas).Draw(t, "quota")
@@ -215,7 +224,7 @@ func (w *world) step() {
 			rel.Unused += rapid.Float64Range(0, 1000).Draw(t, "lie")
 		}
 		delete(a.holds, q)
-		w.inflight = append(w.inflight, flight{agent: a, cmd: rel, seq: a.seq})
+		w.inflight = append(w.inflight, flight{agent: a, cmd: rel, seq: a.seq, sentAt: w.real})
 	case "deliver":
 		if len(w.inflight) == 0 {
 			return
@@ -311,13 +320,13 @@ func (w *world) demand() float64 {
 func (w *world) applyHolder(f flight) (Result, error) {
 	switch c := f.cmd.(type) {
 	case Grant:
-		c.Now = w.stamp()
+		c.Now = w.stampAfter(f.sentAt)
 		return w.apply(c)
 	case Renew:
-		c.Now = w.stamp()
+		c.Now = w.stampAfter(f.sentAt)
 		return w.apply(c)
 	case Release:
-		c.Now = w.stamp()
+		c.Now = w.stampAfter(f.sentAt)
 		return w.apply(c)
 	}
 	w.t.Fatalf("not a holder command: %+v", f.cmd)
