@@ -44,43 +44,25 @@ func OpenRedis(spec string, timeout time.Duration) (redis.UniversalClient, error
 	if err != nil {
 		return nil, fmt.Errorf("bucket: redis address %q: %w", redactSpec(spec), err)
 	}
+	o := &redis.UniversalOptions{
+		Addrs:                 a.addrs,
+		MasterName:            a.master,
+		Username:              a.user,
+		Password:              a.password,
+		DB:                    a.db,
+		DialTimeout:           timeout,
+		ReadTimeout:           timeout,
+		WriteTimeout:          timeout,
+		PoolTimeout:           timeout,
+		ContextTimeoutEnabled: true,
+	}
 	switch a.kind {
 	case "sentinel":
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            a.master,
-			SentinelAddrs:         a.addrs,
-			Username:              a.user,
-			Password:              a.password,
-			DB:                    a.db,
-			DialTimeout:           timeout,
-			ReadTimeout:           timeout,
-			WriteTimeout:          timeout,
-			PoolTimeout:           timeout,
-			ContextTimeoutEnabled: true,
-		}), nil
+		return redis.NewFailoverClient(o.Failover()), nil
 	case "cluster":
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 a.addrs,
-			Username:              a.user,
-			Password:              a.password,
-			DialTimeout:           timeout,
-			ReadTimeout:           timeout,
-			WriteTimeout:          timeout,
-			PoolTimeout:           timeout,
-			ContextTimeoutEnabled: true,
-		}), nil
+		return redis.NewClusterClient(o.Cluster()), nil
 	default:
-		return redis.NewClient(&redis.Options{
-			Addr:                  a.addrs[0],
-			Username:              a.user,
-			Password:              a.password,
-			DB:                    a.db,
-			DialTimeout:           timeout,
-			ReadTimeout:           timeout,
-			WriteTimeout:          timeout,
-			PoolTimeout:           timeout,
-			ContextTimeoutEnabled: true,
-		}), nil
+		return redis.NewClient(o.Simple()), nil
 	}
 }
 

@@ -113,9 +113,14 @@ func TestOpenRedisClientKinds(t *testing.T) {
 			}
 			return ""
 		}},
-		{"redis-sentinel://a:1/m", func(c redis.UniversalClient) string {
-			if _, ok := c.(*redis.Client); !ok {
+		{"redis-sentinel://u:p@a:1,b:2/m", func(c redis.UniversalClient) string {
+			fc, ok := c.(*redis.Client)
+			if !ok {
 				return "sentinel spec must give a failover *redis.Client (primary only)"
+			}
+			o := fc.Options()
+			if o.Username != "u" || o.Password != "p" || o.ReadTimeout != 2*time.Second || !o.ContextTimeoutEnabled {
+				return "failover options not set from spec and timeout"
 			}
 			return ""
 		}},
