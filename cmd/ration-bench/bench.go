@@ -107,6 +107,9 @@ type engine struct {
 
 	// open loop accounting, in decisions
 	sent, unsent atomic.Int64
+	// completed counts every decision answered, warmup included: the
+	// progress line's rate.
+	completed atomic.Int64
 }
 
 func newEngine(cfg Config, d *dialer) *engine {
@@ -220,6 +223,7 @@ func (e *engine) closedWorker(ctx context.Context, w int) {
 		if ctx.Err() != nil {
 			return // interrupted: the call's outcome is an artefact
 		}
+		e.completed.Add(int64(n))
 		if measured {
 			sh.add(lat, n, t)
 		}
@@ -241,6 +245,7 @@ func (e *engine) openWorker(ctx context.Context, w int, jobs <-chan job) {
 		if ctx.Err() != nil {
 			continue // interrupted; drain so the dispatcher can finish
 		}
+		e.completed.Add(int64(j.n))
 		if j.measured {
 			sh.add(lat, j.n, t)
 		}
@@ -297,26 +302,31 @@ func (e *engine) dispatch(ctx context.Context, jobs chan<- job) {
 	}
 }
 
-// progress prints a line a second: rate over the last second, outcomes and
-// p99 so far.
+// progress prints a line a second: decisions/s over the last second, and
+// the measured outcomes and p99 so far.
 func (e *engine) progress(w io.Writer, done <-chan struct{}) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var last int64
-	lastAt := time.Now()
+	lastAt := e.start
+	p99 := "p99"
+	if e.perCall > 1 {
+		p99 = "p99/call"
+	}
 	for {
 		select {
 		case <-done:
 			return
 		case now := <-tick.C:
-			el := now.Sub(e.start).Truncate(time.Second)
-			if now.Before(e.measureStart) {
-				fmt.Fprintf(w, "%6s  warming up\n", el)
+			el := now.Sub(e.start).Round(time.Second)
+			n := e.completed.Load()
+			rate := float64(n-last) / now.Sub(lastAt).Seconds()
+			last, lastAt = n, now
+			if now.Before(e.measureStart.Add(100 * time.Millisecond)) {
+				fmt.Fprintf(w, "%6s  %10s decisions/s  (warming up)\n", el, group(int64(rate)))
 				continue
 			}
 			t := merge(e.shards)
-			rate := float64(t.decisions-last) / now.Sub(lastAt).Seconds()
-			last, lastAt = t.decisions, now
 			var a, d, x int64
 			for k, v := range t.counts {
 				switch k.kind {
@@ -328,8 +338,8 @@ func (e *engine) progress(w io.Writer, done <-chan struct{}) {
 					x += v
 				}
 			}
-			fmt.Fprintf(w, "%6s  %10s decisions/s  allowed %s  denied %s  errors %s  p99 %s\n",
-				el, group(int64(rate)), group(a), group(d), group(x),
+			fmt.Fprintf(w, "%6s  %10s decisions/s  allowed %s  denied %s  errors %s  %s %s\n",
+				el, group(int64(rate)), group(a), group(d), group(x), p99,
 				fmtMicros(float64(t.lat.ValueAtPercentile(99))/1e3))
 		}
 	}

@@ -194,8 +194,8 @@ func TestRunInterrupted(t *testing.T) {
 	defer cancel()
 	var stdout bytes.Buffer
 	args := []string{"-target", srv.GRPCAddr(), "-duration", "1m", "-warmup", "0", "-concurrency", "4", "-json"}
-	if err := run(ctx, args, &stdout, &bytes.Buffer{}); err != nil {
-		t.Fatalf("run: %v", err)
+	if err := run(ctx, args, &stdout, &bytes.Buffer{}); !errors.Is(err, errInterrupted) || exitCode(err) != 130 {
+		t.Fatalf("run = %v (exit %d), want interrupted (exit 130)", err, exitCode(err))
 	}
 	var r Report
 	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {

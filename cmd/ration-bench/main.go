@@ -39,8 +39,13 @@ func main() {
 	}
 }
 
-// errAllFailed: the run completed but not one decision succeeded.
-var errAllFailed = errors.New("every decision failed")
+var (
+	// errAllFailed: the run completed but not one decision succeeded.
+	errAllFailed = errors.New("every decision failed")
+	// errInterrupted: a signal stopped the run; the report covers what was
+	// measured until then.
+	errInterrupted = errors.New("interrupted")
+)
 
 func exitCode(err error) int {
 	switch {
@@ -48,6 +53,8 @@ func exitCode(err error) int {
 		return 0
 	case errors.Is(err, errUsage):
 		return 2
+	case errors.Is(err, errInterrupted):
+		return 130
 	default:
 		return 1
 	}
@@ -86,6 +93,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if err != nil {
 		return fmt.Errorf("writing the report: %w", err)
+	}
+	if r.Interrupted {
+		return fmt.Errorf("%w after %.1fs measured: the report covers that much", errInterrupted, r.ElapsedSeconds)
 	}
 	if r.Decisions > 0 && r.Errors == r.Decisions {
 		return fmt.Errorf("%w (%d errors: %s)", errAllFailed, r.Errors, byReason(r.ErrorsByReason))
