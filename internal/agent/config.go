@@ -18,6 +18,7 @@ import (
 // then one Validate pass that reports every problem.
 type Config struct {
 	RulesFile       string        // -rules, RATION_RULES
+	Coordinators    string        // -coordinators, RATION_COORDINATORS: comma list of coordinator gRPC addresses
 	Redis           string        // -redis, RATION_REDIS
 	HTTPAddr        string        // -http, RATION_HTTP
 	GRPCAddr        string        // -grpc, RATION_GRPC
@@ -70,6 +71,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 		fs.DurationVar(p, name, *p, fmt.Sprintf("%s (env %s%s)", usage, envPrefix, env))
 	}
 	str(&c.RulesFile, "rules", "RULES", "rules YAML file; reloaded on change and on SIGHUP")
+	str(&c.Coordinators, "coordinators", "COORDINATORS", "coordinator gRPC addresses, comma separated (any members of the region's group), for mode: leased rules")
 	str(&c.Redis, "redis", "REDIS", "Redis: host:port, redis://[user:pass@]host:port[/db], redis-sentinel://h:p[,h:p]/master, redis-cluster://h:p[,h:p]")
 	str(&c.HTTPAddr, "http", "HTTP", "HTTP listen address (/v1/allow, /v1/check, /metrics, /healthz, /readyz)")
 	str(&c.GRPCAddr, "grpc", "GRPC", "gRPC listen address (ration.v1.RateLimiter)")
@@ -116,6 +118,7 @@ func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
 	}
 	str(&c.RulesFile, "RULES")
 	str(&c.Redis, "REDIS")
+	str(&c.Coordinators, "COORDINATORS")
 	str(&c.HTTPAddr, "HTTP")
 	str(&c.GRPCAddr, "GRPC")
 	str(&c.Region, "REGION")
@@ -159,6 +162,11 @@ func (c Config) Check() error {
 			errs = append(errs, fmt.Errorf("%s %q: %w", a.flag, a.addr, err))
 		}
 	}
+	for _, a := range c.CoordinatorAddrs() {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("-coordinators: %q: %w", a, err))
+		}
+	}
 	if c.HTTPAddr == c.GRPCAddr && !strings.HasSuffix(c.HTTPAddr, ":0") {
 		errs = append(errs, fmt.Errorf("-http and -grpc are both %q", c.HTTPAddr))
 	}
@@ -183,4 +191,15 @@ func (c Config) Check() error {
 		errs = append(errs, fmt.Errorf("-log-level %q: want debug, info, warn or error", c.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// CoordinatorAddrs splits -coordinators.
+func (c Config) CoordinatorAddrs() []string {
+	var out []string
+	for _, a := range strings.Split(c.Coordinators, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }

@@ -71,12 +71,18 @@ type Store interface {
 	Ping(ctx context.Context) error
 }
 
-// Leases spends leased budget locally. Take must do no I/O; ok is false when
-// the agent holds no live lease for the quota (not granted yet, or expired),
-// and the caller then applies the rule's failure policy.
+// Leases spends leased budget locally (holder.Leases). Take does no I/O
+// except, once per quota, a bounded wait for its first grant; ok is false
+// when the agent holds no valid lease for the quota (not granted, expired),
+// and the caller then applies the rule's failure policy. now comes from Now,
+// read once per batch: a clock read costs more than a leased decision.
 type Leases interface {
-	Take(rule *rules.Rule, subject string, cost float64) (res bucket.Result, ok bool)
+	Now() int64
+	Take(ctx context.Context, rule *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, ok bool)
 	Refund(rule *rules.Rule, subject string, cost float64)
+	// DownFor is how long the coordinators have been unreachable (0 while
+	// they answer): the emergency policy's clock for leased rules.
+	DownFor() time.Duration
 }
 
 // path is where one rule of one request was decided.
@@ -216,11 +222,15 @@ func (s *Service) prepare(steps []step, matches []rules.Match, req *Request, idx
 // trip (unless the breaker says the store is down), the rest by policy.
 func (s *Service) charge(ctx context.Context, steps []step) {
 	nStore := 0
+	var leaseNow int64
 	for i := range steps {
 		st := &steps[i]
 		if st.rule.Mode == rules.ModeLeased {
 			if s.leases != nil {
-				if res, ok := s.leases.Take(st.rule, st.subject, st.req.Cost); ok {
+				if leaseNow == 0 {
+					leaseNow = s.leases.Now()
+				}
+				if res, ok := s.leases.Take(ctx, st.rule, st.subject, st.req.Cost, leaseNow); ok {
 					st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
 					st.reason = verdict(res.Allowed)
 					continue
@@ -237,9 +247,20 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 	}
 	now := time.Now()
 	for i := range steps {
-		if steps[i].path == pathFallback {
-			s.fallback.decide(ctx, &steps[i], now)
+		st := &steps[i]
+		if st.path != pathFallback {
+			continue
 		}
+		// An emergency allowance is measured from the start of the outage
+		// of the dependency this rule uses.
+		down := s.fallback.since(now)
+		if st.rule.Mode == rules.ModeLeased {
+			down = 0
+			if s.leases != nil {
+				down = s.leases.DownFor()
+			}
+		}
+		s.fallback.decide(ctx, st, down)
 	}
 }
 

@@ -64,15 +64,16 @@ func (f *fallback) since(now time.Time) time.Duration {
 	return now.Sub(time.Unix(0, start))
 }
 
-// decide applies the rule's policy to one step.
-func (f *fallback) decide(ctx context.Context, st *step, now time.Time) {
+// decide applies the rule's policy to one step, down being how long the
+// rule's dependency has been out.
+func (f *fallback) decide(ctx context.Context, st *step, down time.Duration) {
 	r := st.rule
 	f.activate(r)
 	switch r.OnFailure {
 	case rules.FailOpen:
 		st.allowed, st.reason = true, ReasonUnavailable
 	case rules.Emergency:
-		if f.since(now) > r.Emergency.MaxDuration {
+		if down > r.Emergency.MaxDuration {
 			st.allowed, st.reason = false, ReasonUnavailable
 			return
 		}

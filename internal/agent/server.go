@@ -19,6 +19,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/coordinator"
+	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -47,12 +49,57 @@ type Server struct {
 	ready    atomic.Bool
 
 	evictionPolicy, evictionWarning string
+
+	holder         *holder.Leases
+	holderDone     chan struct{}
+	devCoordinator *coordinator.Node
+}
+
+// startLeases builds the lease holder: against -coordinators, or under -dev
+// against an embedded single-node coordinator. It returns nil (leased rules
+// fall to their failure policy) only when no leased rule is configured and
+// no coordinator is given.
+func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (Leases, error) {
+	addrs := cfg.CoordinatorAddrs()
+	var leased []string
+	for _, r := range set.Rules() {
+		if r.Mode == rules.ModeLeased {
+			leased = append(leased, r.Name)
+		}
+	}
+	if len(addrs) == 0 && !cfg.Dev {
+		if len(leased) > 0 {
+			return nil, fmt.Errorf("agent: rules %v are mode: leased but -coordinators is empty", leased)
+		}
+		return nil, nil
+	}
+	if len(addrs) == 0 {
+		node, addr, err := coordinator.StartDev(ctx, s.logger.With("component", "dev-coordinator"), set, nil)
+		if err != nil {
+			return nil, fmt.Errorf("agent: embedded dev coordinator: %w", err)
+		}
+		s.devCoordinator = node
+		s.closeFns = append(s.closeFns, func() { _ = node.Close() })
+		addrs = []string{addr}
+	}
+	client := coordinator.NewClient(addrs, coordinator.ClientOptions{Logger: s.logger})
+	s.closeFns = append(s.closeFns, func() { _ = client.Close() })
+	h, err := holder.New(holder.Options{
+		Client: client, Holder: cfg.AgentID, Region: cfg.Region,
+		ColdStart: cfg.DecisionTimeout, Logger: s.logger, Registry: s.Registry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.holder = h
+	return h, nil
 }
 
 // Start builds and starts an agent. It returns once both listeners are
 // bound; the store is probed in the background (readiness waits for it).
-// Options.Store and Options.Leases may be set to use other implementations;
-// the rest comes from cfg.
+// Leased rules are served by a holder.Leases talking to -coordinators, or
+// under -dev to an embedded single-node coordinator; leases, when not nil,
+// replaces that (tests).
 func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) (*Server, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
@@ -74,6 +121,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	if err != nil {
 		return nil, err
 	}
+	if leases == nil {
+		if leases, err = s.startLeases(ctx, cfg, set); err != nil {
+			return nil, err
+		}
+	}
 	svc, err := New(Options{
 		Rules: StaticRules{Set: set}, Store: store, Leases: leases, Registry: s.Registry, Logger: logger,
 		DecisionTimeout: cfg.DecisionTimeout, Breaker: cfg.Breaker,
@@ -87,6 +139,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		s.watcher = rules.NewWatcher(cfg.RulesFile, set, logger, cfg.ReloadInterval,
 			func(err error) { svc.metrics.rulesReloads.WithLabelValues("error").Inc() },
 			func(set *rules.Set) {
+				if s.devCoordinator != nil {
+					s.devCoordinator.SetRules(set)
+				}
 				svc.metrics.rulesReloads.WithLabelValues("ok").Inc()
 				svc.RulesChanged(set)
 				logger.Info("rules reloaded", "rules", len(set.Rules()), "rules_version", set.Hash())
@@ -115,12 +170,16 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	go func() { _ = s.grpc.Serve(s.grpcLn) }()
 	go func() { _ = s.http.Serve(s.httpLn) }()
 	go svc.RunProber(runCtx)
+	if s.holder != nil {
+		s.holderDone = make(chan struct{})
+		go func() { defer close(s.holderDone); s.holder.Run(runCtx) }()
+	}
 	if s.watcher != nil {
 		go s.watcher.Run(runCtx)
 	}
 	go s.waitReady(runCtx)
 	ok = true
-	logger.Info("gateway-agent started", "grpc", s.grpcLn.Addr().String(), "http", s.httpLn.Addr().String(),
+	logger.Info("gateway-agent started", "coordinators", cfg.Coordinators, "grpc", s.grpcLn.Addr().String(), "http", s.httpLn.Addr().String(),
 		"region", cfg.Region, "agent_id", cfg.AgentID, "rules", len(set.Rules()), "rules_version", set.Hash(), "dev", cfg.Dev)
 	return s, nil
 }
@@ -241,6 +300,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) closeAll() {
 	if s.cancel != nil {
 		s.cancel()
+	}
+	if s.holderDone != nil {
+		// The holder releases its leases (bounded by its request timeout)
+		// before the client and any embedded coordinator close below.
+		<-s.holderDone
 	}
 	if s.grpcLn != nil && s.grpc == nil {
 		_ = s.grpcLn.Close()

@@ -1,0 +1,11 @@
+// Package holder owns the agent's side of the lease path: for every leased
+// quota (rule, subject) the agent has used, a lease.Holding that decisions
+// spend from in memory, with no I/O on the request path, and one background
+// loop that renews all of the agent's leases in one message, reports demand,
+// adopts answers under the holder rules of lease.Holding, and releases
+// unused budget on shutdown or when a quota goes idle.
+//
+// Safety rests on lease.Holding: a lease is spent only until
+// D(1-rho)/(1+rho) - m after the request that obtained it was SENT, on this
+// process's monotonic clock, whatever the coordinator or the network do.
+package holder

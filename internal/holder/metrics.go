@@ -1,0 +1,44 @@
+package holder
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	renewals      *prometheus.CounterVec
+	renewDuration prometheus.Histogram
+	granted       prometheus.Counter
+	returned      prometheus.Counter
+	expired       prometheus.Counter
+	quotas        prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_agent_lease_renewals_total",
+			Help: "Renew calls to the coordinators (one per round, carrying every lease of this agent), by result.",
+		}, []string{"result"}),
+		renewDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ration_agent_lease_renew_duration_seconds",
+			Help:    "Time from sending a Renew to its answer (includes the Raft commit).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		granted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_agent_lease_tokens_granted_total",
+			Help: "Tokens moved into this agent's leases by grants and top-ups.",
+		}),
+		returned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_agent_lease_tokens_returned_total",
+			Help: "Unused tokens this agent gave back on release.",
+		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_agent_lease_expired_total",
+			Help: "Leases the coordinator reported expired or unknown (asked for again).",
+		}),
+		quotas: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_agent_leased_quotas",
+			Help: "Leased quotas (rule and subject) this agent holds or is acquiring.",
+		}),
+	}
+	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas)
+	return m
+}
