@@ -130,7 +130,7 @@ type quota struct {
 	h         lease.Holding
 	requested float64 // tokens asked for since the last report (admitted or not)
 	lastUsed  int64
-	failed    string        // an item error (unknown quota), logged once
+	failed    string // an item error (unknown quota), logged once
 	failedAt  int64
 	ready     chan struct{} // closed once the first answer (grant or error) arrived
 	readyOnce sync.Once
@@ -257,7 +257,7 @@ func micros(sec float64) time.Duration {
 	if !(sec > 0) {
 		return 0
 	}
-	return time.Duration(math.Ceil(sec * 1e6)) * time.Microsecond
+	return time.Duration(math.Ceil(sec*1e6)) * time.Microsecond
 }
 
 func (l *Leases) lookup(rule, subject string) *quota {
