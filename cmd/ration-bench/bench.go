@@ -157,6 +157,7 @@ func (e *engine) pastEnd(t time.Time) bool { return !e.end.IsZero() && !t.Before
 // run drives the load until the deadline, the -requests cap or ctx ends,
 // then waits for calls in flight. It returns when the last one answered.
 func (e *engine) run(ctx context.Context, progress io.Writer, onMeasureStart func()) time.Time {
+	defer e.halt() // ends the watcher below when the run ended by its deadline
 	e.start = time.Now()
 	e.measureStart = e.start.Add(e.cfg.Warmup)
 	if e.cfg.Duration > 0 {

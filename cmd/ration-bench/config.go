@@ -155,7 +155,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		"\n(allow = unary Allow, batch = AllowBatch, stream = AllowStream, http = GET /v1/check, empty = grpc.health.v1 Health/Check)")
 	fs.StringVar(&targets, "target", targets, "gRPC agent address host:port, or a comma list (connections go round-robin)")
 	fs.StringVar(&httpTargets, "http-target", httpTargets, "HTTP agent address host:port, or a comma list (-mode http)")
-	fs.IntVar(&cfg.Conns, "conns", 0, "gRPC connections, spread round-robin over -target (0: max(4, number of targets))")
+	fs.IntVar(&cfg.Conns, "conns", 0, "gRPC connections, spread round-robin over -target (0: 4; at least one per target)")
 	fs.IntVar(&cfg.Batch, "batch", cfg.Batch, fmt.Sprintf("decisions per AllowBatch call (-mode batch), 1 to %d", maxBatch))
 	fs.IntVar(&cfg.Keys, "keys", cfg.Keys, "number of distinct subjects (keys)")
 	fs.StringVar(&cfg.Dist, "dist", cfg.Dist, "key distribution: uniform, zipf (skew -zipf-s) or hot (every request the same key)")
@@ -392,14 +392,15 @@ func parsePIDs(s string) ([]int, error) {
 	return out, errors.Join(errs...)
 }
 
-// connCount is how many gRPC connections to open: -conns, or at least one
-// per target and four in all, never more than there are workers.
+// connCount is how many gRPC connections to open: -conns (default 4), no
+// more than there are workers, but at least one per target so each is
+// checked before the run.
 func (c Config) connCount() int {
 	n := c.Conns
 	if n == 0 {
-		n = max(4, len(c.Targets))
+		n = 4
 	}
-	return max(1, min(n, c.workers()))
+	return max(1, len(c.Targets), min(n, c.workers()))
 }
 
 // workers is the number of goroutines making calls.

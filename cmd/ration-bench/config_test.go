@@ -36,6 +36,14 @@ func TestParseFlagsGood(t *testing.T) {
 	if cfg.connCount() != 4 {
 		t.Errorf("connCount() = %d, want 4", cfg.connCount())
 	}
+	cfg.Concurrency, cfg.Rate, cfg.Conns = 1, 0, 0 // one worker, three targets: still one connection each
+	if cfg.connCount() != 3 {
+		t.Errorf("1 worker, 3 targets: connCount() = %d, want 3", cfg.connCount())
+	}
+	cfg.Concurrency, cfg.Conns = 64, 10
+	if cfg.connCount() != 10 {
+		t.Errorf("-conns 10: connCount() = %d, want 10", cfg.connCount())
+	}
 }
 
 func TestParseFlagsBad(t *testing.T) {
