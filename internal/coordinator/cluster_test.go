@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -703,4 +708,99 @@ func TestConcurrentRenewalsShareEntries(t *testing.T) {
 	if entries >= requests {
 		t.Errorf("%v requests took %v entries: no batching", requests, entries)
 	}
+}
+
+// TestLeaderElectedFirstInEveryTerm changes leaders twice (a graceful
+// shutdown, which transfers leadership, then a kill) under renewals, then
+// reads every node's Raft log from disk: in every term, the leader's
+// first entry is its member record and LeaderElected, and LeaderElected
+// appears nowhere else. Since a request is answered from its own entry's
+// results, nothing was served in a term before LeaderElected was applied.
+func TestLeaderElectedFirstInEveryTerm(t *testing.T) {
+	c := harness.StartCoordinators(t, 3, testRules)
+	cl := c.Client(coordinator.ClientOptions{MaxAttempts: 50})
+	ctx := timeout(t, 60*time.Second)
+	h := newHolder("agent")
+	renew := func() {
+		t.Helper()
+		req := h.request(testQuotas, 2)
+		resp, err := cl.Renew(ctx, req)
+		if err != nil {
+			t.Fatalf("renew: %v", err)
+		}
+		if err := h.adopt(req, resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	renew()
+	first, _ := c.Leader(t)
+	c.Shutdown(first)
+	renew()
+	second, _ := c.Leader(t)
+	if second == first {
+		t.Fatalf("node%d still leads after its shutdown", first)
+	}
+	c.Restart(first)
+	c.Converged(t)
+	c.Kill(second)
+	renew()
+	third, _ := c.Leader(t)
+	renew()
+	c.Restart(second)
+	c.Converged(t)
+	for i := range 3 {
+		c.Kill(i)
+	}
+	terms := map[uint64]bool{}
+	for i := range 3 {
+		for term := range checkTermsOnDisk(t, filepath.Join(c.DataDir(i), "raft.db")) {
+			terms[term] = true
+		}
+	}
+	if len(terms) < 3 {
+		t.Errorf("log shows %d terms with entries, want at least 3 (leaders node%d, node%d, node%d)", len(terms), first, second, third)
+	}
+}
+
+// checkTermsOnDisk walks one node's log and returns the terms it saw
+// commands in.
+func checkTermsOnDisk(t *testing.T, path string) map[uint64]bool {
+	t.Helper()
+	store, err := raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bbolt.Options{ReadOnly: true, Timeout: 5 * time.Second}})
+	if err != nil {
+		t.Fatalf("open %s: %v", path, err)
+	}
+	defer store.Close()
+	lo, err1 := store.FirstIndex()
+	hi, err2 := store.LastIndex()
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	if lo != 1 {
+		t.Fatalf("%s: log starts at %d; the test needs the whole log (no snapshots)", path, lo)
+	}
+	seen := map[uint64]bool{}
+	for i := lo; i <= hi; i++ {
+		var l raft.Log
+		if err := store.GetLog(i, &l); err != nil {
+			t.Fatalf("%s: entry %d: %v", path, i, err)
+		}
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		kinds, err := coordinator.EntryKinds(l.Data)
+		if err != nil {
+			t.Fatalf("%s: entry %d: %v", path, i, err)
+		}
+		elected := slices.Contains(kinds, lease.KindLeaderElected.String())
+		firstInTerm := !seen[l.Term]
+		seen[l.Term] = true
+		if firstInTerm && !slices.Equal(kinds, []string{"member", lease.KindLeaderElected.String()}) {
+			t.Errorf("%s: entry %d is the first command of term %d but holds %v, want [member leader-elected]", path, i, l.Term, kinds)
+		}
+		if !firstInTerm && elected {
+			t.Errorf("%s: entry %d of term %d holds %v: LeaderElected after the term's first entry", path, i, l.Term, kinds)
+		}
+	}
+	return seen
 }

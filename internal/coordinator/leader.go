@@ -25,6 +25,10 @@ type term struct {
 	queue    chan *proposal
 	inflight chan *inflight
 
+	// base and start are the term's clock: see startClock.
+	base  int64
+	start time.Time
+
 	mu sync.Mutex
 	// configured holds the quota shapes this term has proposed, so that
 	// concurrent renewals of a new quota configure it once, not once per
@@ -160,8 +164,8 @@ func (n *Node) lead(t *term) {
 func (n *Node) commitElected(t *term) error {
 	var stateNow int64
 	n.fsm.read(func(s *lease.State) { stateNow = s.Now() })
-	n.advanceClock(stateNow)
-	now := n.stamp()
+	t.startClock(n.clock(), stateNow, n.lastNow.Load())
+	now := n.stamp(t)
 	cmd, err := lease.EncodeCommand(lease.LeaderElected{Now: now})
 	if err != nil {
 		return err
@@ -180,11 +184,23 @@ func (n *Node) commitElected(t *term) error {
 	return nil
 }
 
-// stamp returns the leader's clock in microseconds, never below a time it
-// returned before or the state's clock: entries from one leader never go
-// back in time, and the state machine adds max(now, last) across leaders.
-func (n *Node) stamp() int64 {
-	return n.advanceClock(n.clock().UnixMicro())
+// startClock fixes the term's time base. The wall clock is read once, at
+// the start of the term, and never below the state's clock or this node's
+// earlier stamps; from then on the term's timestamps advance with the
+// monotonic clock. So an NTP step on the leader cannot move expiries:
+// within a term, lease time runs at the leader's clock rate (drift rho at
+// most), and across terms LeaderElected re-bases every reclaim time on the
+// new leader's clock.
+func (t *term) startClock(now time.Time, stateNow, lastNow int64) {
+	t.base = max(now.UnixMicro(), stateNow, lastNow)
+	t.start = now
+}
+
+// stamp returns the term's clock in microseconds: its base plus the
+// monotonic time since the term started, never below a time this node
+// stamped before (the state machine also applies max(now, last)).
+func (n *Node) stamp(t *term) int64 {
+	return n.advanceClock(t.base + n.clock().Sub(t.start).Microseconds())
 }
 
 func (n *Node) advanceClock(now int64) int64 {
@@ -299,7 +315,7 @@ func (n *Node) batch(t *term) {
 // build stamps the proposals and lays out one entry. A proposal whose
 // commands cannot be encoded is answered at once and left out.
 func (n *Node) build(t *term, props []*proposal) *entryBuild {
-	now := n.stamp()
+	now := n.stamp(t)
 	b := &entryBuild{inflight: inflight{start: time.Now()}}
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -8,7 +8,7 @@ import (
 
 // batchStats reads ration_coordinator_batch_requests from a registry: the
 // requests committed and the entries that carried them.
-func batchStats(t *testing.T, reg *prometheus.Registry) (requests, entries float64) {
+func batchStats(t testing.TB, reg *prometheus.Registry) (requests, entries float64) {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {

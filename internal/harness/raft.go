@@ -162,6 +162,13 @@ func (c *Coordinators) Registry(i int) *prometheus.Registry {
 	return c.slots[i].reg
 }
 
+// DataDir returns node i's current data dir (raft.db and snapshots).
+func (c *Coordinators) DataDir(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.slots[i].cfg.DataDir
+}
+
 // Live returns the indexes of the nodes that are up.
 func (c *Coordinators) Live() []int {
 	var out []int

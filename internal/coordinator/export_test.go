@@ -1,0 +1,23 @@
+package coordinator
+
+// EntryKinds names the operations of one Raft entry, in order: "member",
+// a lease command kind ("leader-elected", "renew", ...), or "ignorable".
+// Tests that read a node's log on disk use it.
+func EntryKinds(data []byte) ([]string, error) {
+	ops, cmds, err := decodeOps(data)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(ops))
+	for i, o := range ops {
+		switch o.typ {
+		case entryMember:
+			out[i] = "member"
+		case entryCommand:
+			out[i] = cmds[i].Kind().String()
+		default:
+			out[i] = "ignorable"
+		}
+	}
+	return out, nil
+}
