@@ -57,6 +57,14 @@ script_start=$(date +%s)
 loadavg_start=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 
 # 1. Go benchmarks ----------------------------------------------------------
+# bench_lines keeps go test's results and a failure's own message, not the
+# logs that tests and benchmarks print.
+bench_lines() {
+  awk '/^--- FAIL/ { f = 1; print; next }
+       f && /^    / { print; next }
+       { f = 0 }
+       /^(Benchmark|goos|goarch|cpu|pkg|ok|PASS|FAIL|\(no package)/ { print }' "$1"
+}
 pkgs=()
 for dir in internal/bucket internal/rules $(grep -rl --include='*_test.go' '^func Benchmark' internal cmd 2>/dev/null | xargs -r -n1 dirname | sort -u); do
   pkg="./$dir"
@@ -75,7 +83,7 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   # and makes the script exit non-zero at the end.
   "$GO" test -run '^$' -bench . -benchmem -benchtime "$GO_BENCHTIME" -count 1 -timeout 3m "${pkgs[@]}" \
     >"$work/gotest-bench.txt" 2>&1 || gotest_status=$?
-  grep -E '^(Benchmark|ok|PASS|FAIL|---|    )' "$work/gotest-bench.txt" >&2 || true
+  bench_lines "$work/gotest-bench.txt" >&2
   [ "$gotest_status" -eq 0 ] || say "go test -bench exited $gotest_status: continuing; reported in $OUT"
 else
   echo "(no package has benchmarks)" >"$work/gotest-bench.txt"
@@ -304,7 +312,7 @@ batch ($BATCH scripts) per round trip, deeper than the ceiling's 16:
 \`$gotest_cmd\`
 
 \`\`\`text
-$(grep -E '^(Benchmark|goos|goarch|cpu|pkg|ok|PASS|FAIL|---|    )' "$work/gotest-bench.txt" || cat "$work/gotest-bench.txt")
+$(bench_lines "$work/gotest-bench.txt")
 \`\`\`
 $(if [ "$gotest_status" -ne 0 ]; then echo; echo "**go test -bench exited $gotest_status**: a benchmark failed (above); its package's other results are still shown."; fi)
 
