@@ -11,7 +11,8 @@ import (
 
 // The property test runs a small world: quotas, agents that hold leases
 // through Holding and spend them on real (simulated) time, a network that
-// loses, duplicates, delays and reorders commands, and leaders whose clocks
+// loses, duplicates, delays and reorders commands and replies, and leaders
+// whose clocks
 // are offset from real time (within the safety margin, or far ahead after
 // an election). After every step it checks:
 //
@@ -56,6 +57,12 @@ type flight struct {
 	sentAt int64
 }
 
+type pendingReply struct {
+	f   flight
+	r   Result
+	err error
+}
+
 type spent struct {
 	at   int64 // real time
 	cost float64
@@ -81,6 +88,7 @@ type world struct {
 	t0        map[string]int64
 	agents    []*simAgent
 	inflight  []flight
+	replies   []pendingReply
 	sent      []flight // applied at least once, for duplicates
 	spends    map[string][]spent
 	honest    bool
@@ -163,7 +171,7 @@ func (w *world) step() {
 	t := w.t
 	switch rapid.SampledFrom([]string{
 		"deliver", "spend all", "grant", "wait", "renew", "deliver", "spend", "deliver", "spend all",
-		"grant", "renew", "wait", "tick", "duplicate", "release", "leader", "tick", "leader", "configure",
+		"grant", "renew", "wait", "tick", "duplicate", "release", "leader", "tick", "leader", "configure", "reply",
 	}).Draw(t, "action") {
 	case "wait":
 		if rapid.IntRange(0, 4).Draw(t, "long wait") == 0 {
@@ -234,9 +242,16 @@ func (w *world) step() {
 		w.inflight = append(w.inflight[:i], w.inflight[i+1:]...)
 		r, err := w.applyHolder(f)
 		w.sent = append(w.sent, f)
-		if rapid.IntRange(0, 3).Draw(t, "reply lost") > 0 {
-			w.receive(f, r, err)
+		w.reply(f, r, err)
+	case "reply":
+		// A delayed reply arrives, possibly after later ones.
+		if len(w.replies) == 0 {
+			return
 		}
+		i := rapid.IntRange(0, len(w.replies)-1).Draw(t, "which reply")
+		p := w.replies[i]
+		w.replies = append(w.replies[:i], w.replies[i+1:]...)
+		w.receive(p.f, p.r, p.err)
 	case "duplicate":
 		if len(w.sent) == 0 {
 			return
@@ -253,9 +268,7 @@ func (w *world) step() {
 				t.Fatalf("duplicate of seq %d changed the state", f.seq)
 			}
 		}
-		if rapid.Bool().Draw(t, "duplicate reply delivered") {
-			w.receive(f, r, err)
-		}
+		w.reply(f, r, err)
 	case "spend":
 		a := rapid.SampledFrom(w.agents).Draw(t, "agent")
 		var valid []string
@@ -331,6 +344,17 @@ func (w *world) applyHolder(f flight) (Result, error) {
 	}
 	w.t.Fatalf("not a holder command: %+v", f.cmd)
 	return Result{}, nil
+}
+
+// reply sends an answer back: lost, delivered at once, or delayed.
+func (w *world) reply(f flight, r Result, err error) {
+	switch rapid.IntRange(0, 3).Draw(w.t, "reply") {
+	case 0: // lost
+	case 1:
+		w.replies = append(w.replies, pendingReply{f, r, err})
+	default:
+		w.receive(f, r, err)
+	}
 }
 
 // receive is the agent getting an answer.
