@@ -15,6 +15,11 @@
 // interval), and every live lease's reclaim time is pushed to at least
 // now + term + safety margin.
 //
+// Pools refill by the leader's clock, so a leader clock that runs fast by a
+// factor rho refills them by rho*(r - sum(r_i))*T too much over T: the one
+// overshoot left, bounded by the clock-rate drift bound that the safety
+// margin already assumes.
+//
 // # State and conservation
 //
 // A quota Q = (B, r) has a pool P of unassigned tokens and live leases
@@ -97,8 +102,10 @@
 // Every holder command carries Seq, increasing per holder. A command with
 // Seq <= the holder's last applied one is not applied: the last one gets the
 // recorded answer again (Result.Replayed), so a retry after a lost reply
-// receives the same lease, and anything older gets ErrStale. Credits need a
-// live lease, so nothing is ever credited twice. The record outlives the
+// receives the same lease, and anything older gets ErrStale. A retry must
+// resend the same command: a different command under the last Seq gets the
+// recorded answer if it is of the same kind, ErrStale otherwise. Credits
+// need a live lease, so nothing is ever credited twice. The record outlives the
 // holder's last lease by RecordTTL. A holder that restarts must either
 // continue its sequence (e.g. seed it from the wall clock in microseconds)
 // or use a new holder name.

@@ -9,8 +9,9 @@ import (
 // RecordTTL is how long, in microseconds, a holder's last answer is kept
 // after the holder has no lease left (while it has one, it is always kept).
 // A duplicate delayed longer than that is applied as new: the worst it can
-// do is grant a lease nobody spends, whose tokens come back when it is
-// reclaimed. It can never credit twice, since credits need a live lease.
+// do is grant a lease nobody spends, which holds its share (and loses its
+// starting balance) until it is reclaimed. It can never credit twice, since
+// credits need a live lease of the holder, and it has none.
 const RecordTTL = int64(15 * 60 * 1e6)
 
 // State is the replicated lease state of every quota: a pure, deterministic
