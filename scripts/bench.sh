@@ -16,6 +16,7 @@
 # BENCH_GO_BENCHTIME (1s), BENCH_DECISION_TIMEOUT (1s: the agent's
 # -decision-timeout), BENCH_OUT (docs/performance.md),
 # BENCH_NOTE (a sentence about the conditions, added to the doc),
+# BENCH_COMMIT (names the code measured when this is not a git checkout),
 # BENCH_KEEP=1 keeps the work directory (JSON reports, logs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +56,12 @@ trap 'exit 130' INT TERM
 
 script_start=$(date +%s)
 loadavg_start=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
+# What was measured: the commit, and whether the tree differed from it.
+if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+  [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit with uncommitted changes"
+else
+  commit=${BENCH_COMMIT:-unknown (not a git checkout)}
+fi
 
 # 1. Go benchmarks ----------------------------------------------------------
 # bench_lines keeps go test's results and a failure's own message, not the
@@ -233,6 +240,7 @@ last run, on the machine described.
 | | |
 | --- | --- |
 | date | $(date -u +'%Y-%m-%d %H:%M UTC') |
+| code | $commit |
 | machine | $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(uname -sr) |
 | Go | $("$GO" env GOVERSION) |
 | Redis | redis-server $redis_version (\`--save '' --appendonly no\`), on loopback |
