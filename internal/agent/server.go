@@ -74,7 +74,7 @@ func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (L
 		return nil, nil
 	}
 	if len(addrs) == 0 {
-		node, addr, err := coordinator.StartDev(ctx, s.logger.With("component", "dev-coordinator"), set, nil)
+		node, addr, err := coordinator.StartDev(ctx, s.logger.With("component", "dev-coordinator"), set)
 		if err != nil {
 			return nil, fmt.Errorf("agent: embedded dev coordinator: %w", err)
 		}

@@ -33,7 +33,7 @@ rules:
 	}
 	r, _ := set.Rule("hot")
 	ctx := context.Background()
-	node, addr, err := coordinator.StartDev(ctx, nil, set, nil)
+	node, addr, err := coordinator.StartDev(ctx, nil, set)
 	if err != nil {
 		b.Fatal(err)
 	}
