@@ -35,7 +35,7 @@ import (
 func TestStateMachineProperties(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		w := newWorld(rt)
-		steps := rapid.IntRange(20, 300).Draw(rt, "steps")
+		steps := rapid.IntRange(50, 800).Draw(rt, "steps")
 		for range steps {
 			w.step()
 		}
