@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -83,8 +84,9 @@ type Client struct {
 }
 
 // maxConns bounds the connections a Client keeps: the configured addresses
-// plus leaders learned from trailers. Beyond it, the least recently
-// configured learned address is dropped (a cluster does not have 64 nodes).
+// plus leaders learned from trailers. Beyond it, a learned address other
+// than the current leader is closed first (a cluster has far fewer nodes;
+// the bound only matters if trailers keep naming new addresses).
 const maxConns = 64
 
 // NewClient returns a Client for the coordinators at addrs (gRPC
@@ -254,7 +256,7 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	}
 	if len(c.conns) >= maxConns {
 		for a, cc := range c.conns {
-			if a != c.leader && !contains(c.addrs, a) {
+			if a != c.leader && !slices.Contains(c.addrs, a) {
 				cc.Close()
 				delete(c.conns, a)
 				break
@@ -267,15 +269,6 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	}
 	c.conns[addr] = cc
 	return cc, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // AddVoter asks the leader to add a server (what -join does).

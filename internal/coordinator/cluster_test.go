@@ -169,13 +169,12 @@ func checkConservation(n *coordinator.Node) error {
 	return nil
 }
 
-// TestLeaderKilledUnderLoad kills the leader while six holders renew
-// leases on three quotas concurrently. A new leader must take over, know
+// TestLeaderKilledUnderLoad kills the leader, twice, while six holders
+// renew leases on three quotas concurrently. A new leader must take over, know
 // every lease the holders hold, never answer one lease id to two holders,
 // and at no point may any node's state break conservation.
 func TestLeaderKilledUnderLoad(t *testing.T) {
 	c := harness.StartCoordinators(t, 3, testRules)
-	old, _ := c.Leader(t)
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -257,18 +256,28 @@ func TestLeaderKilledUnderLoad(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	waitGrants(60)
-	oldNode := c.Node(old)
-	c.Kill(old)
-	t.Logf("killed leader node%d after %d grants", old, log.grants.Load())
-	if err := checkConservation(oldNode); err != nil {
-		t.Errorf("killed leader's last state: %v", err)
+	waitGrants(100)
+	// Two leader changes: kill the leader, bring it back, kill the next.
+	var killed []int
+	var leader int
+	var ln *coordinator.Node
+	for round := range 2 {
+		old, oldNode := c.Leader(t)
+		c.Kill(old)
+		killed = append(killed, old)
+		t.Logf("round %d: killed leader node%d after %d grants", round, old, log.grants.Load())
+		if err := checkConservation(oldNode); err != nil {
+			t.Errorf("killed leader's last state: %v", err)
+		}
+		leader, ln = c.Leader(t)
+		if leader == old {
+			t.Fatalf("node%d leads again although it was killed", old)
+		}
+		waitGrants(log.grants.Load() + 100)
+		if round == 0 {
+			c.Restart(old)
+		}
 	}
-	leader, ln := c.Leader(t)
-	if leader == old {
-		t.Fatalf("node%d leads again although it was killed", old)
-	}
-	waitGrants(log.grants.Load() + 60)
 	stop()
 	wg.Wait()
 
@@ -307,7 +316,7 @@ func TestLeaderKilledUnderLoad(t *testing.T) {
 		t.Error("no holder holds a lease at the end: the load did nothing")
 	}
 	// The killed node comes back and catches up to the same state.
-	c.Restart(old)
+	c.Restart(killed[1])
 	c.Converged(t)
 	for _, i := range c.Live() {
 		if err := checkConservation(c.Node(i)); err != nil {
@@ -622,6 +631,20 @@ func TestRenewSemantics(t *testing.T) {
 	old.Seq--
 	if _, err := cl.Renew(ctx, old); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("renew with an old seq: %v, want FAILED_PRECONDITION", err)
+	}
+	// The same seq for other items: refused, never another request's answer.
+	reused := h.request(testQuotas[:1], 2)
+	reused.Seq = req.Seq // a renewal-only request is one Renew command, numbered seq
+	if _, err := cl.Renew(ctx, reused); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("renew reusing the last seq for other items: %v, want FAILED_PRECONDITION", err)
+	}
+	grantReused := &rationv1.RenewRequest{Holder: "agent-g", Seq: 1, Items: []*rationv1.RenewItem{{Quota: testQuotas[0]}}}
+	if _, err := cl.Renew(ctx, grantReused); err != nil {
+		t.Fatal(err)
+	}
+	grantReused.Items[0].Quota = testQuotas[1]
+	if _, err := cl.Renew(ctx, grantReused); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("grant reusing a seq for another quota: %v, want FAILED_PRECONDITION", err)
 	}
 	if err := h.adopt(req, resp); err != nil {
 		t.Fatal(err)

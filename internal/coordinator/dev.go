@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -15,8 +13,9 @@ import (
 // tests of agents: loopback ports chosen by the kernel, a temporary data
 // dir deleted on Close/Shutdown, a bootstrapped one-voter cluster, no HTTP
 // server, and set as its rules. It returns once the node leads and serves,
-// with the gRPC address to give NewClient. reg may be nil.
-func StartDev(ctx context.Context, logger *slog.Logger, set *rules.Set, reg *prometheus.Registry) (*Node, string, error) {
+// with the gRPC address to give NewClient. Its metrics are in
+// Node.Registry.
+func StartDev(ctx context.Context, logger *slog.Logger, set *rules.Set) (*Node, string, error) {
 	if set == nil {
 		return nil, "", fmt.Errorf("%w: StartDev needs a rules set", ErrInvalidConfig)
 	}
@@ -30,7 +29,7 @@ func StartDev(ctx context.Context, logger *slog.Logger, set *rules.Set, reg *pro
 	cfg.HTTPAddr = ""
 	cfg.DataDir = dir
 	cfg.Rules = set
-	n, err := Start(ctx, cfg, logger, reg)
+	n, err := Start(ctx, cfg, logger, nil)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, "", err

@@ -112,6 +112,9 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 		r := results[j]
 		switch {
 		case r.Err == nil:
+			if r.Result.Lease == nil || r.Result.Lease.Quota != p.ops[j].cmd.(lease.Grant).Quota {
+				return nil, n.rpcError(ctx, errSeqReused(req.Seq))
+			}
 			fillGrant(grants[i], r.Result.Lease)
 		case errors.Is(r.Err, lease.ErrStale) && replayed:
 			grants[i].Error = ItemErrRetryGrant
@@ -128,8 +131,17 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 		if r.Err != nil {
 			return nil, n.rpcError(ctx, r.Err)
 		}
+		// A replayed answer is the answer to whatever was sent with that
+		// seq: if the holder reused it for other items, say so rather than
+		// hand out another request's answers.
+		if len(r.Result.Items) != len(renew.Items) {
+			return nil, n.rpcError(ctx, errSeqReused(renew.Seq))
+		}
 		for j, i := range renewItems {
 			ir := r.Result.Items[j]
+			if ir.LeaseID != renew.Items[j].LeaseID || ir.Quota != renew.Items[j].Quota {
+				return nil, n.rpcError(ctx, errSeqReused(renew.Seq))
+			}
 			if ir.Err != nil {
 				grants[i].Error = itemError(ir.Err)
 				continue
@@ -165,6 +177,12 @@ func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest
 		return nil, n.rpcError(ctx, last.Err)
 	}
 	return &rationv1.ReleaseResponse{}, nil
+}
+
+// errSeqReused: the state machine answered from its record for this seq,
+// and the record is of a different request.
+func errSeqReused(seq uint64) error {
+	return fmt.Errorf("%w: seq %d was already used for a different request; sequence numbers must not be reused", lease.ErrStale, seq)
 }
 
 func fillGrant(g *rationv1.Grant, l *lease.Lease) {

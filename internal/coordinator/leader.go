@@ -2,8 +2,10 @@ package coordinator
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -259,16 +261,23 @@ func (n *Node) batch(t *term) {
 	defer close(t.inflight)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	var carry []*proposal // proposals that did not fit the last entry
 	for {
-		var first *proposal
-		select {
-		case first = <-t.queue:
-		case <-t.ctx.Done():
-			n.failQueued(t)
-			return
+		props := carry
+		carry = nil
+		if len(props) == 0 {
+			select {
+			case p := <-t.queue:
+				props = append(props, p)
+			case <-t.ctx.Done():
+				n.failQueued(t)
+				return
+			}
 		}
-		props := []*proposal{first}
-		size := len(first.ops) + len(first.configs)
+		size := 0
+		for _, p := range props {
+			size += len(p.ops) + len(p.configs)
+		}
 	drain:
 		for size < n.cfg.BatchMax {
 			select {
@@ -294,7 +303,8 @@ func (n *Node) batch(t *term) {
 				break drain
 			}
 		}
-		fl := n.build(t, props)
+		fl, rest := n.build(t, props)
+		carry = rest
 		if fl == nil {
 			continue
 		}
@@ -302,9 +312,10 @@ func (n *Node) batch(t *term) {
 			// Leadership ended while batching: do not propose under a term
 			// that is over (the next term starts with its own LeaderElected).
 			t.forget(fl.configured)
-			for _, p := range fl.props {
+			for _, p := range append(fl.props, carry...) {
 				p.done <- proposalResult{err: ErrNotLeader}
 			}
+			carry = nil
 			continue
 		}
 		fl.future = n.raft.Apply(fl.data(), n.cfg.ApplyTimeout)
@@ -312,22 +323,31 @@ func (n *Node) batch(t *term) {
 	}
 }
 
-// build stamps the proposals and lays out one entry. A proposal whose
-// commands cannot be encoded is answered at once and left out.
-func (n *Node) build(t *term, props []*proposal) *entryBuild {
+// maxEntryBytes is a soft bound on one entry: a bigger entry delays every
+// request batched with it (and the heartbeats behind it). One request is
+// never split, so an entry of one large request may exceed it.
+const maxEntryBytes = 1 << 20
+
+// build stamps the proposals and lays out one entry, up to maxEntryBytes;
+// the proposals that do not fit are returned for the next entry. A proposal
+// whose commands cannot be encoded is answered at once and left out.
+func (n *Node) build(t *term, props []*proposal) (*entryBuild, []*proposal) {
 	now := n.stamp(t)
 	b := &entryBuild{inflight: inflight{start: time.Now()}}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, p := range props {
+	for i, p := range props {
 		enc, err := encodeProposal(p, now)
 		if err != nil {
 			p.done <- proposalResult{err: fmt.Errorf("%w: %w", ErrInvalidRequest, err)}
 			continue
 		}
+		var configs []op
+		var added []lease.ConfigureQuota
 		for _, c := range p.configs {
 			want := c.Config()
-			if have, ok := t.configured[c.Quota]; ok && have == want {
+			dup := slices.ContainsFunc(added, func(a lease.ConfigureQuota) bool { return a.Quota == c.Quota })
+			if have, ok := t.configured[c.Quota]; ok && have == want || dup {
 				continue
 			}
 			var cur lease.QuotaConfig
@@ -337,35 +357,53 @@ func (n *Node) build(t *term, props []*proposal) *entryBuild {
 				q, exists = s.Quota(c.Quota)
 				cur = q.QuotaConfig
 			})
-			t.configured[c.Quota] = want
 			if exists && cur == want {
+				t.configured[c.Quota] = want
 				continue
 			}
 			c.Now = now
 			data, err := lease.EncodeCommand(c)
 			if err != nil {
-				n.logger.Error("cannot encode quota configuration from the rules", "quota", c.Quota, "err", err)
-				delete(t.configured, c.Quota)
+				n.logger.Error("cannot encode a quota configuration from the rules", "quota", c.Quota, "err", err)
 				continue
 			}
-			b.ops = append(b.ops, commandOp(data))
+			configs = append(configs, commandOp(data))
+			added = append(added, c)
+		}
+		size := opsSize(enc) + opsSize(configs)
+		if len(b.props) > 0 && b.bytes+size > maxEntryBytes {
+			return b, props[i:]
+		}
+		b.bytes += size
+		for _, c := range added {
+			t.configured[c.Quota] = c.Config()
 			b.configured = append(b.configured, c.Quota)
 		}
+		b.ops = append(b.ops, configs...)
 		b.offsets = append(b.offsets, len(b.ops))
 		b.ops = append(b.ops, enc...)
 		b.props = append(b.props, p)
 		b.commands += len(enc)
 	}
 	if len(b.props) == 0 {
-		return nil
+		return nil, nil
 	}
-	return b
+	return b, nil
+}
+
+func opsSize(ops []op) int {
+	n := 0
+	for _, o := range ops {
+		n += len(o.data) + 1 + binary.MaxVarintLen32
+	}
+	return n
 }
 
 // entryBuild is an inflight entry being laid out.
 type entryBuild struct {
 	inflight
-	ops []op
+	ops   []op
+	bytes int
 }
 
 func (b *entryBuild) data() []byte { return encodeEntry(b.ops) }
