@@ -151,6 +151,7 @@ func (c *Client) do(ctx context.Context, what string, call callFunc) error {
 	}
 	backoff := c.opts.BackoffMin
 	var last error
+	redirected := false
 	for attempt := 1; ; attempt++ {
 		cc, err := c.conn(target)
 		if err != nil {
@@ -175,16 +176,23 @@ func (c *Client) do(ctx context.Context, what string, call callFunc) error {
 		c.opts.Logger.Debug("coordinator call failed, retrying", "call", what, "addr", target,
 			"leader_hint", hint, "attempt", attempt, "err", err)
 		if hint != "" && hint != target {
-			// A new leader to try: go at once, that is what the trailer is for.
+			// A new leader to try: go at once, that is what the trailer is
+			// for; but not twice in a row, so that two nodes naming each
+			// other during an election do not burn the attempts in a spin.
 			target = hint
 			c.setLeader(hint)
-			continue
+			if !redirected {
+				redirected = true
+				continue
+			}
 		}
+		redirected = false
 		if hint == "" {
 			// Nobody knows a leader (an election): try the next member.
 			target = c.rotate(target)
 		}
-		// else the target is the leader but not ready yet: wait and retry it.
+		// else: the target is the leader but not ready yet, or a second
+		// redirect in a row: wait, then try it.
 		pause := backoff/2 + rand.N(backoff/2+1)
 		backoff = min(2*backoff, c.opts.BackoffMax)
 		t := time.NewTimer(pause)
