@@ -8,6 +8,7 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
+command -v jq >/dev/null 2>&1 || need+=(jq) # scripts/bench.sh reads ration-bench JSON
 
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 

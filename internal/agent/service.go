@@ -82,7 +82,7 @@ func New(o Options) (*Service, error) {
 	s.breaker = breaker.New(o.Breaker, func(t breaker.Transition) {
 		if t.To == breaker.Open {
 			s.metrics.breakerOpen.Set(1)
-			s.logger.Warn("store circuit breaker open: decisions stop waiting for the store", "after", t.At.Sub(t.Since).Round(time.Millisecond))
+			s.logger.Warn("store circuit breaker open: decisions stop waiting for the store", "consecutive_failures", o.Breaker.Threshold)
 		} else {
 			s.metrics.breakerOpen.Set(0)
 			s.logger.Info("store circuit breaker closed", "open_for", t.At.Sub(t.Since).Round(time.Millisecond))
