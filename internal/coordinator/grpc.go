@@ -42,12 +42,13 @@ func QuotaID(rule, subject string) string { return rule + "|" + subject }
 // leasesServer serves ration.v1.Leases on the leader.
 //
 // One request maps to several state machine commands, all in one Raft
-// entry: a Grant per item with lease_id 0 (in item order), then one Renew
-// for the other items (or a Release per item). The commands take sequence
-// numbers seq, seq+1, ... in that order, so a request uses at most
-// len(items) numbers and the holder's next request must use a seq of at
-// least seq + len(items). A retry with the same seq and items maps to the
-// same commands; the state machine replays the last one's answer.
+// entry: a Grant per item with lease_id 0 (in item order), numbered seq,
+// seq+1, ..., then one Renew for the other items, numbered after all the
+// grant items; or a Release per item, numbered seq+i. A request thus uses
+// at most len(items) numbers, and the holder's next request must use a seq
+// of at least seq + len(items). Items the coordinator's rules refuse keep
+// their numbers (unused), so a retry with the same seq and items maps to
+// the same commands; the state machine replays the last one's answer.
 type leasesServer struct {
 	rationv1.UnimplementedLeasesServer
 	n *Node
@@ -67,9 +68,17 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	var renew lease.Renew
 	var renewItems []int // request item index of each renew item
 	var grantItems []int // request item index of each grant command
+	// Numbers follow from the request alone (not from which items the
+	// rules accept), so a retry maps to the same numbers even across a
+	// rules reload: the n-th item with lease_id 0 is seq+n, the renewal
+	// comes after all of them.
 	seq := req.Seq
 	for i, it := range req.Items {
 		grants[i] = &rationv1.Grant{Quota: it.Quota, LeaseId: it.LeaseId}
+		grantSeq := seq
+		if it.LeaseId == 0 {
+			seq++
+		}
 		qid, cfg, msg := quotaFor(set, it.Quota, n.cfg)
 		if msg != "" {
 			grants[i].Error = msg
@@ -78,9 +87,8 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 		p.configs = append(p.configs, cfg)
 		if it.LeaseId == 0 {
 			p.ops = append(p.ops, pendingOp{cmd: lease.Grant{
-				Holder: req.Holder, Seq: seq, Quota: qid, Demand: it.Demand,
+				Holder: req.Holder, Seq: grantSeq, Quota: qid, Demand: it.Demand,
 			}})
-			seq++
 			grantItems = append(grantItems, i)
 			continue
 		}
