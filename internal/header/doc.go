@@ -1,6 +1,11 @@
 // Package header owns the HTTP response fields that tell a client about its
 // quota: Retry-After (RFC 9110, whole seconds rounded up) and the IETF
 // draft-ietf-httpapi-ratelimit-headers-11 RateLimit-Policy and RateLimit
-// fields. Every HTTP surface of Ration (the check endpoint, middleware,
-// Envoy headers) sets them through this one package.
+// fields. Every surface of Ration (the check endpoint, the Go middleware,
+// the headers Envoy adds from the rate-limit service) writes them through
+// this one package: Set for one quota on an http.Header, Fields for several
+// quotas as name/value pairs, Unavailable for a 503 from a limiter that could
+// not decide. ParsePolicy and ParseRateLimit read the fields back (RFC 9651
+// lists); tests use them to check every surface, and the draft's own
+// examples check them.
 package header

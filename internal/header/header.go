@@ -46,40 +46,22 @@ func RetryAfter(d time.Duration) string {
 }
 
 // PolicyValue formats one RateLimit-Policy list member: "name";q=100;w=10.
-func PolicyValue(q Quota) string {
-	b := make([]byte, 0, 48)
-	b = appendString(b, q.Policy)
-	b = append(b, ";q="...)
-	b = strconv.AppendInt(b, int64(math.Floor(q.Limit)), 10)
-	if w := q.Window(); w > 0 {
-		b = append(b, ";w="...)
-		b = strconv.AppendInt(b, w, 10)
-	}
-	return string(b)
-}
+func PolicyValue(q Quota) string { return FormatPolicy(q.PolicyItem()) }
 
 // Value formats one RateLimit list member: "name";r=50;t=30, where r is the
 // remaining quota (whole units, rounded down) and t the seconds until it is
 // fully restored (rounded up).
-func Value(q Quota) string {
-	b := make([]byte, 0, 48)
-	b = appendString(b, q.Policy)
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, max(0, int64(math.Floor(q.Remaining))), 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, Seconds(q.Reset), 10)
-	return string(b)
-}
+func Value(q Quota) string { return FormatRateLimit(q.LimitItem()) }
 
 // Set writes RateLimit-Policy and RateLimit, and Retry-After when the quota
 // says a retry can succeed later. It replaces earlier values of these fields.
 func Set(h http.Header, q Quota) {
-	h.Set("RateLimit-Policy", PolicyValue(q))
-	h.Set("RateLimit", Value(q))
+	h.Set(NamePolicy, PolicyValue(q))
+	h.Set(NameRateLimit, Value(q))
 	if ra := RetryAfter(q.RetryAfter); ra != "" {
-		h.Set("Retry-After", ra)
+		h.Set(NameRetryAfter, ra)
 	} else {
-		h.Del("Retry-After")
+		h.Del(NameRetryAfter)
 	}
 }
 
