@@ -6,15 +6,31 @@ import (
 	"time"
 )
 
-// Record is one admitted request.
+// Record is one decision. The checker counts only admitted records.
 type Record struct {
-	At    time.Duration // monotonic, since the recorder's origin
-	Quota string
-	Cost  float64
-	Agent string
+	// At is when the decision was known, on a clock shared by every
+	// recording process of one host (CLOCK_MONOTONIC nanoseconds for the
+	// agents' logs; time since the recorder's origin for a Recorder).
+	At time.Duration
+	// Latency is how long before At the decision started: the charge
+	// happened somewhere in [At - Latency, At]. The checker widens the
+	// bound by Rate x the largest Latency it saw (see Check).
+	Latency time.Duration
+	Agent   string
+	Quota   string // one bucket: the store key of (rule, subject)
+	Cost    float64
+	Allowed bool
+	Path    string // store, leased, fallback
+	Reason  string // ok, over_limit, unavailable, emergency, ...
+	Lease   string // lease id, when known ("" otherwise)
+	// RequestID, when set, names the request across retries: a repeated
+	// admitted id is one admission (the store charged it once).
+	RequestID string
+	// Burst and Rate are the quota's shape as the agent knew it.
+	Burst, Rate float64
 }
 
-// Recorder collects admissions from concurrent goroutines.
+// Recorder collects admissions from concurrent goroutines of one process.
 type Recorder struct {
 	origin time.Time
 	mu     sync.Mutex
@@ -28,7 +44,7 @@ func NewRecorder() *Recorder { return &Recorder{origin: time.Now()} }
 func (r *Recorder) Admit(agent, quota string, cost float64) {
 	at := time.Since(r.origin)
 	r.mu.Lock()
-	r.recs = append(r.recs, Record{At: at, Quota: quota, Cost: cost, Agent: agent})
+	r.recs = append(r.recs, Record{At: at, Quota: quota, Cost: cost, Agent: agent, Allowed: true})
 	r.mu.Unlock()
 }
 
@@ -40,8 +56,21 @@ func (r *Recorder) Records() []Record {
 	r.mu.Lock()
 	out := slices.Clone(r.recs)
 	r.mu.Unlock()
-	slices.SortStableFunc(out, func(a, b Record) int { return int(a.At - b.At) })
+	Sort(out)
 	return out
+}
+
+// Sort orders records by time (stable: equal times keep their order).
+func Sort(recs []Record) {
+	slices.SortStableFunc(recs, func(a, b Record) int {
+		switch {
+		case a.At < b.At:
+			return -1
+		case a.At > b.At:
+			return 1
+		}
+		return 0
+	})
 }
 
 // Report is the checker's verdict on one quota.
@@ -49,27 +78,49 @@ type Report struct {
 	Quota    string
 	Burst    float64
 	Rate     float64
-	Admitted float64 // total cost admitted
+	Admitted float64 // total cost admitted (a repeated request id once)
+	Count    int     // admitted records counted
+	Repeats  int     // admitted records skipped as repeats of a request id
 	// Overshoot is the largest max(level) - Burst over the run (<= 0 when
 	// the bound held), and [From, To] the window where it happened: from
 	// the last time the level was empty to the admission that peaked.
 	Overshoot float64
 	From, To  time.Duration
+	// Slack is Rate x the longest Latency of a counted admission: how much
+	// of Overshoot the uncertainty of the timestamps can explain. A store
+	// charge recorded when its answer arrived may look up to that much
+	// later than it was made.
+	Slack float64
 	// Utilisation is Admitted / (Burst + Rate * span), span being from the
 	// first to the last admission.
 	Utilisation float64
 }
 
-// Check replays the admissions of one quota (records of other quotas are
-// skipped) through a leaky bucket of (burst, rate).
+// Check replays the admissions of one quota (records of other quotas and
+// denials are skipped) through a leaky bucket of (burst, rate):
+//
+//	level = max(0, level - rate*dt) + cost,   overshoot = max(level) - burst
+//
+// An admitted record whose RequestID was already admitted for the quota
+// is a retry answered from the store's record, not a new charge, and is
+// skipped (counted in Repeats).
 func Check(recs []Record, quota string, burst, rate float64) Report {
 	rep := Report{Quota: quota, Burst: burst, Rate: rate, Overshoot: -burst}
 	var level float64
 	var last, emptySince, first time.Duration
+	var maxLat time.Duration
 	seen := false
+	ids := map[string]bool{}
 	for _, r := range recs {
-		if r.Quota != quota {
+		if r.Quota != quota || !r.Allowed {
 			continue
+		}
+		if r.RequestID != "" {
+			if ids[r.RequestID] {
+				rep.Repeats++
+				continue
+			}
+			ids[r.RequestID] = true
 		}
 		if !seen {
 			seen, first, last, emptySince = true, r.At, r.At, r.At
@@ -83,14 +134,73 @@ func Check(recs []Record, quota string, burst, rate float64) Report {
 		last = r.At
 		level += r.Cost
 		rep.Admitted += r.Cost
+		rep.Count++
+		maxLat = max(maxLat, r.Latency)
 		if o := level - burst; o > rep.Overshoot {
 			rep.Overshoot, rep.From, rep.To = o, emptySince, r.At
 		}
 	}
+	rep.Slack = rate * maxLat.Seconds()
 	if seen {
 		if allowed := burst + rate*(last-first).Seconds(); allowed > 0 {
 			rep.Utilisation = rep.Admitted / allowed
 		}
 	}
 	return rep
+}
+
+// Quota is a quota's shape as recorded with its admissions.
+type Quota struct {
+	Name        string
+	Burst, Rate float64
+}
+
+// Quotas lists the quotas in recs, with the shape of their first record,
+// sorted by name.
+func Quotas(recs []Record) []Quota {
+	seen := map[string]bool{}
+	var out []Quota
+	for _, r := range recs {
+		if !seen[r.Quota] {
+			seen[r.Quota] = true
+			out = append(out, Quota{Name: r.Quota, Burst: r.Burst, Rate: r.Rate})
+		}
+	}
+	slices.SortFunc(out, func(a, b Quota) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// CheckAll checks every quota in recs (sorted by time) against the shape
+// recorded with it.
+func CheckAll(recs []Record) []Report {
+	var out []Report
+	for _, q := range Quotas(recs) {
+		out = append(out, Check(recs, q.Name, q.Burst, q.Rate))
+	}
+	return out
+}
+
+// Verdict is a report judged against a bound: the overshoot a scenario's
+// failure model allows, in tokens (0 for leased quotas and fail_closed).
+type Verdict struct {
+	Report
+	Bound float64
+	Pass  bool
+}
+
+// Tolerance absorbs float rounding in the replay.
+const Tolerance = 1e-6
+
+// Judge passes a report when its overshoot is within bound plus the
+// timestamp slack.
+func Judge(rep Report, bound float64) Verdict {
+	return Verdict{Report: rep, Bound: bound, Pass: rep.Overshoot <= bound+rep.Slack+Tolerance}
 }

@@ -53,7 +53,7 @@ func TestCheck(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rep := Check(tt.recs, "", tt.burst, tt.rate)
+			rep := Check(allowed(tt.recs), "", tt.burst, tt.rate)
 			if math.Abs(rep.Overshoot-tt.overshoot) > 1e-9 {
 				t.Fatalf("Overshoot = %v, want %v (report %+v)", rep.Overshoot, tt.overshoot, rep)
 			}
@@ -76,4 +76,12 @@ func TestUtilisationAndRecorder(t *testing.T) {
 	if rep.Admitted != 10 || rep.Utilisation != 1 || rep.Overshoot != 0 {
 		t.Fatalf("report = %+v, want admitted 10, utilisation 1, overshoot 0", rep)
 	}
+}
+
+// allowed marks hand-made records as admissions.
+func allowed(recs []Record) []Record {
+	for i := range recs {
+		recs[i].Allowed = true
+	}
+	return recs
 }

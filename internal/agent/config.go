@@ -29,6 +29,7 @@ type Config struct {
 	Breaker         breaker.Config
 	ShutdownTimeout time.Duration // -shutdown-timeout, RATION_SHUTDOWN_TIMEOUT
 	LogLevel        string        // -log-level, RATION_LOG_LEVEL
+	Record          string        // -record, RATION_RECORD: admission log file (off when empty)
 	Dev             bool          // -dev: in-memory store, embedded sample rules
 	Validate        bool          // -validate: check the rules file and exit
 }
@@ -83,6 +84,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	dur(&c.Breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", "pause between store probes while the breaker is open")
 	dur(&c.ShutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", "graceful shutdown limit")
 	str(&c.LogLevel, "log-level", "LOG_LEVEL", "debug, info, warn or error")
+	str(&c.Record, "record", "RECORD", "append every decision to this admission log (for cmd/ration-check); off when empty")
 	fs.BoolVar(&c.Dev, "dev", c.Dev, "development mode: in-memory store and sample rules, no other process needed")
 	fs.BoolVar(&c.Validate, "validate", c.Validate, "check the -rules file, print every problem and exit (non-zero if invalid)")
 }
@@ -128,6 +130,7 @@ func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
 	dur(&c.Breaker.ProbeInterval, "BREAKER_PROBE_INTERVAL")
 	dur(&c.ShutdownTimeout, "SHUTDOWN_TIMEOUT")
 	str(&c.LogLevel, "LOG_LEVEL")
+	str(&c.Record, "RECORD")
 	boolean(&c.Dev, "DEV")
 	if v, ok := lookup(envPrefix + "BREAKER_THRESHOLD"); ok {
 		n, err := strconv.Atoi(v)

@@ -132,6 +132,10 @@ func (s *Service) Decide(ctx context.Context, req Request) (Response, error) {
 // out in one pipelined round trip. out and errs must be as long as reqs.
 func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Response, errs []error) {
 	start := time.Now()
+	var recStart int64
+	if s.rec != nil {
+		recStart = monoNow()
+	}
 	set := s.rules.Current()
 	items := make([]item, len(reqs))
 	steps := make([]step, 0, len(reqs))
@@ -162,6 +166,9 @@ func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Respons
 			continue
 		}
 		out[i] = s.combine(steps[it.first : it.first+it.n])
+	}
+	if s.rec != nil {
+		s.rec.batch(recStart, steps, out)
 	}
 	s.refund(ctx, steps, out)
 	s.observe(steps, out, errs, time.Since(start))

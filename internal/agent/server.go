@@ -134,6 +134,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		return nil, err
 	}
 	s.Service = svc
+	if cfg.Record != "" {
+		stop, err := svc.StartRecording(cfg.Record, cfg.AgentID)
+		if err != nil {
+			return nil, err
+		}
+		s.closeFns = append(s.closeFns, func() { _ = stop() })
+	}
 	if cfg.RulesFile != "" {
 		// Decisions read the watcher's current set from here on.
 		s.watcher = rules.NewWatcher(cfg.RulesFile, set, logger, cfg.ReloadInterval,

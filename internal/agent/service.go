@@ -47,6 +47,7 @@ type Service struct {
 	metrics  *metrics
 	breaker  *breaker.Breaker
 	fallback *fallback
+	rec      *recorder // nil unless recording (-record)
 }
 
 // New builds a Service. It does not contact the store; see Probe.

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ration-dev/ration/internal/admission"
+)
+
+// recorder writes every decision to the admission log (-record FILE) in the
+// format of internal/admission (AppendLine), for the overshoot checker
+// (cmd/ration-check) and the chaos suite. It is off unless -record is set.
+//
+// Cost: one clock read at the start of a batch and one after it, the lines
+// formatted into a pooled buffer, and ONE write(2) per batch under a mutex.
+// Nothing is held in user space between batches, so a SIGKILLed agent loses
+// no decision it answered: each batch is in the page cache before its
+// answers leave DecideBatch.
+//
+// Timestamps are CLOCK_MONOTONIC nanoseconds (monoNow), which every process
+// of one host shares, so the logs of several agents merge into one history.
+type recorder struct {
+	agent string
+	mu    sync.Mutex
+	f     *os.File
+	bufs  sync.Pool
+	fails atomic.Int64 // writes that failed (counted, logged at close)
+}
+
+func openRecorder(path, agent string) (*recorder, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("agent: -record: %w", err)
+	}
+	r := &recorder{agent: agent, f: f}
+	r.bufs.New = func() any { b := make([]byte, 0, 4096); return &b }
+	return r, nil
+}
+
+// batch logs one batch's decisions: one line per step (a request matching
+// two rules charges two quotas), each with its request's final verdict,
+// since a step of a denied request is refunded.
+func (r *recorder) batch(start int64, steps []step, out []Response) {
+	if len(steps) == 0 {
+		return
+	}
+	end := monoNow()
+	bp := r.bufs.Get().(*[]byte)
+	buf := (*bp)[:0]
+	for i := range steps {
+		st := &steps[i]
+		rec := admission.Record{
+			At:        time.Duration(end),
+			Latency:   time.Duration(end - start),
+			Agent:     r.agent,
+			Quota:     recordQuota(st),
+			Cost:      st.req.Cost,
+			Allowed:   out[st.item].Allowed,
+			Path:      st.path.String(),
+			Reason:    st.reason.String(),
+			RequestID: st.req.RequestID,
+			Burst:     st.rule.Burst,
+			Rate:      st.rule.Rate,
+		}
+		buf = admission.AppendLine(buf, &rec)
+	}
+	r.mu.Lock()
+	_, err := r.f.Write(buf)
+	r.mu.Unlock()
+	if err != nil {
+		r.fails.Add(1)
+	}
+	*bp = buf
+	r.bufs.Put(bp)
+}
+
+// recordQuota is the quota a step charges: the rule's bucket for its subject
+// (an emergency step charges a local bucket, but records the quota it
+// stands in for).
+func recordQuota(st *step) string { return st.rule.Name + "|" + st.subject }
+
+func (r *recorder) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err := r.f.Close()
+	if n := r.fails.Load(); n > 0 && err == nil {
+		err = fmt.Errorf("agent: -record: %d batch writes failed", n)
+	}
+	return err
+}
+
+// StartRecording makes the service log every decision to path (appending).
+// Call it before the service answers its first request.
+func (s *Service) StartRecording(path, agentID string) (stop func() error, err error) {
+	r, err := openRecorder(path, agentID)
+	if err != nil {
+		return nil, err
+	}
+	s.rec = r
+	return r.close, nil
+}

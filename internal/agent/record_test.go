@@ -1,0 +1,70 @@
+package agent_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// Every decision of a batch lands in the log, with its final verdict, and
+// the checker reads it back.
+func TestRecording(t *testing.T) {
+	set, err := rules.Parse("record.yaml", []byte(`
+rules:
+  - name: r
+    match: {user: "*"}
+    burst: 2
+    rate: 0
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := agent.New(agent.Options{Rules: agent.StaticRules{Set: set}, Store: bucket.NewMemoryStore(nil), DecisionTimeout: 50e6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "adm.log")
+	stop, err := svc.StartRecording(path, "agent-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []agent.Request{
+		{Rule: "r", Subject: "alice", RequestID: "a"},
+		{Rule: "r", Subject: "alice", RequestID: "b"},
+		{Rule: "r", Subject: "alice", RequestID: "c"},
+	}
+	out := make([]agent.Response, len(reqs))
+	errs := make([]error, len(reqs))
+	svc.DecideBatch(context.Background(), reqs, out, errs)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := admission.Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 3 {
+		t.Fatalf("recorded %d decisions, want 3: %+v", len(recs), recs)
+	}
+	for i, r := range recs {
+		if r.Agent != "agent-1" || r.Quota != "r|alice" || r.Allowed != out[i].Allowed || r.RequestID != reqs[i].RequestID ||
+			r.Burst != 2 || r.Path != "store" || r.At <= 0 {
+			t.Errorf("record %d = %+v, want agent-1 r|alice allowed=%v path store", i, r, out[i].Allowed)
+		}
+	}
+	reps := admission.CheckAll(recs)
+	if len(reps) != 1 || reps[0].Admitted != 2 || reps[0].Overshoot != 0 {
+		t.Fatalf("CheckAll = %+v, want 2 admitted at overshoot 0", reps)
+	}
+}
