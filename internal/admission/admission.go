@@ -1,7 +1,9 @@
 package admission
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -203,4 +205,22 @@ const Tolerance = 1e-6
 // timestamp slack.
 func Judge(rep Report, bound float64) Verdict {
 	return Verdict{Report: rep, Bound: bound, Pass: rep.Overshoot <= bound+rep.Slack+Tolerance}
+}
+
+// Table formats verdicts, one row per quota, for people. Overshoot is shown
+// clamped at 0 (a quota that never filled its burst shows 0).
+func Table(vs []Verdict) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-32s %8s %8s %9s %10s %8s %9s %8s %6s  %s\n",
+		"quota", "burst", "rate", "admitted", "overshoot", "slack", "bound", "util", "pass", "window")
+	for _, v := range vs {
+		pass := "ok"
+		if !v.Pass {
+			pass = "FAIL"
+		}
+		fmt.Fprintf(&b, "%-32s %8g %8g %9.6g %10.3f %8.3f %9.6g %8.3f %6s  [%v, %v]\n",
+			v.Quota, v.Burst, v.Rate, v.Admitted, max(v.Overshoot, 0), v.Slack, v.Bound, v.Utilisation, pass,
+			v.From, v.To)
+	}
+	return b.String()
 }
