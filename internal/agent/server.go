@@ -164,6 +164,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	}
 	s.grpc = grpc.NewServer()
 	rationv1.RegisterRateLimiterServer(s.grpc, &grpcServer{svc: svc})
+	registerEnvoy(s.grpc, svc) // envoy.service.ratelimit.v3.RateLimitService (envoy.go)
 	// The standard health service lets gRPC load balancers and probes check
 	// the agent, and its Check is the cheapest unary call there is: the
 	// benchmark floor of any unary decision.

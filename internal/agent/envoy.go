@@ -1,0 +1,275 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ration-dev/ration/internal/header"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// EnvoyDomainKey is the descriptor key under which the domain of an Envoy
+// rate-limit request reaches the rules: a rule naming it (domain: edge)
+// applies to that domain only, a rule not naming it to every domain.
+const EnvoyDomainKey = "domain"
+
+// MaxEnvoyDescriptors bounds the descriptors of one Envoy request.
+const MaxEnvoyDescriptors = rules.MaxDescriptors
+
+// envoyServer serves envoy.service.ratelimit.v3.RateLimitService on the
+// agent's gRPC listener, so Envoy's HTTP rate-limit filter (and Istio,
+// Contour, Gloo, Emissary...) use the agent unchanged.
+//
+// Mapping (docs/integrations/envoy.md says the same for operators):
+//   - Each RateLimitDescriptor is one Ration request: its entries are the
+//     descriptors map, plus EnvoyDomainKey set to the request's domain.
+//     A key given twice with different values, or a domain entry that
+//     differs from the domain, is an invalid request.
+//   - Cost is the descriptor's hits_addend when set and positive, else the
+//     request's hits_addend when positive, else 1.
+//   - All descriptors are decided together in one store round trip. The
+//     request is over limit if any descriptor is; then nothing is charged
+//     anywhere (tokens taken for the others are refunded), as for a request
+//     matching several rules.
+//   - A descriptor denied only because the store is unreachable under a
+//     fail_closed rule makes the call fail with UNAVAILABLE, unless another
+//     descriptor is over limit (429 outranks 503). Envoy then applies its
+//     filter's failure_mode_deny, exactly as when the agent is unreachable.
+//   - Invalid input (no descriptors, bad keys or values, cost above burst,
+//     limit overrides, negative hits) answers INVALID_ARGUMENT and touches
+//     no bucket.
+type envoyServer struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	svc *Service
+}
+
+var _ rlsv3.RateLimitServiceServer = (*envoyServer)(nil)
+
+// registerEnvoy adds the Envoy rate-limit service to the agent's gRPC server.
+func registerEnvoy(g *grpc.Server, svc *Service) {
+	rlsv3.RegisterRateLimitServiceServer(g, &envoyServer{svc: svc})
+}
+
+// ShouldRateLimit decides every descriptor of one Envoy request.
+func (e *envoyServer) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	reqs, err := fromEnvoy(r)
+	if err != nil {
+		e.svc.metrics.invalid.Inc()
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	out := make([]Response, len(reqs))
+	if err := e.svc.decideAll(ctx, reqs, out); err != nil {
+		return nil, grpcError(err)
+	}
+	return toEnvoy(out)
+}
+
+// fromEnvoy turns an Envoy request into one Request per descriptor.
+func fromEnvoy(r *rlsv3.RateLimitRequest) ([]Request, error) {
+	ds := r.GetDescriptors()
+	switch {
+	case len(ds) == 0:
+		return nil, fmt.Errorf("%w: no descriptors", ErrInvalidRequest)
+	case len(ds) > MaxEnvoyDescriptors:
+		return nil, fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalidRequest, len(ds), MaxEnvoyDescriptors)
+	}
+	domain := r.GetDomain()
+	reqs := make([]Request, len(ds))
+	for i, d := range ds {
+		if d.GetLimit() != nil {
+			return nil, fmt.Errorf("%w: descriptor %d: limit overrides are not supported: limits come from the agent's rules file", ErrInvalidRequest, i)
+		}
+		if d.GetIsNegativeHits() {
+			return nil, fmt.Errorf("%w: descriptor %d: is_negative_hits is not supported", ErrInvalidRequest, i)
+		}
+		m := make(map[string]string, len(d.GetEntries())+1)
+		if domain != "" {
+			m[EnvoyDomainKey] = domain
+		}
+		for _, en := range d.GetEntries() {
+			k, v := en.GetKey(), en.GetValue()
+			if old, dup := m[k]; dup && old != v {
+				if k == EnvoyDomainKey && old == domain {
+					return nil, fmt.Errorf("%w: descriptor %d: entry %q = %q conflicts with the request's domain %q (the domain is passed as descriptor %q; rename the entry's descriptor_key)",
+						ErrInvalidRequest, i, k, truncate(v), truncate(domain), EnvoyDomainKey)
+				}
+				return nil, fmt.Errorf("%w: descriptor %d: key %q given twice with different values (give each Envoy action its own descriptor_key)", ErrInvalidRequest, i, truncate(k))
+			}
+			m[k] = v
+		}
+		cost := 1.0
+		switch {
+		case d.GetHitsAddend() != nil && d.GetHitsAddend().GetValue() > 0:
+			cost = float64(d.GetHitsAddend().GetValue())
+		case r.GetHitsAddend() > 0:
+			cost = float64(r.GetHitsAddend())
+		}
+		reqs[i] = Request{Descriptors: m, Cost: cost}
+	}
+	return reqs, nil
+}
+
+// toEnvoy builds the answer: per-descriptor statuses, the overall code, and
+// the RateLimit-Policy, RateLimit and (when over limit) Retry-After fields
+// for Envoy to add to the client's response.
+func toEnvoy(out []Response) (*rlsv3.RateLimitResponse, error) {
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(out)),
+	}
+	overLimit, unavailable := -1, -1
+	for i, o := range out {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		if !o.Allowed {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			if CheckStatus(o) == 503 {
+				if unavailable < 0 {
+					unavailable = i
+				}
+			} else if overLimit < 0 {
+				overLimit = i
+			}
+		}
+		if o.Rule != "" {
+			st.CurrentLimit = envoyLimit(o)
+			st.LimitRemaining = uint32(min(floorInt(o.Remaining), math.MaxUint32))
+			st.DurationUntilReset = durationpb.New(o.Reset)
+		}
+		resp.Statuses[i] = st
+	}
+	if overLimit < 0 && unavailable >= 0 {
+		o := out[unavailable]
+		return nil, status.Errorf(codes.Unavailable,
+			"ration: descriptor %d: rule %s cannot be decided (limiter store unreachable) and fails closed", unavailable, o.Rule)
+	}
+	var retryAfter time.Duration
+	if overLimit >= 0 {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		retryAfter = envoyRetryAfter(out)
+	}
+	for _, f := range header.Fields(retryAfter, envoyQuotas(out)...) {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: f.Name, Value: f.Value})
+	}
+	return resp, nil
+}
+
+// envoyLimit describes a rule the way Envoy's DescriptorStatus does: burst
+// B per window of B/r seconds (the draft's w), the closest reading of a
+// token bucket as "requests per unit". A rule of rate 0 has no window and
+// reports unit UNKNOWN.
+func envoyLimit(o Response) *rlsv3.RateLimitResponse_RateLimit {
+	q := quotaOf(o)
+	l := &rlsv3.RateLimitResponse_RateLimit{
+		Name:            o.Rule,
+		RequestsPerUnit: uint32(min(floorInt(o.Limit), math.MaxUint32)),
+	}
+	if w := q.Window(); w > 0 {
+		l.Unit = rlsv3.RateLimitResponse_RateLimit_SECOND
+		l.UnitMultiplier = wrapperspb.UInt32(uint32(min(w, math.MaxUint32)))
+	}
+	return l
+}
+
+func quotaOf(o Response) header.Quota {
+	return header.Quota{Policy: o.Rule, Limit: o.Limit, Rate: o.Rate, Remaining: o.Remaining, Reset: o.Reset, RetryAfter: o.RetryAfter}
+}
+
+// envoyQuotas lists one quota per deciding rule, in descriptor order: for a
+// rule deciding several descriptors, a denying one over an admitting one,
+// else the one with the least left.
+func envoyQuotas(out []Response) []header.Quota {
+	qs := make([]header.Quota, 0, len(out))
+	pick := make([]Response, 0, len(out))
+	for _, o := range out {
+		if o.Rule == "" {
+			continue
+		}
+		j := -1
+		for k := range pick {
+			if pick[k].Rule == o.Rule {
+				j = k
+				break
+			}
+		}
+		switch {
+		case j < 0:
+			pick = append(pick, o)
+		case pick[j].Allowed && !o.Allowed,
+			pick[j].Allowed == o.Allowed && o.Remaining < pick[j].Remaining:
+			pick[j] = o
+		}
+	}
+	for _, o := range pick {
+		qs = append(qs, quotaOf(o))
+	}
+	return qs
+}
+
+// envoyRetryAfter is when every denying descriptor could admit again: the
+// longest wait, or none when some denial no wait can lift (rate 0).
+func envoyRetryAfter(out []Response) time.Duration {
+	var d time.Duration
+	for _, o := range out {
+		if o.Allowed {
+			continue
+		}
+		if o.RetryAfter <= 0 {
+			return 0
+		}
+		d = max(d, o.RetryAfter)
+	}
+	return d
+}
+
+// decideAll decides requests that stand or fall together (the descriptors
+// of one Envoy request): one store round trip for all their charges; if any
+// is denied, every token any of them took is refunded, so a rejected request
+// costs nothing. An invalid request fails the whole call before any bucket
+// is touched. out must be as long as reqs.
+func (s *Service) decideAll(ctx context.Context, reqs []Request, out []Response) error {
+	start := time.Now()
+	set := s.rules.Current()
+	items := make([]item, len(reqs))
+	steps := make([]step, 0, len(reqs))
+	var matches []rules.Match
+	for i := range reqs {
+		items[i].first = len(steps)
+		var err error
+		matches, err = s.match(set, &reqs[i], matches[:0])
+		if err == nil {
+			steps, err = s.prepare(steps, matches, &reqs[i], i)
+		}
+		if err != nil {
+			s.metrics.invalid.Inc()
+			return fmt.Errorf("descriptor %d: %w", i, err)
+		}
+		items[i].n = len(steps) - items[i].first
+	}
+
+	s.charge(ctx, steps)
+
+	denied := false
+	for i := range items {
+		it := &items[i]
+		out[i] = s.combine(steps[it.first : it.first+it.n])
+		denied = denied || !out[i].Allowed
+	}
+	if denied {
+		// refund gives back the charges of requests marked denied: mark
+		// them all.
+		all := make([]Response, len(out))
+		s.refund(ctx, steps, all)
+	}
+	s.observe(steps, out, make([]error, len(out)), time.Since(start))
+	return nil
+}
