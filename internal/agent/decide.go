@@ -252,11 +252,14 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 	if nStore > 0 {
 		s.chargeStore(ctx, steps, nStore)
 	}
-	now := time.Now()
+	var now time.Time
 	for i := range steps {
 		st := &steps[i]
 		if st.path != pathFallback {
 			continue
+		}
+		if now.IsZero() {
+			now = time.Now()
 		}
 		// An emergency allowance is measured from the start of the outage
 		// of the dependency this rule uses.
@@ -288,7 +291,7 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 		for i := range steps {
 			if st := &steps[i]; st.path == pathRedis {
 				res, err := s.store.Take(ctx, st.req)
-				s.storeResult(st, res, err)
+				s.storeResult(st, res, err, time.Now())
 				return
 			}
 		}
@@ -301,17 +304,17 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 	}
 	outs := make([]bucket.Outcome, n)
 	s.store.TakeBatch(ctx, reqs, outs)
+	now := time.Now()
 	j := 0
 	for i := range steps {
 		if steps[i].path == pathRedis {
-			s.storeResult(&steps[i], outs[j].Result, outs[j].Err)
+			s.storeResult(&steps[i], outs[j].Result, outs[j].Err, now)
 			j++
 		}
 	}
 }
 
-func (s *Service) storeResult(st *step, res bucket.Result, err error) {
-	now := time.Now()
+func (s *Service) storeResult(st *step, res bucket.Result, err error, now time.Time) {
 	if err != nil {
 		// Validation happened before I/O, so any error here is the store's:
 		// the outcome is uncertain and the rule's policy decides.

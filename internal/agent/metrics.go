@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -8,6 +10,7 @@ import (
 // come from the rules file (at most rules.MaxRules), never subjects.
 type metrics struct {
 	decisions            *prometheus.CounterVec // rule, path, result, reason
+	decisionCache        sync.Map               // decisionKey -> prometheus.Counter
 	noRule               prometheus.Counter
 	invalid              prometheus.Counter
 	duration             *prometheus.HistogramVec // path
@@ -88,3 +91,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.rulesLoaded, m.rulesReloads, m.redisEvictionSafe)
 	return m
 }
+
+type decisionKey struct {
+	rule    string
+	path    path
+	allowed bool
+	reason  Reason
+}
+
+// decision returns the decisions counter of one combination, cached: the
+// label hashing of WithLabelValues would otherwise run for every rule of
+// every request. The cache is bounded by rules x paths x reasons.
+func (m *metrics) decision(rule string, p path, allowed bool, r Reason) prometheus.Counter {
+	k := decisionKey{rule, p, allowed, r}
+	if c, ok := m.decisionCache.Load(k); ok {
+		return c.(prometheus.Counter)
+	}
+	result := "denied"
+	if allowed {
+		result = "allowed"
+	}
+	c := m.decisions.WithLabelValues(rule, p.String(), result, r.String())
+	m.decisionCache.Store(k, c)
+	return c
+}
+
+// forgetRules drops cached counters (after a reload, so removed rules'
+// series are not kept alive by the cache).
+func (m *metrics) forgetRules() { m.decisionCache.Clear() }

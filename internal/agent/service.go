@@ -96,6 +96,7 @@ func New(o Options) (*Service, error) {
 // RulesChanged updates what is derived from the rules (metrics of the
 // bounds in force). Call it after a reload.
 func (s *Service) RulesChanged(set *rules.Set) {
+	s.metrics.forgetRules()
 	s.metrics.overshootBound.Reset()
 	for _, r := range set.Rules() {
 		s.metrics.overshootBound.WithLabelValues(r.Name).Set(OvershootBound(r))
@@ -156,11 +157,7 @@ func (s *Service) observe(steps []step, out []Response, errs []error, d time.Dur
 	slowest := pathNone
 	for i := range steps {
 		st := &steps[i]
-		result := "denied"
-		if st.allowed {
-			result = "allowed"
-		}
-		s.metrics.decisions.WithLabelValues(st.rule.Name, st.path.String(), result, st.reason.String()).Inc()
+		s.metrics.decision(st.rule.Name, st.path, st.allowed, st.reason).Inc()
 		if st.path == pathRedis || slowest == pathNone {
 			slowest = st.path
 		}
