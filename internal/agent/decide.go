@@ -211,9 +211,15 @@ func (s *Service) match(set *rules.Set, req *Request, buf []rules.Match) ([]rule
 // so that a request that cannot succeed touches no bucket.
 func (s *Service) prepare(steps []step, matches []rules.Match, req *Request, idx int) ([]step, error) {
 	for _, m := range matches {
+		// A scope: global redis rule's bucket in this region is the
+		// region's weighted share.
+		limit, ok := m.Rule.Limit(s.cfg.Region)
+		if !ok {
+			return steps, fmt.Errorf("%w: rule %s is scope: global and has no share for region %q", ErrInvalidRequest, m.Rule.Name, s.cfg.Region)
+		}
 		br := bucket.Request{
 			Key:       bucket.Key(m.Rule.Name, m.Subject),
-			Limit:     bucket.Limit{Burst: m.Rule.Burst, Rate: m.Rule.Rate},
+			Limit:     limit,
 			Cost:      req.Cost,
 			RequestID: req.RequestID,
 		}

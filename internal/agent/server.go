@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"github.com/ration-dev/ration/internal/region"
+
 	"context"
 	_ "embed"
 	"errors"
@@ -117,6 +119,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	if err != nil {
 		return nil, err
 	}
+	if err := set.CheckRegion(region.ID(cfg.Region)); err != nil {
+		return nil, fmt.Errorf("agent: -region %s: %w", cfg.Region, err)
+	}
 	store, err := s.openStore(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -128,7 +133,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	}
 	svc, err := New(Options{
 		Rules: StaticRules{Set: set}, Store: store, Leases: leases, Registry: s.Registry, Logger: logger,
-		DecisionTimeout: cfg.DecisionTimeout, Breaker: cfg.Breaker,
+		DecisionTimeout: cfg.DecisionTimeout, Breaker: cfg.Breaker, Region: region.ID(cfg.Region),
 	})
 	if err != nil {
 		return nil, err

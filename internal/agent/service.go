@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"github.com/ration-dev/ration/internal/region"
+
 	"context"
 	"errors"
 	"log/slog"
@@ -35,6 +37,9 @@ type Options struct {
 	// DecisionTimeout bounds every store call of one decision.
 	DecisionTimeout time.Duration
 	Breaker         breaker.Config
+	// Region is where the agent runs: it picks the region's share of
+	// scope: global, mode: redis rules.
+	Region region.ID
 }
 
 // Service decides requests. It is safe for concurrent use.

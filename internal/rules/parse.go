@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ration-dev/ration/internal/region"
 )
 
 const (
@@ -477,7 +479,7 @@ func (p *parser) enum(v *yaml.Node, field string, names []string) (int, bool) {
 
 var emergencyFields = []string{"burst", "rate", "max_duration"}
 
-var ruleFields = []string{"name", "match", "burst", "rate", "mode", "on_failure", "emergency", "shadow", "lease"}
+var ruleFields = []string{"name", "match", "burst", "rate", "mode", "on_failure", "emergency", "shadow", "lease", "scope", "regions", "allow_overshoot"}
 
 // rule parses rules[i]. It returns nil only when the item is not a mapping.
 func (p *parser) rule(i int, n *yaml.Node) *ruleSrc {
@@ -520,6 +522,15 @@ func (p *parser) rule(i int, n *yaml.Node) *ruleSrc {
 		case "lease":
 			src.pos[name] = k
 			ok = p.lease(src, v)
+		case "scope":
+			var sc int
+			sc, ok = p.enum(v, f, region.ScopeNames)
+			r.Scope = region.Scope(sc)
+		case "regions":
+			src.pos[name] = k
+			ok = p.regions(src, v)
+		case "allow_overshoot":
+			r.AllowOvershoot, ok = p.boolean(v, f)
 		}
 		if !ok {
 			src.bad[name] = true
@@ -691,4 +702,64 @@ func (p *parser) lease(src *ruleSrc, v *yaml.Node) bool {
 			src.bad[rel] = true
 		}
 	})
+}
+
+var regionFields = []string{"weight", "safe_share"}
+
+// regions parses regions: {ID: {weight: W, safe_share: S}, ...}. weight
+// defaults to 1, safe_share to 0.
+func (p *parser) regions(src *ruleSrc, v *yaml.Node) bool {
+	field := src.field + ".regions"
+	if v.Kind != yaml.MappingNode {
+		p.at(v, field, "must be a mapping of region names to {weight, safe_share}, got %s", describe(v))
+		return false
+	}
+	if n := len(v.Content) / 2; n > region.MaxRegions {
+		p.at(v, field, "has %d regions, at most %d", n, region.MaxRegions)
+		return false
+	}
+	if !p.visit(v, len(v.Content)/2) {
+		return false
+	}
+	src.rule.Regions = make(map[region.ID]region.Weight, len(v.Content)/2)
+	ok := true
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		kn, vn := deref(v.Content[i]), deref(v.Content[i+1])
+		k, kok := p.key(kn, field)
+		if !kok {
+			ok = false
+			continue
+		}
+		id := region.ID(k)
+		rel := "regions." + k
+		if id.Check() != "" {
+			rel = "regions[" + strconv.Quote(k) + "]"
+		}
+		if _, dup := src.rule.Regions[id]; dup {
+			p.at(kn, src.field+"."+rel, "region set twice (first at line %d)", src.pos[rel].Line)
+			ok = false
+			continue
+		}
+		src.pos[rel] = kn
+		w := region.Weight{Weight: 1}
+		if vn.Kind == yaml.ScalarNode && vn.ShortTag() == "!!null" {
+			src.rule.Regions[id] = w // "eu:" alone: weight 1, no safe share
+			continue
+		}
+		p.fields(vn, src.field+"."+rel, "a region", regionFields, func(name string, _, fv *yaml.Node) {
+			src.pos[rel+"."+name] = fv
+			var fok bool
+			switch name {
+			case "weight":
+				w.Weight, fok = p.number(fv, src.field+"."+rel+"."+name)
+			case "safe_share":
+				w.SafeShare, fok = p.rate(fv, src.field+"."+rel+"."+name)
+			}
+			if !fok {
+				src.bad[rel+"."+name] = true
+			}
+		})
+		src.rule.Regions[id] = w
+	}
+	return ok
 }

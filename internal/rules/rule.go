@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/region"
 )
 
 // Limits on a rules file and on request descriptors. They bound memory and
@@ -112,6 +113,15 @@ type Rule struct {
 	// Lease is set iff Mode is ModeLeased (Period defaults to
 	// DefaultLeasePeriod).
 	Lease Lease
+	// Scope is how far the rule's number reaches (region.ScopeRegion by
+	// default). Regions is set iff Scope is region.ScopeGlobal: each
+	// region's weight, and with mode leased its safe share.
+	Scope   region.Scope
+	Regions map[region.ID]region.Weight
+	// AllowOvershoot accepts safe shares that sum above the rate: cut off
+	// from the global group, the regions may then admit more than the rule
+	// (by region.Overshoot). Only with scope global, mode leased.
+	AllowOvershoot bool
 	// Line is where the rule starts in its file.
 	Line int
 
@@ -122,6 +132,19 @@ type Rule struct {
 	wild    []bool   // per key: "*"
 	prefix  []string // per wildcard key: escaped "k=", with a leading "," after the first
 	subjLen int      // sum of prefix lengths
+	// shares is each region's part of a scope: global, mode: redis rule.
+	shares map[region.ID]bucket.Limit
+}
+
+// Limit is the bucket the rule has in region id: the whole rule, except
+// for scope: global, mode: redis, where it is the region's weighted share.
+// ok is false when the rule is global and id is not one of its regions.
+func (r *Rule) Limit(id region.ID) (l bucket.Limit, ok bool) {
+	if r.Scope != region.ScopeGlobal || r.Mode != ModeRedis {
+		return bucket.Limit{Burst: r.Burst, Rate: r.Rate}, true
+	}
+	l, ok = r.shares[id]
+	return l, ok
 }
 
 // fieldProblem is a validation failure of one field, relative to its rule
@@ -211,7 +234,91 @@ func (r *Rule) validate() []fieldProblem {
 	} else if r.Lease != (Lease{}) {
 		add("lease", "is set, but mode is %v: it would never be used; remove it or set mode: leased", r.Mode)
 	}
+	ps = append(ps, r.validateScope()...)
 	return ps
+}
+
+// validateScope checks scope, regions and allow_overshoot.
+func (r *Rule) validateScope() []fieldProblem {
+	var ps []fieldProblem
+	add := func(field, format string, args ...any) {
+		ps = append(ps, fieldProblem{field, fmt.Sprintf(format, args...)})
+	}
+	switch r.Scope {
+	case region.ScopeRegion:
+		if len(r.Regions) > 0 {
+			add("regions", "is set, but scope is region: it would never be used; remove it or set scope: global")
+		}
+		if r.AllowOvershoot {
+			add("allow_overshoot", "is set, but scope is region: it would never be used")
+		}
+		return ps
+	case region.ScopeGlobal:
+	default:
+		add("scope", "%v is not one of %s", r.Scope, joinNames(region.ScopeNames))
+		return ps
+	}
+	switch n := len(r.Regions); {
+	case n == 0:
+		add("regions", "required when scope is global: each region's weight (and safe_share with mode: leased)")
+	case n > region.MaxRegions:
+		add("regions", "has %d regions, at most %d", n, region.MaxRegions)
+	}
+	var safe float64
+	for _, id := range slices.Sorted(maps.Keys(r.Regions)) {
+		w := r.Regions[id]
+		f := "regions." + string(id)
+		if msg := id.Check(); msg != "" {
+			f = "regions[" + strconv.Quote(string(id)) + "]"
+			add(f, "region name %s", msg)
+		}
+		if !(w.Weight >= MinWeight && w.Weight <= MaxWeight) {
+			add(f+".weight", "must be in [%s, %s], got %s", fmtFloat(MinWeight), fmtFloat(MaxWeight), fmtFloat(w.Weight))
+		}
+		switch {
+		case w.SafeShare != 0 && r.Mode != ModeLeased:
+			add(f+".safe_share", "is set, but mode is %v: only leased rules fall back to a safe share", r.Mode)
+		case checkRange(w.SafeShare, true) != "":
+			add(f+".safe_share", "%s", checkRange(w.SafeShare, true))
+		case w.SafeShare > r.Rate && checkRange(r.Rate, true) == "":
+			add(f+".safe_share", "%s exceeds rate %s", fmtFloat(w.SafeShare), fmtFloat(r.Rate))
+		default:
+			safe += w.SafeShare
+		}
+	}
+	switch {
+	case r.Mode != ModeLeased && r.AllowOvershoot:
+		add("allow_overshoot", "is set, but mode is %v: only leased rules have safe shares", r.Mode)
+	case r.Mode == ModeLeased && safe > r.Rate && !r.AllowOvershoot && checkRange(r.Rate, true) == "":
+		add("regions", "safe shares sum to %s, above rate %s: regions cut off from the global group could admit %s tokens/s too many; lower them or set allow_overshoot: true",
+			fmtFloat(safe), fmtFloat(r.Rate), fmtFloat(safe-r.Rate))
+	}
+	return ps
+}
+
+// Region weights are fairness weights between regions (lease.MinWeight,
+// lease.MaxWeight).
+const (
+	MinWeight = 1e-6
+	MaxWeight = 1e6
+)
+
+// CheckRegion reports the rules that cannot be enforced in region id: the
+// global ones that do not name it. An agent refuses such a file rather than
+// guess a share.
+func (s *Set) CheckRegion(id region.ID) error {
+	var missing []string
+	for _, r := range s.rules {
+		if r.Scope == region.ScopeGlobal {
+			if _, ok := r.Regions[id]; !ok {
+				missing = append(missing, r.Name)
+			}
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("rules: %w: rules %v are scope: global but have no share for region %q (add it under regions)", ErrInvalidFile, missing, id)
+	}
+	return nil
 }
 
 // checkName enforces [a-z0-9][a-z0-9_.-]{0,62}. The alphabet excludes '{',

@@ -1,6 +1,9 @@
 package rules
 
 import (
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/region"
+
 	"crypto/sha256"
 	"encoding/hex"
 	"maps"
@@ -89,6 +92,13 @@ func (r *Rule) compile() {
 		b.WriteByte('=')
 		r.prefix[i] = b.String()
 		r.subjLen += len(r.prefix[i])
+	}
+	r.shares = nil
+	if r.Scope == region.ScopeGlobal && r.Mode == ModeRedis {
+		r.shares = make(map[region.ID]bucket.Limit, len(r.Regions))
+		for id, sh := range region.Splits(r.Burst, r.Rate, r.Regions) {
+			r.shares[id] = bucket.Limit{Burst: sh.Burst, Rate: sh.Rate}
+		}
 	}
 }
 
