@@ -1,0 +1,136 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// mono is CLOCK_MONOTONIC in nanoseconds, the clock of the agents'
+// admission logs, so the test's fault times line up with them.
+func mono() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err)
+	}
+	return time.Duration(ts.Nano())
+}
+
+// Target is open-loop load on one (rule, subject) through one agent.
+type Target struct {
+	Agent   *Agent
+	Rule    string
+	Subject string
+	Rate    float64 // requests per second offered
+	// RequestIDs gives every request a unique request_id.
+	RequestIDs bool
+}
+
+// Call is one answered (or failed) call, timed on the client.
+type Call struct {
+	Target      int
+	Start, End  time.Duration // mono()
+	Allowed     bool
+	Reason      rationv1.Reason
+	Err         error
+	RequestID   string
+	AgentID     string
+	Rule, Subj  string
+}
+
+// Load runs targets until Stop. Requests are dispatched every 5ms to keep
+// each target's offered rate; a target whose workers are all busy (its
+// agent paused) drops what it cannot send, and counts it.
+type Load struct {
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	calls   []Call
+	dropped atomic.Int64
+}
+
+const loadWorkers = 6
+
+// StartLoad begins offering load.
+func StartLoad(targets []Target) *Load {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &Load{cancel: cancel}
+	for ti, tg := range targets {
+		jobs := make(chan int64, 256)
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			defer close(jobs)
+			start := time.Now()
+			var sent int64
+			tick := time.NewTicker(5 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				due := int64(tg.Rate * time.Since(start).Seconds())
+				for ; sent < due; sent++ {
+					select {
+					case jobs <- sent:
+					default:
+						l.dropped.Add(1)
+					}
+				}
+			}
+		}()
+		for range loadWorkers {
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				for n := range jobs {
+					l.call(ctx, ti, tg, n)
+				}
+			}()
+		}
+	}
+	return l
+}
+
+func (l *Load) call(ctx context.Context, ti int, tg Target, n int64) {
+	req := &rationv1.AllowRequest{Rule: tg.Rule, Subject: tg.Subject}
+	if tg.RequestIDs {
+		req.RequestId = fmt.Sprintf("%s-%s-%d", tg.Agent.ID, tg.Subject, n)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c := Call{Target: ti, Start: mono(), RequestID: req.RequestId, AgentID: tg.Agent.ID, Rule: tg.Rule, Subj: tg.Subject}
+	resp, err := tg.Agent.Client.Allow(cctx, req)
+	c.End = mono()
+	if ctx.Err() != nil {
+		return // stopping: not an answer
+	}
+	if err != nil {
+		c.Err = err
+	} else {
+		c.Allowed, c.Reason = resp.Allowed, resp.Reason
+	}
+	l.mu.Lock()
+	l.calls = append(l.calls, c)
+	l.mu.Unlock()
+}
+
+// Stop ends the load and returns every call made.
+func (l *Load) Stop() []Call {
+	l.cancel()
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.calls
+}
+
+// Dropped is how many requests could not be sent (all workers busy).
+func (l *Load) Dropped() int64 { return l.dropped.Load() }

@@ -1,0 +1,216 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/harness"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// S10: Redis blackholed (both directions, connections left hanging) for
+// P = 3s under load, on the Redis path, with one rule per policy. Two
+// agents reach Redis through the one proxy, so N = 2 are cut off.
+//
+// Bounds: fail_closed 0; emergency N x (b_e + r_e x P_eff) with P_eff =
+// P + the breaker's probe interval (the agents go on deciding by policy
+// until a probe answers after the heal); fail_open reported, unbounded.
+// Decisions stop waiting once the breaker opens: of the calls started
+// more than 1s into the outage, under 2% take as long as the decision
+// timeout.
+//
+// Protection off (RATION_CHAOS_BREAK=S10): the breaker never opens
+// (-breaker-threshold 1000000), so every decision waits out its timeout;
+// the latency check fails (measured: see docs/reliability.md).
+func TestS10RedisBlackholed(t *testing.T) {
+	smoke(t)
+	r := rng(t)
+	const (
+		be, re     = 5.0, 10.0
+		outage     = 3 * time.Second
+		probe      = 500 * time.Millisecond
+		decisionTO = 50 * time.Millisecond
+	)
+	const rulesYAML = `
+rules:
+  - name: s10-closed
+    match: {s10: closed}
+    burst: 20
+    rate: 100
+    on_failure: fail_closed
+  - name: s10-emergency
+    match: {s10: emergency}
+    burst: 20
+    rate: 100
+    on_failure: emergency
+    emergency: {burst: 5, rate: 10, max_duration: 30s}
+  - name: s10-open
+    match: {s10: open}
+    burst: 20
+    rate: 100
+    on_failure: fail_open
+`
+	redis := harness.StartRedis(t)
+	px := NewProxy(t, "redis", redis.Addr)
+	args := []string{"-decision-timeout", decisionTO.String(), "-breaker-probe-interval", probe.String()}
+	if broken("S10") {
+		t.Log("chaos: S10 protection removed: the breaker never opens")
+		args = append(args, "-breaker-threshold", "1000000")
+	}
+	var agents []*Agent
+	for i := range 2 {
+		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s10a%d", i), Rules: rulesYAML, Redis: px.Addr(), Args: args}))
+	}
+	var targets []Target
+	for _, rule := range []string{"s10-closed", "s10-emergency", "s10-open"} {
+		targets = append(targets, loadOn(rule, "x", true, agents...)...)
+	}
+	l := StartLoad(targets)
+	time.Sleep(2*time.Second + time.Duration(r.Int64N(int64(time.Second))))
+	cut := mono()
+	px.Blackhole()
+	time.Sleep(outage)
+	px.Heal()
+	healed := mono()
+	time.Sleep(2 * time.Second)
+	calls := l.Stop()
+	recs := readRecords(t, agents...)
+
+	n := float64(len(agents))
+	pEff := (healed - cut + probe).Seconds()
+	bounds := map[string]float64{"s10-closed": 0, "s10-emergency": n * (be + re*pEff), "s10-open": math.Inf(1)}
+	labels := map[string]string{"s10-closed": "0", "s10-emergency": fmt.Sprintf("N(b_e + r_e P) = %.0f", n*(be+re*pEff)), "s10-open": "unbounded (reported)"}
+	for _, rule := range []string{"s10-closed", "s10-emergency", "s10-open"} {
+		v := judge(recs, quota(rule, "x"), bounds[rule])
+		addRow(t, Row{Scenario: "S10 " + rule[4:], Fault: fmt.Sprintf("Redis blackholed %v, N=2", outage), Bound: labels[rule],
+			Overshoot: v.Overshoot, Util: math.NaN(), Pass: v.Pass, Note: verdictNote(v)})
+		if !v.Pass {
+			t.Errorf("%s: overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v]", rule, v.Overshoot, v.Bound, v.Slack, v.From, v.To)
+		}
+	}
+	var late, waited int
+	for _, c := range calls {
+		if c.Start > cut+time.Second && c.End < healed {
+			late++
+			if c.End-c.Start >= decisionTO {
+				waited++
+			}
+		}
+	}
+	frac := float64(waited) / math.Max(float64(late), 1)
+	ok := late > 100 && frac < 0.02
+	addRow(t, Row{Scenario: "S10 breaker", Fault: "Redis blackholed", Bound: "< 2% of decisions wait the timeout once open",
+		Overshoot: 0, Util: math.NaN(), Pass: ok, Note: fmt.Sprintf("%d of %d waited (%.1f%%)", waited, late, 100*frac)})
+	if !ok {
+		t.Errorf("after the breaker should be open, %d of %d decisions waited >= %v (%.1f%%), want < 2%%", waited, late, decisionTO, 100*frac)
+	}
+}
+
+// S11: Redis replies lost after the script ran (the reply direction is
+// blackholed in 300ms bursts), every request retried with its request id
+// until it gets a definite answer. The quota (B = 30, r = 0) is offered 90
+// distinct requests: each must be charged once, so exactly 30 distinct
+// requests end admitted (a double charge would leave fewer; a lost
+// charge, more), and the recorded history, a retry counted once, has
+// overshoot 0.
+//
+// Protection off (RATION_CHAOS_BREAK=S11): retries take a fresh request
+// id, so requests whose first attempt ran but lost its reply are charged
+// again; fewer than 30 end admitted.
+func TestS11LostReplies(t *testing.T) {
+	smoke(t)
+	r := rng(t)
+	const rulesYAML = `
+rules:
+  - name: s11
+    match: {s11: x}
+    burst: 30
+    rate: 0
+`
+	const B, total = 30, 90
+	redis := harness.StartRedis(t)
+	px := NewProxy(t, "redis", redis.Addr)
+	a := StartAgent(t, AgentOptions{ID: "s11a", Rules: rulesYAML, Redis: px.Addr(),
+		Args: []string{"-decision-timeout", "50ms", "-breaker-probe-interval", "100ms"}})
+	fresh := broken("S11")
+	if fresh {
+		t.Log("chaos: S11 protection removed: retries use a fresh request id")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		for ctx.Err() == nil {
+			px.Blackhole(Downstream)
+			time.Sleep(300 * time.Millisecond)
+			px.Heal()
+			time.Sleep(time.Duration(200+r.IntN(200)) * time.Millisecond)
+		}
+	}()
+
+	ids := make(chan int, total)
+	for i := range total {
+		ids <- i
+	}
+	close(ids)
+	var mu sync.Mutex
+	var admitted, rejected, retriedThenAdmitted, attempts int
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(60 * time.Second)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range ids {
+				for try := 0; time.Now().Before(deadline); try++ {
+					id := fmt.Sprintf("s11-%d-%d", seedValue, i)
+					if fresh && try > 0 {
+						id = fmt.Sprintf("%s-retry%d", id, try)
+					}
+					cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+					resp, err := a.Client.Allow(cctx, &rationv1.AllowRequest{Rule: "s11", Subject: "x", RequestId: id})
+					ccancel()
+					mu.Lock()
+					attempts++
+					mu.Unlock()
+					if err == nil && (resp.Allowed || resp.Reason == rationv1.Reason_REASON_OVER_LIMIT) {
+						mu.Lock()
+						if resp.Allowed {
+							admitted++
+							if try > 0 {
+								retriedThenAdmitted++
+							}
+						} else {
+							rejected++
+						}
+						mu.Unlock()
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				time.Sleep(30 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	cancel()
+	<-faultsDone
+	px.Heal()
+
+	recs := readRecords(t, a)
+	v := judge(recs, quota("s11", "x"), 0)
+	ok := v.Pass && admitted == B && admitted+rejected == total
+	addRow(t, Row{Scenario: "S11", Fault: "Redis replies lost, retried with the same id", Bound: "0; each request charged once",
+		Overshoot: v.Overshoot, Util: math.NaN(), Pass: ok,
+		Note: fmt.Sprintf("%d/%d admitted (want %d), %d admitted on a retry, %d attempts, %d repeats deduplicated", admitted, total, B, retriedThenAdmitted, attempts, v.Repeats)})
+	if !ok {
+		t.Errorf("admitted %d distinct requests (want exactly %d), %d rejected of %d; overshoot %.3f (slack %.3f)",
+			admitted, B, rejected, total, v.Overshoot, v.Slack)
+	}
+}

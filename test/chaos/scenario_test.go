@@ -1,0 +1,107 @@
+package chaos
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/harness"
+)
+
+// The shape every scenario's quotas share: B = 20 tokens, r = 100/s, and
+// an offered load of 3r = 300 requests/s per quota, split over the agents.
+const (
+	burst   = 20.0
+	rate    = 100.0
+	offered = 3 * rate
+)
+
+// smoke marks a scenario of the smoke set (make test); others run only
+// with RATION_CHAOS=full (make chaos).
+func smoke(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("chaos: skipped under -short")
+	}
+}
+
+func fullOnly(t *testing.T) {
+	t.Helper()
+	smoke(t)
+	if !full() {
+		t.Skip("chaos: full set only (RATION_CHAOS=full, make chaos)")
+	}
+}
+
+// loadOn spreads the offered load of one quota over agents.
+func loadOn(rule, subject string, ids bool, agents ...*Agent) []Target {
+	var ts []Target
+	for _, a := range agents {
+		ts = append(ts, Target{Agent: a, Rule: rule, Subject: subject, Rate: offered / float64(len(agents)), RequestIDs: ids})
+	}
+	return ts
+}
+
+func joinAddrs(addrs []string) string { return strings.Join(addrs, ",") }
+
+// verdictNote is the detail a row carries.
+func verdictNote(v admission.Verdict) string {
+	return fmt.Sprintf("admitted %.0f, slack %.2f", v.Admitted, v.Slack)
+}
+
+// S0: no fault. Two agents share each quota, on the Redis path and on the
+// leased path; both hold the bound exactly and use at least 90% of it.
+//
+// Protection off (RATION_CHAOS_BREAK=S0): the second agent uses its own
+// Redis and its own coordinator group (a split brain), so the two spend
+// the quota twice; the overshoot check fails.
+func TestS0NoFault(t *testing.T) {
+	smoke(t)
+	_ = rng(t)
+	const rulesYAML = `
+rules:
+  - name: s0-store
+    match: {s0: store}
+    burst: 20
+    rate: 100
+  - name: s0-leased
+    match: {s0: leased}
+    burst: 20
+    rate: 100
+    mode: leased
+    lease: {period: 1s}
+`
+	redis := harness.StartRedis(t)
+	coords := harness.StartCoordinators(t, 3, rulesYAML)
+	var agents []*Agent
+	for i := range 2 {
+		redisAddr, coordAddrs := redis.Addr, coords.GRPCAddrs()
+		if broken("S0") && i > 0 {
+			// Protection off: a split brain. The second agent keeps its
+			// buckets in its own Redis and leases from its own group, so
+			// each agent spends the whole quota.
+			redisAddr, coordAddrs = harness.StartRedis(t).Addr, harness.StartCoordinators(t, 1, rulesYAML).GRPCAddrs()
+		}
+		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s0a%d", i), Rules: rulesYAML,
+			Redis: redisAddr, Coordinators: joinAddrs(coordAddrs)}))
+	}
+	targets := append(loadOn("s0-store", "x", true, agents...), loadOn("s0-leased", "x", false, agents...)...)
+	l := StartLoad(targets)
+	time.Sleep(8 * time.Second)
+	calls := l.Stop()
+	recs := readRecords(t, agents...)
+	t.Logf("chaos: %d calls, %d dropped, %d decisions recorded", len(calls), l.Dropped(), len(recs))
+	for _, rule := range []string{"s0-store", "s0-leased"} {
+		v := judge(recs, quota(rule, "x"), 0)
+		pass := v.Pass && v.Utilisation >= 0.9
+		addRow(t, Row{Scenario: "S0 " + strings.TrimPrefix(rule, "s0-"), Fault: "none", Bound: "0, utilisation >= 0.9",
+			Overshoot: v.Overshoot, Util: v.Utilisation, Pass: pass, Note: verdictNote(v)})
+		if !pass {
+			t.Errorf("%s: overshoot %.3f (slack %.3f, bound 0), utilisation %.3f (want >= 0.9); window [%v, %v]",
+				rule, v.Overshoot, v.Slack, v.Utilisation, v.From, v.To)
+		}
+	}
+}
+
