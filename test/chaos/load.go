@@ -34,14 +34,14 @@ type Target struct {
 
 // Call is one answered (or failed) call, timed on the client.
 type Call struct {
-	Target      int
-	Start, End  time.Duration // mono()
-	Allowed     bool
-	Reason      rationv1.Reason
-	Err         error
-	RequestID   string
-	AgentID     string
-	Rule, Subj  string
+	Target     int
+	Start, End time.Duration // mono()
+	Allowed    bool
+	Reason     rationv1.Reason
+	Err        error
+	RequestID  string
+	AgentID    string
+	Rule, Subj string
 }
 
 // Load runs targets until Stop. Requests are dispatched every 5ms to keep
