@@ -8,6 +8,11 @@
 //	ration-bench -mode allow -target 127.0.0.1:8081 -keys 10000 -duration 10s
 //	ration-bench -mode batch -batch 100 -dist zipf -pids 1234,5678 -json
 //	ration-bench -mode http -http-target 127.0.0.1:8080 -rate 5000
+//	ration-bench plan -decisions 1000000 -leased-share 0.2 -gateways 200 -lease-period 10s -headroom 0.3
+//
+// The plan subcommand sizes Redis shards, agent cores and coordinator
+// nodes for a decision rate and traffic mix from the per-decision costs
+// scripts/bench.sh measures (docs/capacity.md).
 //
 // Only loopback targets are accepted. Every run is bounded by -duration
 // and/or -requests. scripts/bench.sh runs the reference matrix and writes
@@ -63,6 +68,9 @@ func exitCode(err error) int {
 // run parses args, runs the benchmark and writes the report to stdout.
 // Progress goes to stderr once a second when stderr is a terminal.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "plan" {
+		return runPlan(args[1:], stdout, stderr)
+	}
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
