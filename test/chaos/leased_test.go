@@ -1,0 +1,195 @@
+package chaos
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/harness"
+)
+
+// leasePeriod is D, the lease term of every leased rule below.
+const leasePeriod = time.Second
+
+const leasedRules = `
+rules:
+  - name: closed
+    match: {leased: closed}
+    burst: 20
+    rate: 100
+    mode: leased
+    lease: {period: 1s}
+  - name: emergency
+    match: {leased: emergency}
+    burst: 20
+    rate: 100
+    mode: leased
+    lease: {period: 1s}
+    on_failure: emergency
+    emergency: {burst: 5, rate: 10, max_duration: 30s}
+`
+
+// The emergency shape of the rule above.
+const emergencyBurst, emergencyRate = 5.0, 10.0
+
+// admittedIn sums the admitted cost of quota q in (from, to], optionally
+// of one agent and one path ("" for any).
+func admittedIn(recs []admission.Record, q, agent, path string, from, to time.Duration) float64 {
+	var sum float64
+	for _, r := range recs {
+		if r.Allowed && r.Quota == q && r.At > from && r.At <= to &&
+			(agent == "" || r.Agent == agent) && (path == "" || r.Path == path) {
+			sum += r.Cost
+		}
+	}
+	return sum
+}
+
+// S1: the Raft leader is killed three times under load (leased rule, two
+// agents). Overshoot 0, and leases keep being granted after each
+// election: in the window from D + 200ms to D + 1s after each kill, when
+// every lease granted before the kill has expired, the agents still admit
+// at least half the refill rate.
+//
+// The coordinators run in this process (internal/harness): Kill closes a
+// node abruptly (listeners and connections cut, Raft shut down, no
+// leadership transfer), Restart brings it back on its data dir.
+func TestS1LeaderKilled(t *testing.T) {
+	smoke(t)
+	r := rng(t)
+	coords := harness.StartCoordinators(t, 3, leasedRules)
+	redis := harness.StartRedis(t)
+	var agents []*Agent
+	for i := range 2 {
+		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s1a%d", i), Rules: leasedRules,
+			Redis: redis.Addr, Coordinators: joinAddrs(coords.GRPCAddrs())}))
+	}
+	l := StartLoad(loadOn("closed", "x", false, agents...))
+	time.Sleep(2 * time.Second)
+	var kills []time.Duration
+	var elections []time.Duration
+	for range 3 {
+		time.Sleep(time.Duration(r.Int64N(int64(500 * time.Millisecond))))
+		i, _ := coords.Leader(t)
+		k := mono()
+		coords.Kill(i)
+		coords.Leader(t)
+		elections = append(elections, mono()-k)
+		kills = append(kills, k)
+		time.Sleep(2 * time.Second)
+		coords.Restart(i)
+		time.Sleep(500 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	l.Stop()
+	recs := readRecords(t, agents...)
+	q := quota("closed", "x")
+	v := judge(recs, q, 0)
+	ok := v.Pass
+	var after []string
+	for j, k := range kills {
+		from, to := k+leasePeriod+200*time.Millisecond, k+leasePeriod+time.Second
+		got := admittedIn(recs, q, "", "leased", from, to)
+		after = append(after, fmt.Sprintf("%.0f", got))
+		if want := 0.5 * rate * (to - from).Seconds(); got < want {
+			ok = false
+			t.Errorf("kill %d: %.0f leased admissions between D+200ms and D+1s after the kill (election took %v), want >= %.0f: leases not granted after the election",
+				j+1, got, elections[j], want)
+		}
+	}
+	addRow(t, Row{Scenario: "S1", Fault: "Raft leader killed 3 times", Bound: "0; leases granted after each election",
+		Overshoot: v.Overshoot, Util: v.Utilisation, Pass: ok,
+		Note: fmt.Sprintf("%s; elections %v; admitted in [D+0.2s, D+1s] after each kill: %v (of 80 possible)", verdictNote(v), roundAll(elections), after)})
+	if !v.Pass {
+		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v]", v.Overshoot, v.Slack, v.From, v.To)
+	}
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond)
+	}
+	return out
+}
+
+// S3: one agent is cut from the coordinators (both directions
+// blackholed) for 3 lease periods while another keeps its connection and
+// takes the reclaimed budget. The cut agent admits nothing on a lease
+// after D past the cut (it can only have sent its last renewal before
+// the cut, and its validity D_a <= D runs from the send); then the
+// fail_closed rule admits nothing more (overshoot 0) and the emergency
+// rule stays within b_e + r_e P, P being how long the agent decided by
+// policy (measured from its log); after the heal it is granted leases
+// again.
+//
+// One coordinator node, so that no redirect can route the cut agent
+// around its proxy (a follower redirects to the leader's advertised
+// address).
+func TestS3AgentCutOff(t *testing.T) {
+	smoke(t)
+	r := rng(t)
+	coords := harness.StartCoordinators(t, 1, leasedRules)
+	redis := harness.StartRedis(t)
+	px := NewProxy(t, "coordinator", coords.GRPCAddrs()[0])
+	cutAgent := StartAgent(t, AgentOptions{ID: "s3cut", Rules: leasedRules, Redis: redis.Addr, Coordinators: px.Addr()})
+	other := StartAgent(t, AgentOptions{ID: "s3other", Rules: leasedRules, Redis: redis.Addr, Coordinators: coords.GRPCAddrs()[0]})
+	agents := []*Agent{cutAgent, other}
+	l := StartLoad(append(loadOn("closed", "x", false, agents...), loadOn("emergency", "x", false, agents...)...))
+	time.Sleep(2*time.Second + time.Duration(r.Int64N(int64(500*time.Millisecond))))
+	cut := mono()
+	px.Blackhole()
+	time.Sleep(3 * leasePeriod)
+	px.Heal()
+	healed := mono()
+	time.Sleep(2 * time.Second)
+	l.Stop()
+	recs := readRecords(t, agents...)
+
+	ok := true
+	// No leased admission at the cut agent after its local expiry.
+	for _, rule := range []string{"closed", "emergency"} {
+		q := quota(rule, "x")
+		if n := admittedIn(recs, q, cutAgent.ID, "leased", cut+leasePeriod, healed); n > 0 {
+			ok = false
+			t.Errorf("%s: the cut agent admitted %.0f on a lease between D after the cut and the heal, want 0", rule, n)
+		}
+		if n := admittedIn(recs, q, cutAgent.ID, "leased", healed, healed+2*time.Second); n == 0 {
+			ok = false
+			t.Errorf("%s: the cut agent admitted nothing on a lease after the heal: not granted again", rule)
+		}
+	}
+	// fail_closed: nothing by policy, overshoot 0.
+	qc := quota("closed", "x")
+	vc := judge(recs, qc, 0)
+	fallbackClosed := admittedIn(recs, qc, "", "fallback", 0, math.MaxInt64)
+	passC := vc.Pass && fallbackClosed == 0
+	addRow(t, Row{Scenario: "S3 fail_closed", Fault: "one agent cut from coordinators for 3D", Bound: "0",
+		Overshoot: vc.Overshoot, Util: math.NaN(), Pass: passC && ok,
+		Note: fmt.Sprintf("%s; %.0f admitted by policy", verdictNote(vc), fallbackClosed)})
+	if !passC {
+		t.Errorf("fail_closed: overshoot %.3f (slack %.3f), %.0f admitted by policy; want 0 and 0", vc.Overshoot, vc.Slack, fallbackClosed)
+	}
+	// emergency: within b_e + r_e P for the one cut agent.
+	qe := quota("emergency", "x")
+	var first, last time.Duration
+	for _, rec := range recs {
+		if rec.Quota == qe && rec.Agent == cutAgent.ID && rec.Path == "fallback" && rec.At > cut {
+			if first == 0 {
+				first = rec.At
+			}
+			last = rec.At
+		}
+	}
+	p := (last - first).Seconds()
+	bound := emergencyBurst + emergencyRate*p
+	ve := judge(recs, qe, bound)
+	addRow(t, Row{Scenario: "S3 emergency", Fault: "one agent cut from coordinators for 3D",
+		Bound: fmt.Sprintf("N(b_e + r_e P) = %.1f (N=1, P=%.2fs)", bound, p),
+		Overshoot: ve.Overshoot, Util: math.NaN(), Pass: ve.Pass && ok, Note: verdictNote(ve)})
+	if !ve.Pass {
+		t.Errorf("emergency: overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v]", ve.Overshoot, bound, ve.Slack, ve.From, ve.To)
+	}
+}
