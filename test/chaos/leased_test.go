@@ -187,7 +187,7 @@ func TestS3AgentCutOff(t *testing.T) {
 	bound := emergencyBurst + emergencyRate*p
 	ve := judge(recs, qe, bound)
 	addRow(t, Row{Scenario: "S3 emergency", Fault: "one agent cut from coordinators for 3D",
-		Bound: fmt.Sprintf("N(b_e + r_e P) = %.1f (N=1, P=%.2fs)", bound, p),
+		Bound:     fmt.Sprintf("N(b_e + r_e P) = %.1f (N=1, P=%.2fs)", bound, p),
 		Overshoot: ve.Overshoot, Util: math.NaN(), Pass: ve.Pass && ok, Note: verdictNote(ve)})
 	if !ve.Pass {
 		t.Errorf("emergency: overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v]", ve.Overshoot, bound, ve.Slack, ve.From, ve.To)
