@@ -47,7 +47,7 @@ func (s *adminServer) ListQuotas(ctx context.Context, _ *rationv1.ListQuotasRequ
 		for _, name := range st.Quotas() {
 			q, _ := st.Quota(name)
 			resp.Quotas = append(resp.Quotas, &rationv1.QuotaStatus{
-				Quota: name, Burst: q.Burst, Rate: q.Rate, Pool: q.Pool,
+				Quota: name, Burst: q.Effective().Burst, Rate: q.Effective().Rate, Pool: q.Pool,
 				LeasedCap: q.ReservedCap, LeasedRate: q.ReservedRate, Leases: uint32(q.Leases),
 			})
 		}

@@ -445,6 +445,9 @@ func stampCommand(c lease.Command, now int64) lease.Command {
 	case lease.ConfigureQuota:
 		v.Now = now
 		return v
+	case lease.Fund:
+		v.Now = now
+		return v
 	}
 	return c
 }

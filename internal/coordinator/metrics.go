@@ -165,7 +165,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			r.pool += q.Pool
 			r.cap += q.ReservedCap
 			r.rate += q.ReservedRate
-			r.burst += q.Burst
+			r.burst += q.Effective().Burst
 			r.quotas++
 			r.leases += q.Leases
 		}

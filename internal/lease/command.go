@@ -43,6 +43,7 @@ const (
 	KindRelease        Kind = 4
 	KindTick           Kind = 5
 	KindLeaderElected  Kind = 6
+	KindFund           Kind = 7
 )
 
 func (k Kind) String() string {
@@ -59,13 +60,15 @@ func (k Kind) String() string {
 		return "tick"
 	case KindLeaderElected:
 		return "leader-elected"
+	case KindFund:
+		return "fund"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
 // Command is one entry of the replicated log. The set is closed: only the
 // types of this package implement it (ConfigureQuota, Grant, Renew, Release,
-// Tick, LeaderElected, as values or pointers).
+// Tick, LeaderElected, Fund, as values or pointers).
 //
 // Every command carries Now, the leader's clock in microseconds when it
 // stamped the entry. Holders leave it zero; the leader fills it in.
@@ -94,6 +97,11 @@ type QuotaConfig struct {
 	// microseconds: it covers clock-rate drift and the largest clock offset
 	// between coordinator nodes. [0, MaxPeriod].
 	SafetyMargin int64 `json:"safety_margin"`
+	// Funded marks a quota whose capacity comes (mostly) from an upstream
+	// lease: Burst and Rate are only its own part (a region's safe share,
+	// which may be 0), and Fund adds the upstream lease's cap and rate for
+	// as long as that lease is valid. See Fund.
+	Funded bool `json:"funded,omitempty"`
 }
 
 // ConfigureQuota creates a quota, or updates it in place. A new quota's pool
@@ -110,6 +118,7 @@ type ConfigureQuota struct {
 	MinSlice     float64 `json:"min_slice"`
 	MaxSlice     float64 `json:"max_slice"`
 	SafetyMargin int64   `json:"safety_margin"`
+	Funded       bool    `json:"funded,omitempty"`
 }
 
 // Config returns the quota shape c sets.
@@ -117,7 +126,49 @@ func (c ConfigureQuota) Config() QuotaConfig {
 	return QuotaConfig{
 		Burst: c.Burst, Rate: c.Rate, LeasePeriod: c.LeasePeriod,
 		MinSlice: c.MinSlice, MaxSlice: c.MaxSlice, SafetyMargin: c.SafetyMargin,
+		Funded: c.Funded,
 	}
+}
+
+// Funding is what an upstream lease adds to a funded quota: its cap and
+// rate, until NotAfter (the state's clock, microseconds).
+type Funding struct {
+	Burst    float64 `json:"burst"`
+	Rate     float64 `json:"rate"`
+	NotAfter int64   `json:"not_after"`
+}
+
+// Active reports whether f adds anything at now.
+func (f Funding) Active(now int64) bool { return (f.Burst > 0 || f.Rate > 0) && now < f.NotAfter }
+
+// Fund sets what an upstream lease adds to a funded quota, the hierarchy's
+// link between levels (DESIGN.md section 5). A regional coordinator holds a
+// lease L = (b, r, validity) from the global group and spends it by
+// subleasing: the quota's capacity becomes (Burst + b, Rate + r) of its own
+// ConfigureQuota plus this Fund, Deposit (the tokens L's answer moved into
+// the holder's bucket) goes into the pool, within its room, and no lease
+// term granted while the funding is active ends after NotAfter, the end of
+// L's validity on the clock that stamps this state's commands: a sublease
+// never outlives its parent. At NotAfter the funding drops by itself
+// (deterministically, at the first command at or after it), and the quota
+// is back to its own part; a LeaderElected drops it too, since NotAfter was
+// measured on the old leader's clock. Lowering works as in ConfigureQuota:
+// nothing is revoked, the quota is held to a ceiling until the larger
+// subleases have shrunk or ended. Burst and Rate 0 drop the funding.
+//
+// The pool is the holder's bucket of L: it refills at most at
+// (Rate + r) - sum(r_i), up to (Burst + b) - sum(b_i), exactly the refill L
+// allows its holder plus the quota's own part, and it holds L's tokens only
+// while L is valid. So the sublessees together never spend more than L
+// allows plus the quota's own part, and conservation at the upper level
+// carries down.
+type Fund struct {
+	Now      int64   `json:"now"`
+	Quota    string  `json:"quota"`
+	Burst    float64 `json:"burst"`
+	Rate     float64 `json:"rate"`
+	Deposit  float64 `json:"deposit"`
+	NotAfter int64   `json:"not_after"`
 }
 
 // Grant asks for a lease on Quota for Holder. A holder has at most one
@@ -203,6 +254,9 @@ func (ConfigureQuota) Kind() Kind { return KindConfigureQuota }
 func (Grant) Kind() Kind { return KindGrant }
 
 // Kind implements Command.
+func (Fund) Kind() Kind { return KindFund }
+
+// Kind implements Command.
 func (Renew) Kind() Kind { return KindRenew }
 
 // Kind implements Command.
@@ -274,7 +328,10 @@ func (p *problems) seq(v uint64) {
 }
 
 func (c QuotaConfig) check(p *problems) {
-	if !(c.Burst > 0 && c.Burst <= MaxValue) {
+	switch {
+	case c.Funded && !(c.Burst >= 0 && c.Burst <= MaxValue):
+		p.addf("burst %v must be in [0, %g] (funded)", c.Burst, float64(MaxValue))
+	case !c.Funded && !(c.Burst > 0 && c.Burst <= MaxValue):
 		p.addf("burst %v must be in (0, %g]", c.Burst, float64(MaxValue))
 	}
 	if c.Rate != 0 && !(c.Rate >= MinRate && c.Rate <= MaxValue) {
@@ -302,6 +359,20 @@ func (c ConfigureQuota) validate() error {
 	p.name("quota", c.Quota)
 	c.Config().check(&p)
 	return p.err(fmt.Sprintf("configure %q", c.Quota))
+}
+
+func (c Fund) validate() error {
+	var p problems
+	p.time("now", c.Now)
+	p.name("quota", c.Quota)
+	p.amount("burst", c.Burst)
+	p.amount("rate", c.Rate)
+	if c.Rate != 0 && c.Rate < MinRate {
+		p.addf("rate %v must be 0 or at least %g", c.Rate, float64(MinRate))
+	}
+	p.amount("deposit", c.Deposit)
+	p.time("not_after", c.NotAfter)
+	return p.err(fmt.Sprintf("fund %q", c.Quota))
 }
 
 func (c Grant) validate() error {
@@ -397,7 +468,11 @@ func value(c Command) Command {
 		if v != nil {
 			return *v
 		}
-	case ConfigureQuota, Grant, Renew, Release, Tick, LeaderElected:
+	case *Fund:
+		if v != nil {
+			return *v
+		}
+	case ConfigureQuota, Grant, Renew, Release, Tick, LeaderElected, Fund:
 		return v
 	}
 	return nil

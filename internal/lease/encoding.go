@@ -62,6 +62,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		c, err = decodeStrict[Tick](body)
 	case KindLeaderElected:
 		c, err = decodeStrict[LeaderElected](body)
+	case KindFund:
+		c, err = decodeStrict[Fund](body)
 	default:
 		return nil, fmt.Errorf("lease: decode command: %w: type byte %d", ErrUnknownCommand, b[0])
 	}
@@ -104,6 +106,10 @@ type quotaRecord struct {
 	CeilBurst float64     `json:"ceil_burst"`
 	CeilRate  float64     `json:"ceil_rate"`
 	Leases    []lease     `json:"leases"`
+	// Base and Fund are set for funded quotas only (Config is then the
+	// effective shape, Base plus Fund), so other snapshots are unchanged.
+	Base *QuotaConfig `json:"base,omitempty"`
+	Fund *Funding     `json:"fund,omitempty"`
 }
 
 type holderRecord struct {
@@ -125,6 +131,10 @@ func (s *State) MarshalBinary() ([]byte, error) {
 			CeilBurst: q.ceilBurst, CeilRate: q.ceilRate, Leases: make([]lease, len(q.leases))}
 		for i, l := range q.leases {
 			r.Leases[i] = *l
+		}
+		if q.base.Funded {
+			base, fund := q.base, q.fund
+			r.Base, r.Fund = &base, &fund
 		}
 		snap.Quotas = append(snap.Quotas, r)
 	}
@@ -162,8 +172,17 @@ func (s *State) UnmarshalBinary(b []byte) error {
 		if r.Name == "" || n.quotas[r.Name] != nil {
 			return fmt.Errorf("lease: unmarshal state: quota %q empty or repeated: %w", r.Name, ErrCorrupt)
 		}
-		q := &quota{name: r.Name, cfg: r.Config, pool: r.Pool, poolAt: r.PoolAt,
+		q := &quota{name: r.Name, cfg: r.Config, base: r.Config, pool: r.Pool, poolAt: r.PoolAt,
 			ceilBurst: r.CeilBurst, ceilRate: r.CeilRate, byHolder: map[string]*lease{}}
+		if r.Base != nil {
+			q.base = *r.Base
+		}
+		if r.Fund != nil {
+			q.fund = *r.Fund
+		}
+		if q.base != r.Config && !q.base.Funded || q.base.Funded && q.effective() != r.Config {
+			return fmt.Errorf("lease: unmarshal state: quota %q: config is not base plus funding: %w", r.Name, ErrCorrupt)
+		}
 		for i := range r.Leases {
 			l := &r.Leases[i]
 			h := n.holders[l.Holder]

@@ -12,7 +12,10 @@ import (
 // and tests.
 type QuotaInfo struct {
 	Name string
+	// QuotaConfig is the shape ConfigureQuota set. For a funded quota,
+	// Burst and Rate are its own part only: Effective adds Fund.
 	QuotaConfig
+	Fund Funding
 	// Pool is P, the unassigned tokens, as of PoolAt (it refills lazily).
 	Pool   float64
 	PoolAt int64
@@ -25,6 +28,15 @@ type QuotaInfo struct {
 	ReservedCap  float64
 	ReservedRate float64
 	Leases       int
+}
+
+// Effective is the shape conservation is held to: the configured shape plus
+// the funding of a funded quota.
+func (q QuotaInfo) Effective() QuotaConfig {
+	c := q.QuotaConfig
+	c.Burst += q.Fund.Burst
+	c.Rate += q.Fund.Rate
+	return c
 }
 
 // LeaseInfo is a read-only view of one lease.
@@ -56,7 +68,7 @@ func (s *State) Quota(name string) (QuotaInfo, bool) {
 	}
 	resCap, resRate := q.reserved()
 	return QuotaInfo{
-		Name: name, QuotaConfig: q.cfg, Pool: q.pool, PoolAt: q.poolAt,
+		Name: name, QuotaConfig: q.base, Fund: q.fund, Pool: q.pool, PoolAt: q.poolAt,
 		CeilBurst: q.ceilBurst, CeilRate: q.ceilRate,
 		ReservedCap: resCap, ReservedRate: resRate, Leases: len(q.leases),
 	}, true
@@ -169,6 +181,9 @@ func (s *State) CheckInvariants() error {
 		}
 		if err := q.cfg.Validate(); err != nil {
 			bad("quota %q: %v", name, err)
+		}
+		if q.cfg != q.effective() || !q.base.Funded && q.fund != (Funding{}) {
+			bad("quota %q: shape %+v is not its configuration %+v plus its funding %+v", name, q.cfg, q.base, q.fund)
 		}
 		resCap, resRate := q.reserved()
 		tolB := tolerance(max(q.cfg.Burst, q.ceilBurst), len(q.leases))

@@ -27,8 +27,13 @@ type State struct {
 
 // quota is one quota's pool and leases.
 type quota struct {
-	name   string
-	cfg    QuotaConfig
+	name string
+	// cfg is the effective shape: base, plus fund for a funded quota.
+	cfg QuotaConfig
+	// base is the shape ConfigureQuota set; fund what the latest Fund adds
+	// (zero unless base.Funded).
+	base   QuotaConfig
+	fund   Funding
 	pool   float64 // P, as of poolAt
 	poolAt int64
 	// ceilBurst and ceilRate are the limits conservation is currently held
@@ -163,6 +168,8 @@ func (s *State) Apply(cmd Command) (Result, error) {
 		return s.tick(c)
 	case LeaderElected:
 		return Result{}, s.leaderElected(c)
+	case Fund:
+		return Result{}, s.fundQuota(c)
 	}
 	return Result{}, fmt.Errorf("lease: apply %T: %w", cmd, ErrUnknownCommand)
 }
@@ -182,21 +189,66 @@ func (s *State) configure(c ConfigureQuota) error {
 	s.advance(c.Now)
 	q := s.quotas[c.Quota]
 	if q == nil {
+		// A new bucket starts full; a funded one holds only its own part
+		// until an upstream lease funds it.
 		s.quotas[c.Quota] = &quota{
-			name: c.Quota, cfg: c.Config(),
-			pool: c.Burst, poolAt: s.now, // a new bucket starts full
+			name: c.Quota, cfg: c.Config(), base: c.Config(),
+			pool: c.Burst, poolAt: s.now,
 			ceilBurst: c.Burst, ceilRate: c.Rate,
 			byHolder: map[string]*lease{},
 		}
 		return nil
 	}
 	q.refill(s.now) // up to now under the old shape
-	q.cfg = c.Config()
+	q.base = c.Config()
+	if !q.base.Funded {
+		q.fund = Funding{}
+	}
+	q.reshape()
+	return nil
+}
+
+func (s *State) fundQuota(c Fund) error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	q := s.quotas[c.Quota]
+	if q == nil {
+		return fmt.Errorf("lease: fund %q: %w", c.Quota, ErrUnknownQuota)
+	}
+	if !q.base.Funded {
+		return fmt.Errorf("lease: fund %q: %w: the quota is not configured as funded", c.Quota, ErrInvalid)
+	}
+	s.advance(c.Now)
+	q.refill(s.now)
+	q.fund = Funding{Burst: c.Burst, Rate: c.Rate, NotAfter: c.NotAfter}
+	if !q.fund.Active(s.now) {
+		q.fund = Funding{}
+	}
+	q.reshape()
+	if q.fund.Active(s.now) {
+		q.credit(c.Deposit)
+	}
+	q.settle()
+	return nil
+}
+
+// effective is the shape conservation is held to: base, plus the funding.
+func (q *quota) effective() QuotaConfig {
+	c := q.base
+	c.Burst += q.fund.Burst
+	c.Rate += q.fund.Rate
+	return c
+}
+
+// reshape applies a new effective shape at poolAt: the pool gives up what
+// no longer fits, and the ceilings cover what is still reserved.
+func (q *quota) reshape() {
+	q.cfg = q.effective()
 	resCap, resRate := q.reserved()
 	q.pool = min(q.pool, max(0, q.cfg.Burst-resCap))
 	q.ceilBurst = max(q.cfg.Burst, resCap+q.pool)
 	q.ceilRate = max(q.cfg.Rate, resRate)
-	return nil
 }
 
 // holderCommand runs the idempotence protocol around a validated holder
@@ -385,6 +437,13 @@ func (s *State) leaderElected(c LeaderElected) error {
 				l.ResUntil = max(l.ResUntil, ext)
 			}
 		}
+		if q.fund != (Funding{}) {
+			// NotAfter was measured on the old leader's clock: the new
+			// leader funds the quota again from its own upstream lease.
+			q.fund = Funding{}
+			q.reshape()
+			q.settle()
+		}
 	}
 	return nil
 }
@@ -447,7 +506,12 @@ func (s *State) resize(q *quota, l *lease, unused float64, confirmed bool, t tar
 	resCap, _ := q.reserved()
 	q.pool = min(q.pool, max(0, q.cfg.Burst-resCap))
 
+	// A sublease never outlives its parent: while funded, no term ends
+	// after the funding's end (refill dropped it if that has passed).
 	period := q.cfg.LeasePeriod
+	if q.fund.Active(now) {
+		period = min(period, q.fund.NotAfter-now)
+	}
 	l.Term = max(l.Term, period)
 	l.Expiry = now + period
 	l.ReclaimAt = max(l.ReclaimAt, l.Expiry+q.cfg.SafetyMargin)
@@ -477,6 +541,14 @@ func (l *lease) collapse() {
 // B - sum(reserved b_i). The reservations must not have changed since poolAt;
 // every step that changes them refills first.
 func (q *quota) refill(now int64) {
+	if f := q.fund; (f.Burst > 0 || f.Rate > 0) && now >= f.NotAfter {
+		// The upstream lease is over: refill under it up to its end, then
+		// drop it. Its tokens still in the pool go (reshape trims to the
+		// quota's own part): the upstream holder may not spend them.
+		q.refill(max(q.poolAt, f.NotAfter-1))
+		q.fund = Funding{}
+		q.reshape()
+	}
 	if now <= q.poolAt {
 		return
 	}
