@@ -24,7 +24,8 @@
 # Knobs (environment): BENCH_DURATION (5s), BENCH_WARMUP (1s),
 # BENCH_CONCURRENCY (64), BENCH_KEYS (10000), BENCH_BATCH (100),
 # BENCH_BIG_BATCH (1000) and BENCH_BIG_CONCURRENCY (8) for the large
-# batches, BENCH_LIGHT_RATE (1000 decisions/s, the latency rows),
+# batches, BENCH_LIGHT_RATE (1000 decisions/s) and BENCH_LIGHT_DURATION
+# (10s) for the latency rows,
 # BENCH_GATEWAY_RATE (5000 decisions/s: one gateway of the capacity plan),
 # BENCH_GO_BENCHTIME (1s), BENCH_RENEW_BENCHTIME (3s), BENCH_DECISION_TIMEOUT (1s: the agent's
 # -decision-timeout), BENCH_OUT (docs/performance.md),
@@ -45,6 +46,8 @@ BIG_BATCH=${BENCH_BIG_BATCH:-1000}
 # decision timeout); the leased row uses the same load for comparison.
 BIG_CONC=${BENCH_BIG_CONCURRENCY:-8}
 LIGHT_RATE=${BENCH_LIGHT_RATE:-1000}
+# Long enough for 10^4 samples, so the p99 does not rest on a few stalls.
+LIGHT_DURATION=${BENCH_LIGHT_DURATION:-10s}
 GATEWAY_RATE=${BENCH_GATEWAY_RATE:-5000}
 GO_BENCHTIME=${BENCH_GO_BENCHTIME:-1s}
 RENEW_BENCHTIME=${BENCH_RENEW_BENCHTIME:-3s}
@@ -248,17 +251,17 @@ gateway=(
 # intended send time), so queueing on this small machine does not hide
 # what the gRPC hop, the Redis round trip and the leased decision cost.
 light=(
-  "light-empty|empty unary at $LIGHT_RATE/s|-mode empty -target \$GRPC -rate $LIGHT_RATE"
-  "light-allow|unary Allow (Redis path) at $LIGHT_RATE/s, $KEYS keys|-mode allow -target \$GRPC -keys $KEYS -dist uniform -rate $LIGHT_RATE"
-  "light-leased|unary Allow (leased) at $LIGHT_RATE/s, 1 hot key|-mode allow -target \$GRPC -descriptor-key leased -key-prefix l -dist hot -rate $LIGHT_RATE"
+  "light-empty|empty unary at $LIGHT_RATE/s|-mode empty -target \$GRPC -rate $LIGHT_RATE -duration $LIGHT_DURATION"
+  "light-allow|unary Allow (Redis path) at $LIGHT_RATE/s, $KEYS keys|-mode allow -target \$GRPC -keys $KEYS -dist uniform -rate $LIGHT_RATE -duration $LIGHT_DURATION"
+  "light-leased|unary Allow (leased) at $LIGHT_RATE/s, 1 hot key|-mode allow -target \$GRPC -descriptor-key leased -key-prefix l -dist hot -rate $LIGHT_RATE -duration $LIGHT_DURATION"
 )
 for row in "${matrix[@]}" "${gateway[@]}" "${light[@]}"; do
   IFS='|' read -r name _ flags <<<"$row"
   expanded=${flags//\$GRPC/$GRPC}
   expanded=${expanded//\$HTTP/$HTTP}
-  say "ration-bench $flags $common"
-  # shellcheck disable=SC2086 # flags are words
-  "$bench" $expanded $common >"$work/results/$name.json"
+  say "ration-bench $common $flags"
+  # shellcheck disable=SC2086 # flags are words; a row's own flags come last and win
+  "$bench" $common $expanded >"$work/results/$name.json"
   jq -r '"   \(.decisions_per_s) decisions/s (\(.decided_per_s) decided by a bucket), p50 \(.latency_us.p50)µs, p99 \(.latency_us.p99)µs, failure policy \(.failure_policy), errors \(.errors)"' \
     "$work/results/$name.json" >&2
 done
@@ -472,7 +475,7 @@ $(table_rows "${gateway[@]}")
 ### Latency at a light load: where a decision's time goes
 
 The same agent, driven open loop at $LIGHT_RATE decisions/s (latency counted
-from the intended send time, so a stall is not hidden), for $DURATION after
+from the intended send time, so a stall is not hidden), for $LIGHT_DURATION after
 a $WARMUP warmup: the machine is mostly idle, so these are the costs of the
 parts, not of queueing. Next to them, the Redis round trip alone:
 redis-benchmark with one client and one script at a time, and the
@@ -577,7 +580,7 @@ gateway-agent -rules rules.yaml -redis 127.0.0.1:\$REDIS_PORT -coordinators \$CO
 EOF
   for row in "${matrix[@]}" "${gateway[@]}" "${light[@]}"; do
     IFS='|' read -r _ _ flags <<<"$row"
-    echo "ration-bench $flags -duration $DURATION -warmup $WARMUP -pids \$AGENT_PID,\$REDIS_PID,\$COORD_PID -json"
+    echo "ration-bench -duration $DURATION -warmup $WARMUP -pids \$AGENT_PID,\$REDIS_PID,\$COORD_PID -json $flags"
   done
   echo "redis-cli -p \$REDIS_PORT -x SCRIPT LOAD < $script   # prints \$SHA"
   echo "${ceiling_cmd[1]}"
