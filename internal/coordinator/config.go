@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -34,6 +35,18 @@ type Config struct {
 	Bootstrap     bool   // -bootstrap: form a new cluster with this node as its only voter
 	Join          string // -join, RATION_JOIN: admin gRPC address of a member to join through
 	RulesFile     string // -rules, RATION_RULES: the quota shapes (burst, rate, lease)
+	// Region is the region this group serves (-region, RATION_REGION).
+	// Upstream, when set, makes the group regional: the gRPC addresses of
+	// the global group (-upstream, RATION_UPSTREAM, comma separated), from
+	// which its leader leases every scope: global, mode: leased quota and
+	// subleases it to the region's agents. A group without -upstream serving
+	// such a rule is the global group: it leases the rule, less the safe
+	// shares, to the regional groups.
+	Region   string // -region, RATION_REGION
+	Upstream string // -upstream, RATION_UPSTREAM
+	// UpstreamRenewAt is the renew point of the upstream leases: the
+	// fraction of their validity after which the leader renews them.
+	UpstreamRenewAt float64 // -upstream-renew-at
 	// Rules, when set in code, is used instead of RulesFile (StartDev, tests).
 	Rules *rules.Set
 
@@ -90,6 +103,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout:    10 * time.Second,
 		MaxItems:           10000,
 		LogLevel:           "info",
+		UpstreamRenewAt:    0.5,
 	}
 }
 
@@ -131,6 +145,9 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Bootstrap, "bootstrap", c.Bootstrap, "form a new cluster with this node as its only voter (once, on the first node; env RATION_BOOTSTRAP)")
 	str(&c.Join, "join", "JOIN", "admin gRPC address of a cluster member to join through")
 	str(&c.RulesFile, "rules", "RULES", "rules YAML file giving every leased quota's burst, rate and lease settings")
+	str(&c.Region, "region", "REGION", "region this coordinator group serves (required with -upstream)")
+	str(&c.Upstream, "upstream", "UPSTREAM", "gRPC addresses of the global coordinator group, comma separated: makes this a regional group that leases scope: global, mode: leased rules from it")
+	fs.Float64Var(&c.UpstreamRenewAt, "upstream-renew-at", c.UpstreamRenewAt, "renew point of upstream leases: fraction of their validity after which they are renewed, in (0, 1)")
 	dur(&c.HeartbeatTimeout, "raft-heartbeat-timeout", "RAFT_HEARTBEAT_TIMEOUT", "time without leader contact before a follower stands for election")
 	dur(&c.ElectionTimeout, "raft-election-timeout", "RAFT_ELECTION_TIMEOUT", "time a candidate waits before a new election")
 	dur(&c.LeaderLeaseTimeout, "raft-leader-lease-timeout", "RAFT_LEADER_LEASE_TIMEOUT", "time a leader stays leader without quorum contact")
@@ -199,6 +216,8 @@ func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
 	boolean(&c.Bootstrap, "BOOTSTRAP")
 	str(&c.Join, "JOIN")
 	str(&c.RulesFile, "RULES")
+	str(&c.Region, "REGION")
+	str(&c.Upstream, "UPSTREAM")
 	dur(&c.HeartbeatTimeout, "RAFT_HEARTBEAT_TIMEOUT")
 	dur(&c.ElectionTimeout, "RAFT_ELECTION_TIMEOUT")
 	dur(&c.LeaderLeaseTimeout, "RAFT_LEADER_LEASE_TIMEOUT")
@@ -320,7 +339,34 @@ func (c Config) Validate() error {
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		bad("-log-level %q: %v", c.LogLevel, err)
 	}
+	if c.Region != "" {
+		if msg := region.ID(c.Region).Check(); msg != "" {
+			bad("-region: %s", msg)
+		}
+	}
+	if c.Upstream != "" {
+		if c.Region == "" {
+			bad("-upstream %q: a regional group needs -region (its share of global rules is chosen by it)", c.Upstream)
+		}
+		for _, a := range c.UpstreamAddrs() {
+			addr("-upstream", a, false)
+		}
+	}
+	if !(c.UpstreamRenewAt > 0 && c.UpstreamRenewAt < 1) {
+		bad("-upstream-renew-at %v: must be in (0, 1)", c.UpstreamRenewAt)
+	}
 	return errors.Join(errs...)
+}
+
+// UpstreamAddrs splits -upstream.
+func (c Config) UpstreamAddrs() []string {
+	var out []string
+	for _, a := range strings.Split(c.Upstream, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 func unspecifiedHost(hostport string) bool {

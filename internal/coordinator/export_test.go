@@ -1,5 +1,7 @@
 package coordinator
 
+import "github.com/ration-dev/ration/internal/lease"
+
 // EntryKinds names the operations of one Raft entry, in order: "member",
 // a lease command kind ("leader-elected", "renew", ...), or "ignorable".
 // Tests that read a node's log on disk use it.
@@ -21,3 +23,6 @@ func EntryKinds(data []byte) ([]string, error) {
 	}
 	return out, nil
 }
+
+// ReadState runs fn on the node's live state (tests only).
+func (n *Node) ReadState(fn func(*lease.State)) { n.fsm.read(fn) }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -79,7 +80,7 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 		if it.LeaseId == 0 {
 			seq++
 		}
-		qid, cfg, msg := quotaFor(set, it.Quota, n.cfg)
+		qid, cfg, weight, msg := quotaFor(set, it.Quota, n.cfg, req.Holder)
 		if msg != "" {
 			grants[i].Error = msg
 			continue
@@ -87,13 +88,13 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 		p.configs = append(p.configs, cfg)
 		if it.LeaseId == 0 {
 			p.ops = append(p.ops, pendingOp{cmd: lease.Grant{
-				Holder: req.Holder, Seq: grantSeq, Quota: qid, Demand: it.Demand,
+				Holder: req.Holder, Seq: grantSeq, Quota: qid, Demand: it.Demand, Weight: weight,
 			}})
 			grantItems = append(grantItems, i)
 			continue
 		}
 		renew.Items = append(renew.Items, lease.RenewItem{
-			LeaseID: it.LeaseId, Quota: qid, Unused: it.Unused, Demand: it.Demand,
+			LeaseID: it.LeaseId, Quota: qid, Unused: it.Unused, Demand: it.Demand, Weight: weight,
 			ConfirmedCap: it.ConfirmedCap, ConfirmedRate: it.ConfirmedRate,
 		})
 		renewItems = append(renewItems, i)
@@ -217,18 +218,28 @@ func itemError(err error) string {
 	return ""
 }
 
-// quotaFor resolves a quota reference against the coordinator's rules: the
-// quota id and its shape, or the item's error text.
-func quotaFor(set *rules.Set, ref *rationv1.QuotaRef, cfg Config) (string, lease.ConfigureQuota, string) {
+// quotaFor resolves a quota reference of holder against the coordinator's
+// rules: the quota id, its shape and the holder's weight (0: the default),
+// or the item's error text.
+//
+// A scope: global, mode: leased rule has three shapes (DESIGN.md section 5).
+// In a regional group (-upstream) it is funded: its own part is the region's
+// safe share, the rest comes from the leader's upstream lease (Fund). In the
+// global group it is the rule less every region's safe share (those are
+// never leased out), and a region's holder weighs by its region's weight.
+func quotaFor(set *rules.Set, ref *rationv1.QuotaRef, cfg Config, holder string) (string, lease.ConfigureQuota, float64, string) {
+	fail := func(format string, args ...any) (string, lease.ConfigureQuota, float64, string) {
+		return "", lease.ConfigureQuota{}, 0, ItemErrUnknownQuota + ": " + fmt.Sprintf(format, args...)
+	}
 	r, ok := set.Rule(ref.GetRule())
 	if !ok {
-		return "", lease.ConfigureQuota{}, fmt.Sprintf("%s: no rule %q in the coordinator's rules", ItemErrUnknownQuota, ref.GetRule())
+		return fail("no rule %q in the coordinator's rules", ref.GetRule())
 	}
 	if r.Mode != rules.ModeLeased {
-		return "", lease.ConfigureQuota{}, fmt.Sprintf("%s: rule %q is not leased (mode %v)", ItemErrUnknownQuota, r.Name, r.Mode)
+		return fail("rule %q is not leased (mode %v)", r.Name, r.Mode)
 	}
 	id := QuotaID(r.Name, ref.GetSubject())
-	return id, lease.ConfigureQuota{
+	c := lease.ConfigureQuota{
 		Quota:        id,
 		Burst:        r.Burst,
 		Rate:         r.Rate,
@@ -236,7 +247,38 @@ func quotaFor(set *rules.Set, ref *rationv1.QuotaRef, cfg Config) (string, lease
 		MinSlice:     r.Lease.MinSlice,
 		MaxSlice:     r.Lease.MaxSlice,
 		SafetyMargin: cfg.SafetyMargin.Microseconds(),
-	}, ""
+	}
+	var weight float64
+	switch {
+	case r.Scope != region.ScopeGlobal:
+	case cfg.Upstream != "":
+		w, ok := r.Regions[region.ID(cfg.Region)]
+		if !ok {
+			return fail("rule %q is scope: global and has no share for this group's region %q", r.Name, cfg.Region)
+		}
+		safe := region.Safe(r.Burst, r.Rate, w.SafeShare)
+		c.Burst, c.Rate, c.Funded = safe.Burst, safe.Rate, true
+		if c.Rate < lease.MinRate {
+			c.Rate = 0
+		}
+	default:
+		if id, isRegion := region.FromHolder(holder); isRegion {
+			w, ok := r.Regions[id]
+			if !ok {
+				return fail("rule %q is scope: global and has no share for region %q", r.Name, id)
+			}
+			weight = w.Weight
+		}
+		l := region.Leasable(r.Burst, r.Rate, r.Regions)
+		if !(l.Burst > 0) {
+			return fail("rule %q: the regions' safe shares take its whole burst; nothing is left to lease", r.Name)
+		}
+		c.Burst, c.Rate = l.Burst, l.Rate
+		if c.Rate < lease.MinRate {
+			c.Rate = 0
+		}
+	}
+	return id, c, weight, ""
 }
 
 // checkHolderRequest rejects a malformed Renew or Release before anything

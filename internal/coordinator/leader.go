@@ -161,6 +161,10 @@ func (n *Node) lead(t *term) {
 	go n.batch(t)
 	go n.respond(t)
 	go n.tick(t)
+	if n.upClient != nil {
+		n.wg.Add(1)
+		go n.runUpstream(t)
+	}
 }
 
 func (n *Node) commitElected(t *term) error {

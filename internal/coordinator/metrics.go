@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/region"
+	"github.com/ration-dev/ration/internal/rules"
 )
 
 // metrics are one node's ration_coordinator_* metrics. Labels are bounded:
@@ -24,7 +26,10 @@ type metrics struct {
 	commitDuration prometheus.Histogram
 	isLeader       prometheus.Gauge
 	ready          prometheus.Gauge
-	state          *stateCollector
+	// upstreamRenewals counts a regional leader's renewals of its upstream
+	// leases, by result (ok, error).
+	upstreamRenewals *prometheus.CounterVec
+	state            *stateCollector
 
 	all []prometheus.Collector
 }
@@ -74,11 +79,15 @@ func newMetrics(n *Node) *metrics {
 			Name: "ration_coordinator_leader_ready",
 			Help: "1 while this node leads and has applied its LeaderElected entry (it serves leases).",
 		}),
+		upstreamRenewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_coordinator_upstream_renewals_total",
+			Help: "Renewals of this regional leader's upstream leases from the global group, by result (ok, error).",
+		}, []string{"result"}),
 		state: &stateCollector{n: n},
 	}
 	m.all = []prometheus.Collector{
 		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.leaderChanges,
-		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.state,
+		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals, m.state,
 	}
 	return m
 }
@@ -115,6 +124,12 @@ var (
 		"Leased quotas (rule, subject) in the replicated state, by rule.", []string{"rule"}, nil)
 	descLeases = prometheus.NewDesc("ration_coordinator_leases",
 		"Live leases in the replicated state, by rule.", []string{"rule"}, nil)
+	descFunded = prometheus.NewDesc("ration_coordinator_quota_funded_burst_tokens",
+		"What upstream leases add to the rule's funded quotas (a regional group), summed: the rest of descBurst is the safe shares.", []string{"rule"}, nil)
+	descOvershootRate = prometheus.NewDesc("ration_coordinator_safe_overshoot_tokens_per_second",
+		"Worst-case overshoot rate of a scope: global, mode: leased rule while its regions are cut off from the global group: sum(safe shares) - rate when positive (allow_overshoot), else 0.", []string{"rule"}, nil)
+	descOvershootBurst = prometheus.NewDesc("ration_coordinator_safe_overshoot_tokens",
+		"Worst-case overshoot of a global leased rule's burst by its regions' safe bursts (sum(safe bursts) - burst when positive, else 0): the bound over a partition of length T is this plus the rate gauge times T.", []string{"rule"}, nil)
 	descRestores = prometheus.NewDesc("ration_coordinator_snapshot_restores_total",
 		"Snapshots restored into the state machine (from disk at start, or installed from the leader).", nil, nil)
 	descStopped = prometheus.NewDesc("ration_coordinator_fsm_stopped",
@@ -137,7 +152,7 @@ var (
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPool, descLeasedCap, descLeasedRate, descBurst, descQuotas, descLeases, descRestores, descStopped, descRaftState} {
+	for _, d := range []*prometheus.Desc{descPool, descLeasedCap, descLeasedRate, descBurst, descFunded, descOvershootRate, descOvershootBurst, descQuotas, descLeases, descRestores, descStopped, descRaftState} {
 		ch <- d
 	}
 	for _, s := range raftStats {
@@ -146,8 +161,8 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 type ruleSums struct {
-	pool, cap, rate, burst float64
-	quotas, leases         int
+	pool, cap, rate, burst, funded float64
+	quotas, leases                 int
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -166,15 +181,27 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			r.cap += q.ReservedCap
 			r.rate += q.ReservedRate
 			r.burst += q.Effective().Burst
+			r.funded += q.Fund.Burst
 			r.quotas++
 			r.leases += q.Leases
 		}
 	})
+	if set := n.rules.Load(); set != nil {
+		for _, r := range set.Rules() {
+			if r.Scope != region.ScopeGlobal || r.Mode != rules.ModeLeased {
+				continue
+			}
+			o := region.Overshoot(r.Burst, r.Rate, r.Regions)
+			ch <- prometheus.MustNewConstMetric(descOvershootRate, prometheus.GaugeValue, o.Rate, r.Name)
+			ch <- prometheus.MustNewConstMetric(descOvershootBurst, prometheus.GaugeValue, o.Burst, r.Name)
+		}
+	}
 	for rule, r := range byRule {
 		ch <- prometheus.MustNewConstMetric(descPool, prometheus.GaugeValue, r.pool, rule)
 		ch <- prometheus.MustNewConstMetric(descLeasedCap, prometheus.GaugeValue, r.cap, rule)
 		ch <- prometheus.MustNewConstMetric(descLeasedRate, prometheus.GaugeValue, r.rate, rule)
 		ch <- prometheus.MustNewConstMetric(descBurst, prometheus.GaugeValue, r.burst, rule)
+		ch <- prometheus.MustNewConstMetric(descFunded, prometheus.GaugeValue, r.funded, rule)
 		ch <- prometheus.MustNewConstMetric(descQuotas, prometheus.GaugeValue, float64(r.quotas), rule)
 		ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(r.leases), rule)
 	}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -48,9 +49,11 @@ type Node struct {
 	reg *prometheus.Registry
 	m   *metrics
 
-	rules   atomic.Pointer[rules.Set]
-	term    atomic.Pointer[term] // the current leadership term; nil when not leader
-	lastNow atomic.Int64         // the last timestamp this node stamped, µs
+	rules atomic.Pointer[rules.Set]
+	// upClient talks to the global group (-upstream); nil otherwise.
+	upClient *Client
+	term     atomic.Pointer[term] // the current leadership term; nil when not leader
+	lastNow  atomic.Int64         // the last timestamp this node stamped, µs
 
 	notify   chan bool
 	observer *raft.Observer
@@ -96,6 +99,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, reg *prometheus
 		done:   make(chan struct{}),
 	}
 	n.rules.Store(set)
+	n.checkSafeShares(set)
+	if cfg.Upstream != "" {
+		n.upClient = NewClient(cfg.UpstreamAddrs(), ClientOptions{Logger: n.logger.With("component", "upstream")})
+	}
 	if err := n.open(ctx); err != nil {
 		n.close()
 		return nil, err
@@ -310,6 +317,23 @@ func (n *Node) Registry() *prometheus.Registry { return n.reg }
 func (n *Node) SetRules(s *rules.Set) {
 	if s != nil {
 		n.rules.Store(s)
+		n.checkSafeShares(s)
+	}
+}
+
+// checkSafeShares logs every global leased rule whose safe shares sum above
+// its rate: the rules file accepted it only under allow_overshoot, and cut
+// off from the global group its regions may admit that much too many (the
+// bound is exported as ration_coordinator_safe_overshoot_*).
+func (n *Node) checkSafeShares(s *rules.Set) {
+	for _, r := range s.Rules() {
+		if r.Scope != region.ScopeGlobal || r.Mode != rules.ModeLeased {
+			continue
+		}
+		if o := region.Overshoot(r.Burst, r.Rate, r.Regions); o.Rate > 0 || o.Burst > 0 {
+			n.logger.Warn("safe shares exceed the rule (allow_overshoot): regions cut off from the global group may overshoot",
+				"rule", r.Name, "overshoot_tokens_per_second", o.Rate, "overshoot_tokens", o.Burst)
+		}
 	}
 }
 
@@ -424,6 +448,9 @@ func (n *Node) close() error {
 			}
 		}
 		n.wg.Wait()
+		if n.upClient != nil {
+			_ = n.upClient.Close()
+		}
 		if n.removeDir != "" {
 			os.RemoveAll(n.removeDir)
 		}

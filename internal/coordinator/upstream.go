@@ -1,0 +1,266 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/region"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// The upstream side of a regional group (-upstream): while this node leads,
+// it holds one lease from the global group per funded quota (every scope:
+// global, mode: leased quota its agents asked for), under the holder name
+// region.HolderName(-region), and links each to its quota with a Fund entry:
+// the quota's capacity becomes its safe share plus the lease, the lease's
+// tokens go into the pool, and no sublease outlives the lease's validity.
+// It is the agents' holder protocol (lease.Holding), with three differences:
+//
+//   - Demand is the sum of the subleases' reported demands: demand flows up.
+//   - It gives nothing back (Unused 0): the pool is its bucket, and what is in
+//     it may already be subleased. A holder may always give back nothing.
+//   - It confirms a shrink only once the quota's ceilings fit the new size,
+//     that is once no sublease can still be spending under the old one; until
+//     then the global group keeps the old size reserved.
+//
+// Cut off from the global group, the Fund entries stop: the funding drops
+// at its NotAfter by itself, and the quota is back to its safe share.
+
+const (
+	upstreamTick = 20 * time.Millisecond
+	// upstreamDrift is rho for upstream leases (as for agents: 1000 ppm).
+	upstreamDrift = 0.001
+	// upstreamRetryUnknown spaces out asking again for a quota the global
+	// group does not know.
+	upstreamRetryUnknown = 10 * time.Second
+)
+
+// upQuota is one funded quota's upstream lease.
+type upQuota struct {
+	id, rule, subject string
+	h                 lease.Holding
+	// confCap, confRate are the upstream sizes the quota fits within now:
+	// what the next renewal confirms.
+	confCap, confRate float64
+	failedAt          int64 // when the global group refused it (0: never)
+}
+
+type upstream struct {
+	n      *Node
+	t      *term
+	holder string
+	seq    uint64
+	quotas map[string]*upQuota
+	retry  int64 // no request before this (backoff), term clock µs
+	back   time.Duration
+}
+
+// termClock is the term's clock without the node's max(last stamp): the
+// upstream holdings run on it, so their NotAfter is never later than the
+// stamps the subleases' terms are measured from.
+func (n *Node) termClock(t *term) int64 {
+	return t.base + n.clock().Sub(t.start).Microseconds()
+}
+
+// runUpstream is the term's upstream loop (regional groups only).
+func (n *Node) runUpstream(t *term) {
+	defer n.wg.Done()
+	u := &upstream{
+		n: n, t: t, holder: region.HolderName(region.ID(n.cfg.Region)),
+		// Sequence numbers continue across leaders of this group: the wall
+		// clock in µs is past any number an earlier leader used (each
+		// used about one per request since its own, earlier, start).
+		seq:    uint64(max(time.Now().UnixMicro(), n.termClock(t))),
+		quotas: map[string]*upQuota{},
+	}
+	tk := time.NewTicker(upstreamTick)
+	defer tk.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-tk.C:
+		}
+		u.round()
+	}
+}
+
+// funded reads the funded quotas: each one's demand (the sum over its live
+// subleases) and whether it fits within sizes (cap, rate) of upstream.
+type fundedInfo struct {
+	info   lease.QuotaInfo
+	demand float64
+}
+
+func (u *upstream) read() map[string]fundedInfo {
+	out := map[string]fundedInfo{}
+	u.n.fsm.read(func(s *lease.State) {
+		now := s.Now()
+		for _, name := range s.Quotas() {
+			q, _ := s.Quota(name)
+			if !q.Funded {
+				continue
+			}
+			fi := fundedInfo{info: q}
+			for _, l := range s.Leases(name) {
+				if l.Expiry >= now {
+					fi.demand += l.Demand
+				}
+			}
+			out[name] = fi
+		}
+	})
+	return out
+}
+
+// fits reports whether the quota can no longer be spending beyond its own
+// part plus (cap, rate): its ceilings are within them.
+func fits(q lease.QuotaInfo, capacity, rate float64) bool {
+	tol := func(v float64) float64 { return 1e-9 * max(1, v) }
+	b, r := q.Burst+capacity, q.Rate+rate
+	return q.CeilBurst <= b+tol(b) && q.CeilRate <= r+tol(r)
+}
+
+func (u *upstream) round() {
+	n, t := u.n, u.t
+	now := n.termClock(t)
+	state := u.read()
+	for id := range u.quotas {
+		if _, ok := state[id]; !ok {
+			delete(u.quotas, id)
+		}
+	}
+	var grants, renews []*upQuota
+	anyDue := false
+	for id, fi := range state {
+		q := u.quotas[id]
+		if q == nil {
+			rule, subject, _ := strings.Cut(id, "|")
+			q = &upQuota{id: id, rule: rule, subject: subject}
+			q.h = lease.Holding{Quota: id, Validity: func(term int64) int64 { return lease.AgentValidity(term, upstreamDrift, 0) }}
+			u.quotas[id] = q
+		}
+		if q.failedAt != 0 && now-q.failedAt < upstreamRetryUnknown.Microseconds() {
+			continue
+		}
+		if !q.h.Valid(now) {
+			if q.h.Lease.ID != 0 {
+				q.h.Drop()
+				q.confCap, q.confRate = 0, 0
+			}
+			anyDue = true
+			grants = append(grants, q)
+			continue
+		}
+		if fits(fi.info, q.h.Lease.Cap, q.h.Lease.Rate) {
+			q.confCap, q.confRate = q.h.Lease.Cap, q.h.Lease.Rate
+		}
+		validity := lease.AgentValidity(q.h.Lease.Term, upstreamDrift, 0)
+		if now >= q.h.ValidUntil-int64(float64(validity)*(1-n.cfg.UpstreamRenewAt)) {
+			anyDue = true
+		}
+		renews = append(renews, q)
+	}
+	if !anyDue || now < u.retry {
+		return
+	}
+	req := &rationv1.RenewRequest{Holder: u.holder, Region: n.cfg.Region, Seq: u.seq}
+	seqs := make([]uint64, 0, len(grants)+len(renews))
+	for i, q := range grants {
+		seq := u.seq + uint64(i)
+		// As an agent's first grant: ask for at least the quota's own rate
+		// until the subleases report real demand.
+		demand := max(state[q.id].demand, state[q.id].info.Rate)
+		q.h.Grant(now, u.holder, seq, demand)
+		seqs = append(seqs, seq)
+		req.Items = append(req.Items, &rationv1.RenewItem{
+			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, Demand: demand,
+		})
+	}
+	renewSeq := u.seq + uint64(len(grants))
+	for _, q := range renews {
+		it := q.h.Renewal(now, renewSeq, state[q.id].demand, 0)
+		seqs = append(seqs, renewSeq)
+		req.Items = append(req.Items, &rationv1.RenewItem{
+			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, LeaseId: it.LeaseID,
+			// Nothing given back, whatever Holding owes: see the top.
+			Unused: 0, Demand: it.Demand, ConfirmedCap: q.confCap, ConfirmedRate: q.confRate,
+		})
+	}
+	u.seq = renewSeq + 1
+	if len(req.Items) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(t.ctx, 2*time.Second)
+	resp, err := n.upClient.Renew(ctx, req)
+	cancel()
+	if err == nil && len(resp.GetGrants()) != len(req.Items) {
+		err = fmt.Errorf("global group answered %d grants for %d items", len(resp.GetGrants()), len(req.Items))
+	}
+	if err != nil {
+		if t.ctx.Err() != nil {
+			return
+		}
+		n.m.upstreamRenewals.WithLabelValues("error").Inc()
+		// A stale seq (an earlier leader's numbers ran ahead of this
+		// clock) is skipped past; any other failure backs off.
+		u.seq += 1e7
+		u.back = min(max(2*u.back, upstreamTick), time.Second)
+		u.retry = n.termClock(t) + u.back.Microseconds()
+		n.logger.Warn("upstream lease renewal failed: funded quotas spend their slices until they expire, then their safe shares", "err", err)
+		return
+	}
+	n.m.upstreamRenewals.WithLabelValues("ok").Inc()
+	u.back, u.retry = 0, 0
+	recv := n.termClock(t)
+	all := append(grants, renews...)
+	var funds []pendingOp
+	for i, q := range all {
+		g := resp.Grants[i]
+		switch e := g.GetError(); {
+		case e == "":
+			l := lease.Lease{ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs}
+			if !q.h.Adopt(recv, seqs[i], l) {
+				continue
+			}
+			q.failedAt = 0
+			if q.h.Valid(recv) {
+				funds = append(funds, pendingOp{cmd: lease.Fund{
+					Quota: q.id, Burst: g.Cap, Rate: rateOr0(g.Rate), Deposit: g.Balance, NotAfter: q.h.ValidUntil,
+				}})
+			}
+		case strings.HasPrefix(e, ItemErrUnknownQuota):
+			q.h.Drop()
+			q.failedAt = recv
+			n.logger.Error("the global group does not lease this quota: only its safe share applies", "quota", q.id, "err", e)
+		default:
+			q.h.Drop()
+		}
+	}
+	if len(funds) == 0 {
+		return
+	}
+	res, err := n.proposeIn(t.ctx, t, &proposal{ops: funds})
+	if err != nil {
+		if t.ctx.Err() == nil {
+			n.logger.Warn("funding from the upstream lease failed to commit", "err", err)
+		}
+		return
+	}
+	for i, r := range res {
+		if r.Err != nil {
+			n.logger.Warn("funding refused", "quota", funds[i].cmd.(lease.Fund).Quota, "err", r.Err)
+		}
+	}
+}
+
+// rateOr0 keeps a rate the state machine accepts (0 or at least MinRate).
+func rateOr0(r float64) float64 {
+	if r < lease.MinRate {
+		return 0
+	}
+	return r
+}
