@@ -354,12 +354,18 @@ plan_agent_us=$(r gw-allow '.cpu[0].us_per_decision')
 plan_agent_leased_us=$(r gw-leased '.cpu[0].us_per_decision')
 plan_renew_rps=$(bench_metric "$work/gotest-renew.txt" BenchmarkRenew/holders=128 renewals/s | awk '{ printf "%.0f", $1 }')
 plan_renew_item_us=$(bench_metric "$work/gotest-bench.txt" BenchmarkRenew/items=100/others=1 ns/op | awk '{ if ($1 != "") printf "%.2f", $1 / 100 / 1000 }')
+# What each further holder of a quota adds to renewing one lease of it (the
+# fair share is recomputed over every holder): 100 leases, 101 holders
+# against 2.
+renew_ns_100=$(bench_metric "$work/gotest-bench.txt" BenchmarkRenew/items=100/others=100 ns/op)
+renew_ns_1=$(bench_metric "$work/gotest-bench.txt" BenchmarkRenew/items=100/others=1 ns/op)
+plan_renew_holder_us=$(awk -v a="$renew_ns_100" -v b="$renew_ns_1" 'BEGIN { if (a != "" && b != "") printf "%.3f", (a - b) / 100 / 99 / 1000 }')
 plan_grpc_p99=$(r light-empty '.latency_us.p99 | . + 0.5 | floor')
 plan_allow_p99=$(r light-allow '.latency_us.p99 | . + 0.5 | floor')
 plan_leased_p99=$(r light-leased '.latency_us.p99 | . + 0.5 | floor')
 plan_rtt_p99=$(csv_field "$rtt" 7 | awk '{ printf "%.0f", $1 * 1000 }')
 plan_script_us=$script_us
-plan_flags="-redis-us $plan_redis_us -agent-us $plan_agent_us -agent-leased-us $plan_agent_leased_us -renew-rps ${plan_renew_rps:-0} -renew-item-us ${plan_renew_item_us:-0} -grpc-p99-us $plan_grpc_p99 -redis-rtt-p99-us $plan_rtt_p99 -script-us $plan_script_us -allow-p99-us $plan_allow_p99 -leased-p99-us $plan_leased_p99"
+plan_flags="-redis-us $plan_redis_us -agent-us $plan_agent_us -agent-leased-us $plan_agent_leased_us -renew-rps ${plan_renew_rps:-0} -renew-item-us ${plan_renew_item_us:-0} -renew-holder-us ${plan_renew_holder_us:-0} -grpc-p99-us $plan_grpc_p99 -redis-rtt-p99-us $plan_rtt_p99 -script-us $plan_script_us -allow-p99-us $plan_allow_p99 -leased-p99-us $plan_leased_p99"
 
 table_head='| run | decisions/s | decided/s | allowed | policy | p50 µs | p99 µs | p99.9 µs | CPU µs/decision agent | redis | coordinator | servers | tool | cores busy | errors |
 | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |'
@@ -421,7 +427,14 @@ for rule \`leased\` (\`mode: leased\`, burst and rate 10^9, \`lease: {period:
 10s}\`): the agent decides from the slice it leased, in memory, and only its
 background renewals reach the coordinator. A leased denial (the slice is
 spent until its next refill or renewal) costs the same local check as an
-admission.
+admission. Each leased row uses subjects no earlier row used: a quota
+idle in an earlier row would start from the small share its idle demand
+earned. The leased rows over 1000 keys admit less than all although the
+rule allows 10^9/s: each key's slice is sized from the demand the agent
+measured before its last renewal (cap: burst/rate times that rate), so a
+key whose demand rises is held to the old share until the next renewal;
+shares converge within about a lease period (docs/leases.md), longer than
+this row's warmup.
 
 ## Targets and ratios
 
@@ -551,7 +564,8 @@ run; \`ration-bench plan\` takes them as flags:
 | \`-agent-us\` | $plan_agent_us | agent CPU µs per decision, unary Allow at $GATEWAY_RATE/s (one gateway's load; $(r allow '.cpu[0].us_per_decision') when saturated) |
 | \`-agent-leased-us\` | $plan_agent_leased_us | agent CPU µs per decision, leased unary Allow at $GATEWAY_RATE/s ($(r leased '.cpu[0].us_per_decision') when saturated) |
 | \`-renew-rps\` | ${plan_renew_rps:-n/a} | Renew requests/s of the 3-node group, \`BenchmarkRenew/holders=128\` |
-| \`-renew-item-us\` | ${plan_renew_item_us:-n/a} | state-machine µs per lease in a Renew, \`internal/lease\` \`BenchmarkRenew/items=100/others=1\` ns/op / 100 |
+| \`-renew-item-us\` | ${plan_renew_item_us:-n/a} | state-machine µs per lease in a Renew (its quota held by 2 agents), \`internal/lease\` \`BenchmarkRenew/items=100/others=1\` ns/op / 100 |
+| \`-renew-holder-us\` | ${plan_renew_holder_us:-n/a} | what each further holder of its quota adds to one lease's renewal: (\`others=100\` ns/op - \`others=1\` ns/op) / 100 leases / 99 holders |
 | \`-grpc-p99-us\` | $plan_grpc_p99 | p99 of the empty unary call at $LIGHT_RATE/s |
 | \`-redis-rtt-p99-us\` | $plan_rtt_p99 | p99 of EVALSHA from one client, no pipelining |
 | \`-script-us\` | $plan_script_us | the script's mean run time inside Redis |

@@ -18,21 +18,27 @@ import (
 // Size.
 type Plan struct {
 	// The traffic mix.
-	Decisions   float64       `json:"decisions_per_s"` // aggregate decisions per second
-	LeasedShare float64       `json:"leased_share"`    // share of decisions on mode: leased rules, in [0, 1]
-	Gateways    int           `json:"gateways"`        // gateway instances, one agent each
-	HotQuotas   int           `json:"hot_quotas"`      // leased quotas one agent holds at once: items per Renew
-	LeasePeriod time.Duration `json:"lease_period_ns"` // rule lease.period D
-	RenewAt     float64       `json:"renew_at"`        // the agent's renew point, a fraction of the lease's validity
-	Headroom    float64       `json:"headroom"`        // share of every resource left idle at the target load, in [0, 1)
-	GroupSize   int           `json:"group_size"`      // coordinator nodes per Raft group
+	Decisions   float64 `json:"decisions_per_s"` // aggregate decisions per second
+	LeasedShare float64 `json:"leased_share"`    // share of decisions on mode: leased rules, in [0, 1]
+	Gateways    int     `json:"gateways"`        // gateway instances, one agent each
+	HotQuotas   int     `json:"hot_quotas"`      // leased quotas one agent holds at once: items per Renew
+	// HoldersPerQuota is how many agents hold a lease of one quota at once
+	// (a hot key is hot on every gateway); 0 means all the gateways.
+	HoldersPerQuota int           `json:"holders_per_quota"`
+	LeasePeriod     time.Duration `json:"lease_period_ns"` // rule lease.period D
+	RenewAt         float64       `json:"renew_at"`        // the agent's renew point, a fraction of the lease's validity
+	Headroom        float64       `json:"headroom"`        // share of every resource left idle at the target load, in [0, 1)
+	GroupSize       int           `json:"group_size"`      // coordinator nodes per Raft group
 
 	// Per-decision costs, measured.
 	RedisUS       float64 `json:"redis_us"`        // redis-server CPU µs per script (one shard = one core)
 	AgentUS       float64 `json:"agent_us"`        // agent CPU µs per Redis-path decision
 	AgentLeasedUS float64 `json:"agent_leased_us"` // agent CPU µs per leased decision
 	RenewRPS      float64 `json:"renew_rps"`       // Renew requests/s one group commits (one lease each)
-	RenewItemUS   float64 `json:"renew_item_us"`   // leader µs per further lease in a Renew
+	RenewItemUS   float64 `json:"renew_item_us"`   // µs per further lease in a Renew (quota with 2 holders)
+	// RenewHolderUS is what each further holder of a quota adds to renewing
+	// one lease of it: the fair share is recomputed over all its holders.
+	RenewHolderUS float64 `json:"renew_holder_us"`
 
 	// Latency parts at a light load, µs.
 	GRPCP99US     float64 `json:"grpc_p99_us"`      // empty unary call
@@ -43,20 +49,23 @@ type Plan struct {
 }
 
 // measured holds the defaults of the per-decision costs: the figures of the
-// scripts/bench.sh run recorded in docs/performance.md (its section
-// "Per-decision costs for the capacity plan" names where each one comes
-// from). Re-measure on the target hardware and pass the flags it prints.
+// scripts/bench.sh run recorded in docs/performance.md (2026-11-30 00:28
+// UTC, code 5c0b98f, 2 shared CPUs, load average 4 to 9), whose section
+// "Per-decision costs for the capacity plan" names the row or benchmark
+// each one comes from. Re-measure on the target hardware and pass the
+// flags that section prints.
 var measured = Plan{
-	RedisUS:       25.0,
-	AgentUS:       44.9,
-	AgentLeasedUS: 20.0,
-	RenewRPS:      6093,
-	RenewItemUS:   1.18,
-	GRPCP99US:     1000,
-	RedisRTTP99US: 500,
-	ScriptUS:      10,
-	AllowP99US:    1500,
-	LeasedP99US:   1000,
+	RedisUS:       17.9,  // redis-server CPU per script, redis-benchmark P1, 64 clients
+	AgentUS:       93.6,  // agent CPU per decision, unary Allow at 5000/s (44.4 saturated)
+	AgentLeasedUS: 90.4,  // agent CPU per decision, leased unary Allow at 5000/s (25.5 saturated)
+	RenewRPS:      3441,  // coordinator BenchmarkRenew/holders=128, 3 nodes
+	RenewItemUS:   1.83,  // lease BenchmarkRenew/items=100/others=1, ns/op / 100
+	RenewHolderUS: 0.202, // lease BenchmarkRenew others=100 less others=1, ns/op / 100 / 99
+	GRPCP99US:     4252,  // empty unary at 1000/s
+	RedisRTTP99US: 87,    // redis-benchmark -c 1 -P 1
+	ScriptUS:      9.49,  // INFO commandstats usec_per_call of evalsha
+	AllowP99US:    31818, // unary Allow (Redis path) at 1000/s
+	LeasedP99US:   4428,  // unary Allow (leased) at 1000/s
 }
 
 // DefaultPlan is the question of issue 5: one million decisions per second,
@@ -87,6 +96,9 @@ func (p Plan) Check() error {
 	}
 	if p.Gateways < 1 {
 		add("-gateways %d: want at least 1", p.Gateways)
+	}
+	if p.HoldersPerQuota < 0 {
+		add("-holders-per-quota %d: must not be negative (0: all the gateways)", p.HoldersPerQuota)
 	}
 	if p.HotQuotas < 0 {
 		add("-hot-quotas %d: must not be negative", p.HotQuotas)
@@ -121,7 +133,7 @@ func (p Plan) Check() error {
 		name string
 		v    float64
 	}{
-		{"-renew-item-us", p.RenewItemUS}, {"-grpc-p99-us", p.GRPCP99US}, {"-redis-rtt-p99-us", p.RedisRTTP99US},
+		{"-renew-item-us", p.RenewItemUS}, {"-renew-holder-us", p.RenewHolderUS}, {"-grpc-p99-us", p.GRPCP99US}, {"-redis-rtt-p99-us", p.RedisRTTP99US},
 		{"-script-us", p.ScriptUS}, {"-allow-p99-us", p.AllowP99US}, {"-leased-p99-us", p.LeasedP99US},
 	} {
 		if !(f.v >= 0) || !finite(f.v) {
@@ -156,7 +168,9 @@ type Sizing struct {
 	RenewInterval     time.Duration `json:"renew_interval_ns"`
 	RenewRequests     float64       `json:"renew_requests_per_s"`
 	RenewItems        float64       `json:"renewed_leases_per_s"`
-	LeaderLoad        float64       `json:"leader_load"` // of one group, 1 = its measured capacity
+	Holders           int           `json:"holders_per_quota"` // as used: -holders-per-quota or all gateways
+	RequestUS         float64       `json:"renew_request_us"`  // one Renew's cost in µs of one group's capacity
+	LeaderLoad        float64       `json:"leader_load"`       // of one group, 1 = its measured capacity
 	CoordinatorGroups int           `json:"coordinator_groups"`
 	CoordinatorNodes  int           `json:"coordinator_nodes"`
 	// MaxGatewaysPerGroup is how many agents one group carries at the
@@ -200,9 +214,11 @@ func Size(p Plan) Sizing {
 		s.RenewRequests = float64(p.Gateways) / s.RenewInterval.Seconds()
 		s.RenewItems = s.RenewRequests * float64(p.HotQuotas)
 		perRequest := requestCost(p) // seconds of one group's capacity
+		s.RequestUS = perRequest * 1e6
+		s.Holders = holders(p)
 		s.LeaderLoad = s.RenewRequests * perRequest
 		s.CoordinatorGroups = max(1, ceil(s.LeaderLoad/busy))
-		s.MaxGatewaysPerGroup = int(busy * s.RenewInterval.Seconds() / perRequest)
+		s.MaxGatewaysPerGroup = maxGateways(p, busy, s.RenewInterval.Seconds())
 		// Load scales as 1/period: the period that brings it to busy.
 		s.MinLeasePeriod = time.Duration(float64(p.LeasePeriod) * s.LeaderLoad / busy).Round(time.Second / 10)
 	} else {
@@ -215,9 +231,47 @@ func Size(p Plan) Sizing {
 
 // requestCost is the share of one group's capacity (in seconds) one Renew
 // of p.HotQuotas leases takes: a one-lease request costs 1/RenewRPS as
-// measured, each further lease RenewItemUS.
+// measured (its quota has one holder), each further lease RenewItemUS, and
+// every lease RenewHolderUS per holder of its quota beyond the first.
 func requestCost(p Plan) float64 {
-	return 1/p.RenewRPS + float64(max(0, p.HotQuotas-1))*p.RenewItemUS/1e6
+	q := float64(p.HotQuotas)
+	return 1/p.RenewRPS + (max(0, q-1)*p.RenewItemUS+q*float64(holders(p)-1)*p.RenewHolderUS)/1e6
+}
+
+// maxGateways is the most agents whose renewals keep one group at most
+// busy: the load grows with the gateways and, when every gateway holds
+// every quota, with the holders per quota too (so faster than linearly),
+// hence a search rather than a division.
+func maxGateways(p Plan, busy, interval float64) int {
+	load := func(g int) float64 {
+		q := p
+		q.Gateways = g
+		return float64(g) / interval * requestCost(q)
+	}
+	lo, hi := 0, 1 // load(lo) <= busy < load(hi)
+	for load(hi) <= busy {
+		lo, hi = hi, hi*2
+		if hi > 1<<40 {
+			return lo
+		}
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if load(mid) <= busy {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// holders is how many agents share one quota.
+func holders(p Plan) int {
+	if p.HoldersPerQuota > 0 {
+		return min(p.HoldersPerQuota, p.Gateways)
+	}
+	return p.Gateways
 }
 
 // ceil rounds x up to an integer, treating a tiny excess over a whole
@@ -249,16 +303,18 @@ func (s Sizing) writeText(w io.Writer) error {
 	fmt.Fprintf(tw, "\t%s x %.1f µs (Redis path) + %s x %.1f µs (leased)\n",
 		commas(s.RedisDecisions), p.AgentUS, commas(s.LeasedDecisions), p.AgentLeasedUS)
 	if s.CoordinatorGroups > 0 {
-		fmt.Fprintf(tw, "coordinator\t%d group(s) of %d nodes = %d nodes; leader at %s of one group's measured capacity\n",
+		fmt.Fprintf(tw, "coordinator\t%d group(s) of %d nodes = %d nodes; each group at %s of its measured capacity\n",
 			s.CoordinatorGroups, p.GroupSize, s.CoordinatorNodes, pct(s.LeaderLoad))
 		fmt.Fprintf(tw, "\t%d gateways / (%v x %.2f renew point) = %.1f Renew/s, carrying %s leases/s (%d each)\n",
 			p.Gateways, p.LeasePeriod, p.RenewAt, s.RenewRequests, commas(s.RenewItems), p.HotQuotas)
-		fmt.Fprintf(tw, "\tone group carries %d gateways at this period; all %d fit one group from a period of %v\n",
+		fmt.Fprintf(tw, "\tone group carries %d gateways at this period; its throughput carries all %d from a period of %v\n",
 			s.MaxGatewaysPerGroup, p.Gateways, s.MinLeasePeriod)
 		if s.CoordinatorGroups > 1 {
 			fmt.Fprintf(tw, "\ta region has one group: split the gateways into %d regions, or lengthen the lease period\n", s.CoordinatorGroups)
 		}
-		fmt.Fprintf(tw, "\trenewals grow with gateways / period, not with decisions/s; each lease adds %.2f µs\n", p.RenewItemUS)
+		fmt.Fprintf(tw, "\tone Renew costs %.0f µs of the group: %d leases, each quota held by %d agents (fair share over them)\n",
+			s.RequestUS, p.HotQuotas, s.Holders)
+		fmt.Fprintf(tw, "\trenewals grow with gateways / period, not with decisions/s\n")
 	} else {
 		fmt.Fprintf(tw, "coordinator\tnone needed: nothing is leased\n")
 	}
@@ -336,7 +392,9 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&p.AgentUS, "agent-us", p.AgentUS, "agent CPU µs per Redis-path decision (measured: unary Allow)")
 	fs.Float64Var(&p.AgentLeasedUS, "agent-leased-us", p.AgentLeasedUS, "agent CPU µs per leased decision (measured: leased unary Allow)")
 	fs.Float64Var(&p.RenewRPS, "renew-rps", p.RenewRPS, "Renew requests/s one coordinator group commits (measured: BenchmarkRenew/holders=128)")
-	fs.Float64Var(&p.RenewItemUS, "renew-item-us", p.RenewItemUS, "leader µs per further lease in a Renew (measured: internal/lease BenchmarkRenew/items=100)")
+	fs.IntVar(&p.HoldersPerQuota, "holders-per-quota", p.HoldersPerQuota, "agents holding a lease of one quota at once (0: all the gateways)")
+	fs.Float64Var(&p.RenewItemUS, "renew-item-us", p.RenewItemUS, "µs per further lease in a Renew (measured: internal/lease BenchmarkRenew/items=100/others=1)")
+	fs.Float64Var(&p.RenewHolderUS, "renew-holder-us", p.RenewHolderUS, "µs each further holder of its quota adds to one lease's renewal (measured: internal/lease BenchmarkRenew, others=100 vs 1)")
 	fs.Float64Var(&p.GRPCP99US, "grpc-p99-us", p.GRPCP99US, "p99 µs of the empty unary gRPC call at a light load")
 	fs.Float64Var(&p.RedisRTTP99US, "redis-rtt-p99-us", p.RedisRTTP99US, "p99 µs of EVALSHA from one client, unpipelined")
 	fs.Float64Var(&p.ScriptUS, "script-us", p.ScriptUS, "mean µs the script runs inside Redis (INFO commandstats)")

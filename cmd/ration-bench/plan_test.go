@@ -28,6 +28,7 @@ func testPlan() Plan {
 		AgentLeasedUS: 20,   //
 		RenewRPS:      1000, // 1 ms of a group per one-lease Renew
 		RenewItemUS:   100,  // 0.1 ms per further lease
+		RenewHolderUS: 0,    // TestSizeHolders sets it
 
 		GRPCP99US:     300,
 		RedisRTTP99US: 200,
@@ -109,6 +110,41 @@ func TestSizeRenewalsScaleWithGatewaysAndPeriodNotDecisions(t *testing.T) {
 	}
 }
 
+// TestSizeHolders: renewing a lease recomputes its quota's fair share over
+// every holder, so with every gateway holding every hot quota the
+// coordinator's load grows faster than the gateways.
+func TestSizeHolders(t *testing.T) {
+	p := testPlan()
+	p.RenewHolderUS = 1
+	s := Size(p)
+	// 1 ms + 9 x 0.1 ms + 10 leases x 199 further holders x 1 µs = 3.89 ms.
+	if !near(s.RequestUS, 3890) || s.Holders != 200 {
+		t.Errorf("200 holders: RequestUS, Holders = %v, %d, want 3890, 200", s.RequestUS, s.Holders)
+	}
+	if !near(s.LeaderLoad, 40*3.89e-3) {
+		t.Errorf("200 holders: LeaderLoad = %v, want %v", s.LeaderLoad, 40*3.89e-3)
+	}
+	// G/5s x (1.9 ms + 10 (G-1) µs) <= 0.7 up to G = 504.
+	if s.MaxGatewaysPerGroup != 504 {
+		t.Errorf("200 holders: MaxGatewaysPerGroup = %d, want 504", s.MaxGatewaysPerGroup)
+	}
+
+	// Each quota held by 50 agents only: linear again.
+	p.HoldersPerQuota = 50
+	s = Size(p)
+	// 1.9 ms + 10 x 49 x 1 µs = 2.39 ms; 0.7 x 5s / 2.39 ms = 1464.4.
+	if !near(s.RequestUS, 2390) || s.Holders != 50 || s.MaxGatewaysPerGroup != 1464 {
+		t.Errorf("50 holders: RequestUS, Holders, MaxGatewaysPerGroup = %v, %d, %d, want 2390, 50, 1464",
+			s.RequestUS, s.Holders, s.MaxGatewaysPerGroup)
+	}
+
+	// More holders than gateways cannot be.
+	p.HoldersPerQuota = 1000
+	if s := Size(p); s.Holders != 200 {
+		t.Errorf("-holders-per-quota 1000 with 200 gateways: Holders = %d, want 200", s.Holders)
+	}
+}
+
 func TestSizeEdges(t *testing.T) {
 	// Nothing leased: no coordinator, all decisions on Redis.
 	p := testPlan()
@@ -161,11 +197,12 @@ func TestPlanCheck(t *testing.T) {
 	p.RenewAt = 1
 	p.RedisUS = 0
 	p.ScriptUS = -1
+	p.HoldersPerQuota = -1
 	err := p.Check()
 	if err == nil {
 		t.Fatal("Check() of a bad plan = nil, want errors")
 	}
-	for _, flag := range []string{"-decisions", "-leased-share", "-gateways", "-headroom", "-renew-at", "-redis-us", "-script-us"} {
+	for _, flag := range []string{"-decisions", "-leased-share", "-gateways", "-headroom", "-renew-at", "-redis-us", "-script-us", "-holders-per-quota"} {
 		if !strings.Contains(err.Error(), flag) {
 			t.Errorf("Check() = %q, does not name %s", err, flag)
 		}
