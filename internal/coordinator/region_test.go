@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/coordinator"
@@ -70,6 +69,9 @@ func startHierarchy(t *testing.T, yaml string, globalN, regionN, agentsPer int, 
 		hr.regions[r] = harness.StartCoordinators(t, regionN, yaml, func(c *coordinator.Config) {
 			c.Region = r
 			c.Upstream = strings.Join(ups, ",")
+			// Renew upstream four times per validity: a region's demand and
+			// confirmations reach the global group sooner (docs/operations.md).
+			c.UpstreamRenewAt = 0.25
 		})
 		for i := range agentsPer {
 			id := r + "-agent" + string(rune('0'+i))
@@ -149,9 +151,8 @@ func (hr *hierarchy) admittedIn(recs []admission.Record, region string, from, to
 	return n
 }
 
-// regionLease returns the rate the global leader currently gives region id.
-func (hr *hierarchy) regionRate(id string) float64 {
-	_, leader := hr.global.Leader(hr.t)
+// regionRate returns the rate the global leader gives region id.
+func regionRate(leader *coordinator.Node, id string) float64 {
 	var rate float64
 	leader.ReadState(func(s *lease.State) {
 		for _, q := range s.Quotas() {
@@ -291,4 +292,160 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name, rule string) float
 	return 0
 }
 
-var _ = testutil.ToFloat64
+// Demand moves from region eu to region us: the global group's shares
+// follow within two lease periods (measured from the switch, and logged).
+func TestHierarchySharesFollowDemand(t *testing.T) {
+	hr := startHierarchy(t, hierRules, 1, 1, 1, "eu", "us")
+	const period = time.Second
+	const phase = 4 * time.Second
+	var switched atomic.Int64 // rec clock of the switch, ns
+	type sample struct {
+		at     time.Duration
+		eu, us float64
+	}
+	var samples []sample
+	_, leader := hr.global.Leader(t)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			samples = append(samples, sample{hr.rec.Now(), regionRate(leader, "eu"), regionRate(leader, "us")})
+		}
+	}()
+	hr.drive("g", "x", 2*phase, func(a *regionAgent, at time.Duration) float64 {
+		if at >= phase {
+			switched.CompareAndSwap(0, int64(hr.rec.Now()))
+			if a.region == "us" {
+				return 80
+			}
+			return 10
+		}
+		if a.region == "eu" {
+			return 80
+		}
+		return 10
+	})
+	close(stop)
+	<-done
+	// Max-min fair shares of r = 60 between demands 80 and 10: 50 and 10.
+	sw := time.Duration(switched.Load())
+	var before sample
+	followed := time.Duration(-1)
+	for _, s := range samples {
+		if s.at < sw {
+			before = s
+			continue
+		}
+		if s.us >= 40 && s.eu <= 20 {
+			followed = s.at - sw
+			break
+		}
+	}
+	t.Logf("before the switch: eu %.1f, us %.1f; shares followed after %v", before.eu, before.us, followed)
+	if before.eu < 40 || before.us > 20 {
+		t.Errorf("before the switch eu %.1f, us %.1f: want about 50 and 10 (demand 80 vs 10)", before.eu, before.us)
+	}
+	if followed < 0 {
+		t.Fatalf("shares never followed the demand to us within %v", phase)
+	}
+	if followed > 2*period {
+		t.Errorf("shares followed the demand after %v, want within two lease periods (%v)", followed, 2*period)
+	}
+	if rep := admission.Check(hr.rec.Records(), "g|x", 40, 60); rep.Overshoot > 1e-6 {
+		t.Fatalf("overshoot %.3f tokens in [%v, %v]", rep.Overshoot, rep.From, rep.To)
+	}
+}
+
+const safeRules = `
+rules:
+  - name: g
+    match: {k: "*"}
+    burst: 40
+    rate: 60
+    mode: leased
+    scope: global
+    lease: {period: 1s}
+    regions: {eu: {weight: 1, safe_share: 20}, us: {weight: 1, safe_share: 20}}
+`
+
+// S12: region eu cut off from the global group for three lease periods,
+// with sum(safe) <= r. eu spends its slice until it expires, then its safe
+// share (it still admits, at most at its safe rate), us keeps its lease, and
+// across both regions nothing is admitted beyond B + r*T: overshoot 0.
+func TestS12RegionCutOffWithinSafeShares(t *testing.T) {
+	hr := startHierarchy(t, safeRules, 1, 1, 1, "eu", "us")
+	const period = time.Second
+	var cutAt, healAt atomic.Int64
+	hr.drive("g", "x", 6*time.Second, func(a *regionAgent, at time.Duration) float64 {
+		switch {
+		case at >= time.Second+3*period:
+			if healAt.CompareAndSwap(0, int64(at)) {
+				hr.proxies["eu"].setCut(false)
+			}
+		case at >= time.Second:
+			if cutAt.CompareAndSwap(0, int64(at)) {
+				hr.proxies["eu"].setCut(true)
+			}
+		}
+		return 60
+	})
+	recs := hr.rec.Records()
+	rep := admission.Check(recs, "g|x", 40, 60)
+	cut, heal := time.Duration(cutAt.Load()), time.Duration(healAt.Load())
+	// Past one period (and the margin) after the cut, eu's slice is gone:
+	// it admits at most its safe share, 20/s, plus its safe burst.
+	from := cut + period + 300*time.Millisecond
+	euCut := hr.admittedIn(recs, "eu", from, heal)
+	safeBurst := 40.0 * 20 / 60
+	t.Logf("cut [%v, %v]: eu admitted %v after its slice expired (%.1f/s); total overshoot %.3f",
+		cut, heal, euCut, euCut/(heal-from).Seconds(), rep.Overshoot)
+	if rep.Overshoot > 1e-6 {
+		t.Fatalf("admitted more than B + r*(t1-t0) with sum(safe) <= r: overshoot %.3f tokens in [%v, %v]", rep.Overshoot, rep.From, rep.To)
+	}
+	if limit := safeBurst + 20*(heal-from).Seconds(); euCut > limit+1 {
+		t.Errorf("eu admitted %v while cut off past its slice, above its safe share's %v", euCut, limit)
+	}
+	if euCut == 0 {
+		t.Errorf("eu admitted nothing while cut off: it should fall to its safe share, not to zero")
+	}
+}
+
+const overRules = `
+rules:
+  - name: g
+    match: {k: "*"}
+    burst: 40
+    rate: 60
+    mode: leased
+    scope: global
+    lease: {period: 1s}
+    allow_overshoot: true
+    regions: {eu: {weight: 1, safe_share: 40}, us: {weight: 1, safe_share: 40}}
+`
+
+// S12 with sum(safe) > r (accepted only with allow_overshoot): the
+// coordinators export the worst-case overshoot bound, and what the regions
+// admit while cut off stays within it: B + r*T + bound.
+func TestS12OvershootWithinReportedBound(t *testing.T) {
+	hr := startHierarchy(t, overRules, 1, 1, 1, "eu", "us")
+	rate := gaugeValue(t, hr.global.Registry(0), "ration_coordinator_safe_overshoot_tokens_per_second", "g")
+	burst := gaugeValue(t, hr.global.Registry(0), "ration_coordinator_safe_overshoot_tokens", "g")
+	if rate != 20 || burst < 13.3 || burst > 13.34 {
+		t.Fatalf("reported overshoot bound = %v tokens + %v tokens/s, want 13.33 + 20 (safe 80/s > r 60/s)", burst, rate)
+	}
+	hr.proxies["eu"].setCut(true)
+	hr.proxies["us"].setCut(true)
+	hr.drive("g", "x", 4*time.Second, func(*regionAgent, time.Duration) float64 { return 60 })
+	recs := hr.rec.Records()
+	within := admission.Check(recs, "g|x", 40+burst, 60+rate)
+	plain := admission.Check(recs, "g|x", 40, 60)
+	t.Logf("admitted %v; overshoot of B + r*T: %.2f; of the reported bound: %.2f", plain.Admitted, plain.Overshoot, within.Overshoot)
+	if within.Overshoot > 1e-6 {
+		t.Fatalf("admitted beyond the reported bound: overshoot %.3f tokens in [%v, %v]", within.Overshoot, within.From, within.To)
+	}
+}
