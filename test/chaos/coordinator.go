@@ -1,0 +1,105 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ration-dev/ration/internal/harness"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// CoordinatorProcs is a coordinator group of real processes (cmd/coordinator
+// built from the tree), so a scenario can SIGKILL or SIGSTOP a node. Node 0
+// bootstraps, the others join through it; a restarted node reopens its
+// data dir with the same flags (bootstrap and join are no-ops on a node
+// with state). Raft timing is the in-process harness's: elections well
+// under a second, a Tick every 100ms, a 200ms safety margin.
+type CoordinatorProcs struct {
+	Procs []*Proc
+	GRPC  []string
+	admin []rationv1.AdminClient
+}
+
+// StartCoordinatorProcs starts n nodes and waits until all are voters and
+// one leads.
+func StartCoordinatorProcs(t testing.TB, n int, rulesYAML string) *CoordinatorProcs {
+	t.Helper()
+	dir := t.TempDir()
+	rulesPath := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesPath, []byte(rulesYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := &CoordinatorProcs{}
+	for range n {
+		c.GRPC = append(c.GRPC, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
+	}
+	for i := range n {
+		args := []string{
+			"-id", fmt.Sprintf("node%d", i),
+			"-raft", "127.0.0.1:" + strconv.Itoa(harness.FreePort(t)),
+			"-grpc", c.GRPC[i],
+			"-http", "",
+			"-data-dir", filepath.Join(dir, fmt.Sprintf("node%d", i)),
+			"-rules", rulesPath,
+			"-raft-heartbeat-timeout", "300ms", "-raft-election-timeout", "300ms", "-raft-leader-lease-timeout", "150ms",
+			"-tick", "100ms", "-safety-margin", "200ms", "-log-level", "warn",
+		}
+		if i == 0 {
+			args = append(args, "-bootstrap")
+		} else {
+			args = append(args, "-join", c.GRPC[0])
+		}
+		c.Procs = append(c.Procs, StartProc(t, fmt.Sprintf("coordinator%d", i), "coordinator", args...))
+		conn, err := grpc.NewClient(c.GRPC[i], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		c.admin = append(c.admin, rationv1.NewAdminClient(conn))
+		if i == 0 {
+			c.Leader(t)
+		}
+	}
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d voters", n), func() bool {
+		st := c.status(c.Leader(t))
+		return st != nil && len(st.Servers) == n
+	})
+	return c
+}
+
+func (c *CoordinatorProcs) status(i int) *rationv1.StatusResponse {
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	st, err := c.admin[i].Status(ctx, &rationv1.StatusRequest{})
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+// Leader waits until a running node says it leads, and returns it.
+func (c *CoordinatorProcs) Leader(t testing.TB) int {
+	t.Helper()
+	leader := -1
+	waitFor(t, 30*time.Second, "a coordinator leader", func() bool {
+		for i, p := range c.Procs {
+			if p.Exited() {
+				continue
+			}
+			if st := c.status(i); st != nil && st.State == "Leader" {
+				leader = i
+				return true
+			}
+		}
+		return false
+	})
+	return leader
+}
