@@ -44,6 +44,7 @@ const (
 	KindTick           Kind = 5
 	KindLeaderElected  Kind = 6
 	KindFund           Kind = 7
+	KindTune           Kind = 8
 )
 
 func (k Kind) String() string {
@@ -62,6 +63,8 @@ func (k Kind) String() string {
 		return "leader-elected"
 	case KindFund:
 		return "fund"
+	case KindTune:
+		return "tune"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -187,6 +190,127 @@ type Grant struct {
 	Demand float64 `json:"demand"`
 	// Weight is the holder's fairness weight for this quota; 0 means 1.
 	Weight float64 `json:"weight,omitempty"`
+	// Bounds, when set, replace the quota's lease period and slice bounds
+	// for this holder's lease (an operator's per-region tuning).
+	Bounds *Bounds `json:"bounds,omitempty"`
+}
+
+// Bounds are one lease's own lease period (µs; 0: the quota's) and rate
+// slice bounds (MaxSlice 0: no maximum), replacing the quota's.
+type Bounds struct {
+	Period   int64   `json:"period,omitempty"`
+	MinSlice float64 `json:"min_slice"`
+	MaxSlice float64 `json:"max_slice"`
+}
+
+func (b *Bounds) clone() *Bounds {
+	if b == nil {
+		return nil
+	}
+	c := *b
+	return &c
+}
+
+func (b *Bounds) check(p *problems, prefix string) {
+	if b == nil {
+		return
+	}
+	if b.Period != 0 {
+		p.period(prefix+"bounds.period", b.Period, false)
+	}
+	p.amount(prefix+"bounds.min_slice", b.MinSlice)
+	p.amount(prefix+"bounds.max_slice", b.MaxSlice)
+	if b.MaxSlice != 0 && b.MaxSlice < b.MinSlice {
+		p.addf("%sbounds.max_slice %v < min_slice %v (0 means no maximum)", prefix, b.MaxSlice, b.MinSlice)
+	}
+}
+
+// Tuning is an operator's run-time override of a rule's lease settings,
+// for one region or (Region "") as the default for all. Zero fields (nil
+// for the slices) are not overridden. The state only keeps the table,
+// replicated and snapshotted; the coordinator applies it when it builds
+// the commands for a quota (see the coordinator package).
+type Tuning struct {
+	Rule   string `json:"rule"`
+	Region string `json:"region"`
+	// LeasePeriod is D in µs: (0, MaxPeriod].
+	LeasePeriod int64 `json:"lease_period,omitempty"`
+	// RenewAt is a regional group's renew point for its upstream lease:
+	// (0, 1).
+	RenewAt float64 `json:"renew_at,omitempty"`
+	// MinSlice and MaxSlice bound each lease's rate share (tokens/s).
+	MinSlice *float64 `json:"min_slice,omitempty"`
+	MaxSlice *float64 `json:"max_slice,omitempty"`
+	// Weight is the region's fairness weight: [MinWeight, MaxWeight].
+	Weight float64 `json:"weight,omitempty"`
+}
+
+// Key names a tuning in the table.
+func (t Tuning) Key() string { return t.Rule + "/" + t.Region }
+
+// Empty reports whether t overrides nothing.
+func (t Tuning) Empty() bool {
+	return t.LeasePeriod == 0 && t.RenewAt == 0 && t.MinSlice == nil && t.MaxSlice == nil && t.Weight == 0
+}
+
+// Over returns t with every field it leaves unset taken from base.
+func (t Tuning) Over(base Tuning) Tuning {
+	if t.LeasePeriod == 0 {
+		t.LeasePeriod = base.LeasePeriod
+	}
+	if t.RenewAt == 0 {
+		t.RenewAt = base.RenewAt
+	}
+	if t.MinSlice == nil {
+		t.MinSlice = base.MinSlice
+	}
+	if t.MaxSlice == nil {
+		t.MaxSlice = base.MaxSlice
+	}
+	if t.Weight == 0 {
+		t.Weight = base.Weight
+	}
+	return t
+}
+
+// Check reports every problem of the tuning at once, naming each field.
+func (t Tuning) Check() error {
+	var p problems
+	t.check(&p)
+	return p.err(fmt.Sprintf("tune %q region %q", t.Rule, t.Region))
+}
+
+func (t Tuning) check(p *problems) {
+	p.name("rule", t.Rule)
+	if len(t.Region) > MaxNameLen {
+		p.addf("region is %d bytes, at most %d", len(t.Region), MaxNameLen)
+	}
+	if t.LeasePeriod != 0 {
+		p.period("lease_period", t.LeasePeriod, false)
+	}
+	if t.RenewAt != 0 && !(t.RenewAt > 0 && t.RenewAt < 1) {
+		p.addf("renew_at %v must be in (0, 1)", t.RenewAt)
+	}
+	if t.MinSlice != nil {
+		p.amount("min_slice", *t.MinSlice)
+	}
+	if t.MaxSlice != nil {
+		p.amount("max_slice", *t.MaxSlice)
+	}
+	if t.MinSlice != nil && t.MaxSlice != nil && *t.MaxSlice != 0 && *t.MaxSlice < *t.MinSlice {
+		p.addf("max_slice %v < min_slice %v (0 means no maximum)", *t.MaxSlice, *t.MinSlice)
+	}
+	if t.Weight != 0 && !(t.Weight >= MinWeight && t.Weight <= MaxWeight) {
+		p.addf("weight %v must be in [%g, %g]", t.Weight, float64(MinWeight), float64(MaxWeight))
+	}
+}
+
+// Tune sets (or, with Clear, removes) the tuning of Tuning.Rule and
+// Tuning.Region, replacing the whole record.
+type Tune struct {
+	Now    int64  `json:"now"`
+	Tuning Tuning `json:"tuning"`
+	Clear  bool   `json:"clear,omitempty"`
 }
 
 // RenewItem renews one lease within a Renew.
@@ -201,6 +325,8 @@ type RenewItem struct {
 	Demand float64 `json:"demand"`
 	// Weight is as in Grant; 0 means 1.
 	Weight float64 `json:"weight,omitempty"`
+	// Bounds is as in Grant.
+	Bounds *Bounds `json:"bounds,omitempty"`
 	// ConfirmedCap and ConfirmedRate are the cap and rate the holder is
 	// spending under now (those of the latest answer it adopted). When they
 	// equal the lease's latest answer, a pending shrink is confirmed and the
@@ -255,6 +381,9 @@ func (Grant) Kind() Kind { return KindGrant }
 
 // Kind implements Command.
 func (Fund) Kind() Kind { return KindFund }
+
+// Kind implements Command.
+func (Tune) Kind() Kind { return KindTune }
 
 // Kind implements Command.
 func (Renew) Kind() Kind { return KindRenew }
@@ -383,7 +512,18 @@ func (c Grant) validate() error {
 	p.name("quota", c.Quota)
 	p.amount("demand", c.Demand)
 	p.weight("weight", c.Weight)
+	c.Bounds.check(&p, "")
 	return p.err(fmt.Sprintf("grant %q to %q", c.Quota, c.Holder))
+}
+
+func (c Tune) validate() error {
+	var p problems
+	p.time("now", c.Now)
+	c.Tuning.check(&p)
+	if !c.Clear && c.Tuning.Empty() {
+		p.addf("nothing to set (use clear to remove a tuning)")
+	}
+	return p.err(fmt.Sprintf("tune %q region %q", c.Tuning.Rule, c.Tuning.Region))
 }
 
 func (c Renew) validate() error {
@@ -410,6 +550,7 @@ func (c Renew) validate() error {
 		p.amount(f("unused"), it.Unused)
 		p.amount(f("demand"), it.Demand)
 		p.weight(f("weight"), it.Weight)
+		it.Bounds.check(&p, f(""))
 		p.amount(f("confirmed_cap"), it.ConfirmedCap)
 		p.amount(f("confirmed_rate"), it.ConfirmedRate)
 	}
@@ -472,7 +613,11 @@ func value(c Command) Command {
 		if v != nil {
 			return *v
 		}
-	case ConfigureQuota, Grant, Renew, Release, Tick, LeaderElected, Fund:
+	case *Tune:
+		if v != nil {
+			return *v
+		}
+	case ConfigureQuota, Grant, Renew, Release, Tick, LeaderElected, Fund, Tune:
 		return v
 	}
 	return nil

@@ -64,6 +64,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		c, err = decodeStrict[LeaderElected](body)
 	case KindFund:
 		c, err = decodeStrict[Fund](body)
+	case KindTune:
+		c, err = decodeStrict[Tune](body)
 	default:
 		return nil, fmt.Errorf("lease: decode command: %w: type byte %d", ErrUnknownCommand, b[0])
 	}
@@ -96,6 +98,7 @@ type snapshot struct {
 	NextID  uint64         `json:"next_id"`
 	Quotas  []quotaRecord  `json:"quotas"`
 	Holders []holderRecord `json:"holders"`
+	Tunings []Tuning       `json:"tunings,omitempty"`
 }
 
 type quotaRecord struct {
@@ -142,6 +145,9 @@ func (s *State) MarshalBinary() ([]byte, error) {
 		h := s.holders[name]
 		snap.Holders = append(snap.Holders, holderRecord{Name: name, Seq: h.seq, At: h.at, Answer: h.answer})
 	}
+	for _, k := range sortedKeys(s.tunings) {
+		snap.Tunings = append(snap.Tunings, s.tunings[k])
+	}
 	b, err := json.Marshal(snap)
 	if err != nil {
 		return nil, fmt.Errorf("lease: marshal state: %w", err)
@@ -162,6 +168,12 @@ func (s *State) UnmarshalBinary(b []byte) error {
 	}
 	n := New()
 	n.now, n.nextID = snap.Now, snap.NextID
+	for _, t := range snap.Tunings {
+		if err := t.Check(); err != nil || t.Empty() || n.tunings[t.Key()].Rule != "" {
+			return fmt.Errorf("lease: unmarshal state: tuning %q invalid, empty or repeated: %w", t.Key(), ErrCorrupt)
+		}
+		n.tunings[t.Key()] = t
+	}
 	for _, r := range snap.Holders {
 		if r.Name == "" || n.holders[r.Name] != nil {
 			return fmt.Errorf("lease: unmarshal state: holder %q empty or repeated: %w", r.Name, ErrCorrupt)

@@ -57,6 +57,29 @@ type LeaseInfo struct {
 	Weight  float64
 }
 
+// Tunings lists the operators' tunings, sorted by rule then region.
+func (s *State) Tunings() []Tuning {
+	out := make([]Tuning, 0, len(s.tunings))
+	for _, k := range sortedKeys(s.tunings) {
+		out = append(out, s.tunings[k])
+	}
+	return out
+}
+
+// Tuning returns the effective tuning of rule in region: the region's own
+// over the rule's default (region ""). ok is false when neither is set.
+func (s *State) Tuning(rule, region string) (Tuning, bool) {
+	d, okD := s.tunings[rule+"/"]
+	if region == "" {
+		return d, okD
+	}
+	r, okR := s.tunings[rule+"/"+region]
+	if !okR {
+		return d, okD
+	}
+	return r.Over(d), true
+}
+
 // Quotas lists the quota names, sorted.
 func (s *State) Quotas() []string { return slices.Sorted(maps.Keys(s.quotas)) }
 
@@ -125,6 +148,10 @@ func (s *State) Clone() *State {
 		quotas:  make(map[string]*quota, len(s.quotas)),
 		leases:  make(map[uint64]*lease, len(s.leases)),
 		holders: make(map[string]*holder, len(s.holders)),
+		tunings: make(map[string]Tuning, len(s.tunings)),
+	}
+	for k, t := range s.tunings {
+		c.tunings[k] = t.clone()
 	}
 	for name, h := range s.holders {
 		hc := *h
@@ -137,6 +164,7 @@ func (s *State) Clone() *State {
 		qc.byHolder = make(map[string]*lease, len(q.byHolder))
 		for i, l := range q.leases {
 			lc := *l
+			lc.Bounds = l.Bounds.clone()
 			qc.leases[i] = &lc
 			qc.byHolder[lc.Holder] = &lc
 			c.leases[lc.ID] = &lc
@@ -276,4 +304,16 @@ func (s *State) checkLease(q *quota, l *lease, tol float64) []error {
 		bad("weight %v or demand %v out of range", l.Weight, l.Demand)
 	}
 	return errs
+}
+
+func (t Tuning) clone() Tuning {
+	if t.MinSlice != nil {
+		v := *t.MinSlice
+		t.MinSlice = &v
+	}
+	if t.MaxSlice != nil {
+		v := *t.MaxSlice
+		t.MaxSlice = &v
+	}
+	return t
 }

@@ -23,6 +23,7 @@ type State struct {
 	quotas  map[string]*quota
 	leases  map[uint64]*lease
 	holders map[string]*holder
+	tunings map[string]Tuning // by Tuning.Key
 }
 
 // quota is one quota's pool and leases.
@@ -74,6 +75,8 @@ type lease struct {
 	BoundAt int64   `json:"bound_at"`
 	Demand  float64 `json:"demand"`
 	Weight  float64 `json:"weight"`
+	// Bounds, when set, replace the quota's period and slice bounds.
+	Bounds *Bounds `json:"bounds,omitempty"`
 
 	pos int // index in its quota's leases, set by targets; not state
 }
@@ -93,6 +96,7 @@ func New() *State {
 		quotas:  map[string]*quota{},
 		leases:  map[uint64]*lease{},
 		holders: map[string]*holder{},
+		tunings: map[string]Tuning{},
 	}
 }
 
@@ -170,6 +174,17 @@ func (s *State) Apply(cmd Command) (Result, error) {
 		return Result{}, s.leaderElected(c)
 	case Fund:
 		return Result{}, s.fundQuota(c)
+	case Tune:
+		if err := c.validate(); err != nil {
+			return Result{}, err
+		}
+		s.advance(c.Now)
+		if c.Clear {
+			delete(s.tunings, c.Tuning.Key())
+		} else {
+			s.tunings[c.Tuning.Key()] = c.Tuning
+		}
+		return Result{}, nil
 	}
 	return Result{}, fmt.Errorf("lease: apply %T: %w", cmd, ErrUnknownCommand)
 }
@@ -297,7 +312,7 @@ func (s *State) grant(c Grant) (Result, error) {
 			s.nextID++
 			s.leases[l.ID] = l
 		}
-		l.Demand, l.Weight = c.Demand, weightOr1(c.Weight)
+		l.Demand, l.Weight, l.Bounds = c.Demand, weightOr1(c.Weight), c.Bounds.clone()
 		out, _ := s.resize(q, l, 0, false, q.targets(s.now, l).of(l))
 		q.settle()
 		return answer{Kind: KindGrant, Lease: &out}
@@ -324,7 +339,7 @@ func (s *State) renew(c Renew) (Result, error) {
 				items[i].Code = codeLeaseExpired
 				continue
 			}
-			l.Demand, l.Weight = it.Demand, weightOr1(it.Weight)
+			l.Demand, l.Weight, l.Bounds = it.Demand, weightOr1(it.Weight), it.Bounds.clone()
 			live[i] = l
 		}
 		targets := map[*quota]targetList{}
@@ -509,6 +524,9 @@ func (s *State) resize(q *quota, l *lease, unused float64, confirmed bool, t tar
 	// A sublease never outlives its parent: while funded, no term ends
 	// after the funding's end (refill dropped it if that has passed).
 	period := q.cfg.LeasePeriod
+	if l.Bounds != nil && l.Bounds.Period > 0 {
+		period = l.Bounds.Period
+	}
 	if q.fund.Active(now) {
 		period = min(period, q.fund.NotAfter-now)
 	}
@@ -637,6 +655,12 @@ func (q *quota) targets(now int64, extra *lease) targetList {
 	}
 	for i, l := range ls {
 		d[i], w[i], lo[i], hi[i] = l.Demand, l.Weight, q.cfg.MinSlice, maxSlice
+		if b := l.Bounds; b != nil {
+			lo[i], hi[i] = b.MinSlice, b.MaxSlice
+			if hi[i] == 0 {
+				hi[i] = 2 * MaxValue
+			}
+		}
 	}
 	rates := FairShare(q.cfg.Rate, d, w, lo, hi)
 	var caps []float64
