@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/header"
 )
 
@@ -254,7 +255,8 @@ func TestEnvoyInvalidTouchesNothing(t *testing.T) {
 // (Envoy's failure_mode_deny then decides, as when the agent is down), a
 // fail_open rule answers OK, and a spent quota still answers OVER_LIMIT.
 func TestEnvoyStoreDownPolicies(t *testing.T) {
-	a := startAgent(t, envoyRules)
+	// A short decision timeout: with Redis down, each decision waits that long.
+	a := startAgent(t, envoyRules, func(cfg *agent.Config) { cfg.DecisionTimeout = 200 * time.Millisecond })
 	c := envoyClient(t, a)
 	one := func(kv ...string) *rlsv3.RateLimitRequest {
 		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor(kv...)}}
@@ -277,4 +279,6 @@ func TestEnvoyStoreDownPolicies(t *testing.T) {
 	if _, err := c.ShouldRateLimit(context.Background(), both); status.Code(err) != codes.Unavailable {
 		t.Fatalf("fail_open + fail_closed with Redis down = %v, want UNAVAILABLE", err)
 	}
+	// With Redis back the agent shuts down at once at cleanup.
+	a.redis.Restart()
 }

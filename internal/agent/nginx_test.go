@@ -386,6 +386,14 @@ func TestNginxAuthRequest(t *testing.T) {
 	if app.seen("dave", "") != before {
 		t.Fatal("the app was called while the limiter answered 503")
 	}
+	// That 503 was the agent's fail_closed answer, not nginx giving up on a
+	// slow agent (which would also be 503, through 504).
+	if logs := ngx.logs(); strings.Contains(logs, "timed out") {
+		t.Fatalf("nginx timed out on the check; want the agent's own 503\n%s", logs)
+	}
+	// With Redis back the agent shuts down at once (with it down, the
+	// agent's shutdown waits on its store client).
+	a.redis.Restart()
 
 	// The agent itself down: nginx's 502 from the check becomes 503.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

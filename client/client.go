@@ -1,0 +1,206 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// DefaultTimeout bounds a call when Options.Timeout is zero. It is above the
+// agent's default -decision-timeout (50ms), so that when the agent's store
+// is slow the rule's failure policy decides, not this deadline.
+const DefaultTimeout = 250 * time.Millisecond
+
+// Options configure a Client.
+type Options struct {
+	// Timeout bounds every call: the deadline is the earlier of the
+	// caller's and now+Timeout. 0 means DefaultTimeout.
+	Timeout time.Duration
+	// DialOptions are added after the defaults (plaintext transport: the
+	// agent is a sidecar on loopback); a later WithTransportCredentials
+	// replaces the default one.
+	DialOptions []grpc.DialOption
+}
+
+// Request asks whether one request may proceed. Give Descriptors (matched
+// against every rule), or Rule and Subject (one named rule), not both.
+type Request struct {
+	Descriptors map[string]string
+	Rule        string
+	Subject     string
+	// Cost in tokens; 0 means 1.
+	Cost float64
+	// RequestID makes retries safe: a repeated id returns the recorded
+	// decision and charges nothing.
+	RequestID string
+}
+
+// Reason says why a decision came out as it did.
+type Reason string
+
+// Reasons, as the agent names them.
+const (
+	ReasonOK          Reason = "ok"          // every matching rule admitted
+	ReasonOverLimit   Reason = "over_limit"  // a rule's quota is spent: 429
+	ReasonNoRule      Reason = "no_rule"     // nothing matched: admitted
+	ReasonShadow      Reason = "shadow"      // a shadow rule would have denied: admitted
+	ReasonUnavailable Reason = "unavailable" // the agent's store is unreachable: fail_open admitted, fail_closed denied (503)
+	ReasonEmergency   Reason = "emergency"   // decided by the agent's local emergency bucket
+	ReasonInvalid     Reason = "invalid"     // a malformed batch item (AllowBatch only)
+)
+
+var reasons = map[rationv1.Reason]Reason{
+	rationv1.Reason_REASON_OK:          ReasonOK,
+	rationv1.Reason_REASON_OVER_LIMIT:  ReasonOverLimit,
+	rationv1.Reason_REASON_NO_RULE:     ReasonNoRule,
+	rationv1.Reason_REASON_SHADOW:      ReasonShadow,
+	rationv1.Reason_REASON_UNAVAILABLE: ReasonUnavailable,
+	rationv1.Reason_REASON_EMERGENCY:   ReasonEmergency,
+	rationv1.Reason_REASON_INVALID:     ReasonInvalid,
+}
+
+// Decision is the agent's answer.
+type Decision struct {
+	Allowed    bool
+	RetryAfter time.Duration // when denied: until a retry can succeed; 0 when none can (rate 0)
+	Remaining  int64         // tokens left in the deciding rule's bucket
+	Limit      int64         // the deciding rule's burst
+	Rate       float64       // the deciding rule's refill rate, tokens per second
+	Reset      time.Duration // until the deciding rule's bucket is full
+	Rule       string        // the deciding rule; "" when none matched
+	Reason     Reason
+	// Err is set, wrapping ErrInvalid, for a malformed AllowBatch item.
+	Err error
+}
+
+// Status is the HTTP status a gateway answers for the decision: 200
+// admitted, 503 when the agent's store is unreachable and the rule fails
+// closed, 429 otherwise.
+func (d Decision) Status() int {
+	switch {
+	case d.Allowed:
+		return 200
+	case d.Reason == ReasonUnavailable:
+		return 503
+	default:
+		return 429
+	}
+}
+
+// Client calls a gateway-agent's gRPC API (ration.v1.RateLimiter). It holds
+// one connection, multiplexing concurrent calls over it, and is safe for
+// concurrent use; create one per agent and share it.
+type Client struct {
+	conn    *grpc.ClientConn
+	rl      rationv1.RateLimiterClient
+	timeout time.Duration
+}
+
+// New returns a client of the agent at target (host:port, or any gRPC
+// target such as unix:///run/ration.sock). It does not connect until the
+// first call.
+func New(target string, opts Options) (*Client, error) {
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("ration: Options.Timeout %v is negative", opts.Timeout)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts.DialOptions...)
+	conn, err := grpc.NewClient(target, dial...)
+	if err != nil {
+		return nil, fmt.Errorf("ration: agent %s: %w", target, err)
+	}
+	return &Client{conn: conn, rl: rationv1.NewRateLimiterClient(conn), timeout: opts.Timeout}, nil
+}
+
+// Close releases the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Allow decides one request. Errors wrap ErrInvalid or ErrUnavailable, or
+// are the caller's context error.
+func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	resp, err := c.rl.Allow(ctx, toProto(req))
+	if err != nil {
+		return Decision{}, callError(ctx, err)
+	}
+	return fromProto(resp), nil
+}
+
+// AllowBatch decides many independent requests in one call (at most 10,000;
+// the agent charges them in one round trip to its store). Decisions come in
+// order; a malformed item has Reason ReasonInvalid and Err set, and does not
+// fail the others.
+func (c *Client) AllowBatch(ctx context.Context, reqs []Request) ([]Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	in := &rationv1.AllowBatchRequest{Requests: make([]*rationv1.AllowRequest, len(reqs))}
+	for i, r := range reqs {
+		in.Requests[i] = toProto(r)
+	}
+	resp, err := c.rl.AllowBatch(ctx, in)
+	if err != nil {
+		return nil, callError(ctx, err)
+	}
+	if len(resp.GetResponses()) != len(reqs) {
+		return nil, fmt.Errorf("%w: %d answers for %d requests", ErrUnavailable, len(resp.GetResponses()), len(reqs))
+	}
+	out := make([]Decision, len(reqs))
+	for i, r := range resp.GetResponses() {
+		out[i] = fromProto(r)
+		if out[i].Reason == ReasonInvalid {
+			out[i].Err = fmt.Errorf("%w: %s", ErrInvalid, r.GetError())
+		}
+	}
+	return out, nil
+}
+
+// callError maps a gRPC error to the package's errors.
+func callError(ctx context.Context, err error) error {
+	st, _ := status.FromError(err)
+	switch {
+	case st.Code() == codes.InvalidArgument:
+		return fmt.Errorf("%w: %s", ErrInvalid, st.Message())
+	case st.Code() == codes.Canceled && errors.Is(ctx.Err(), context.Canceled):
+		return fmt.Errorf("ration: %w", context.Canceled)
+	case st.Code() == codes.DeadlineExceeded || errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The agent may reset the stream at the deadline a moment before
+		// this side's timer fires: either way, say so (errors.Is works).
+		return fmt.Errorf("%w: %w", ErrUnavailable, context.DeadlineExceeded)
+	default:
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+}
+
+func toProto(r Request) *rationv1.AllowRequest {
+	return &rationv1.AllowRequest{
+		Descriptors: r.Descriptors,
+		Rule:        r.Rule,
+		Subject:     r.Subject,
+		Cost:        r.Cost,
+		RequestId:   r.RequestID,
+	}
+}
+
+func fromProto(r *rationv1.AllowResponse) Decision {
+	return Decision{
+		Allowed:    r.GetAllowed(),
+		RetryAfter: time.Duration(r.GetRetryAfterMs()) * time.Millisecond,
+		Remaining:  r.GetRemaining(),
+		Limit:      r.GetLimit(),
+		Rate:       r.GetRate(),
+		Reset:      time.Duration(r.GetResetMs()) * time.Millisecond,
+		Rule:       r.GetRule(),
+		Reason:     reasons[r.GetReason()],
+	}
+}

@@ -1,0 +1,172 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/ration-dev/ration/client"
+	"github.com/ration-dev/ration/internal/harness"
+)
+
+const clientRules = `
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 2
+    rate: 1/h
+`
+
+func newClient(t *testing.T, addr string, opts client.Options) *client.Client {
+	t.Helper()
+	c, err := client.New(addr, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestAllowDecisions(t *testing.T) {
+	srv, _ := startAgent(t, clientRules)
+	c := newClient(t, srv.GRPCAddr(), client.Options{})
+	ctx := context.Background()
+	alice := client.Request{Descriptors: map[string]string{"user": "alice"}}
+	for i := 0; i < 2; i++ {
+		d, err := c.Allow(ctx, alice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed || d.Reason != client.ReasonOK || d.Rule != "per-user" || d.Limit != 2 || d.Remaining != int64(1-i) || d.Status() != 200 {
+			t.Fatalf("Allow %d = %+v, want admitted by per-user with %d left", i, d, 1-i)
+		}
+		if d.Rate <= 0 || d.Rate*3600 < 0.999 || d.Rate*3600 > 1.001 {
+			t.Fatalf("Rate = %v, want 1/3600", d.Rate)
+		}
+	}
+	d, err := c.Allow(ctx, alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Reason != client.ReasonOverLimit || d.RetryAfter <= 0 || d.RetryAfter > time.Hour || d.Status() != 429 {
+		t.Fatalf("3rd Allow = %+v, want over_limit with a retry within the hour (429)", d)
+	}
+	if d, err := c.Allow(ctx, client.Request{Descriptors: map[string]string{"other": "x"}}); err != nil || !d.Allowed || d.Reason != client.ReasonNoRule || d.Rule != "" {
+		t.Fatalf("unmatched = %+v, %v; want admitted, no_rule", d, err)
+	}
+	// Cost above burst can never succeed: ErrInvalid, nothing charged.
+	if _, err := c.Allow(ctx, client.Request{Descriptors: map[string]string{"user": "bob"}, Cost: 3}); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("cost 3 of burst 2 = %v, want ErrInvalid", err)
+	}
+	// A batch: in order, an invalid item does not fail the others.
+	ds, err := c.AllowBatch(ctx, []client.Request{
+		{Descriptors: map[string]string{"user": "bob"}},
+		{Descriptors: map[string]string{"user": "bob"}, Cost: -1},
+		{Descriptors: map[string]string{"user": "bob"}, Cost: 2},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ds[0].Allowed || ds[0].Remaining != 1 {
+		t.Fatalf("batch[0] = %+v, want admitted with 1 left (bob was not charged by the invalid call)", ds[0])
+	}
+	if ds[1].Reason != client.ReasonInvalid || !errors.Is(ds[1].Err, client.ErrInvalid) {
+		t.Fatalf("batch[1] = %+v, want invalid with ErrInvalid", ds[1])
+	}
+	if ds[2].Allowed || ds[2].Reason != client.ReasonOverLimit {
+		t.Fatalf("batch[2] = %+v, want over limit (2 > 1 left)", ds[2])
+	}
+}
+
+// Concurrent calls share one connection: the client dials once.
+func TestOneConnectionForAllCalls(t *testing.T) {
+	srv, _ := startAgent(t, clientRules)
+	var dials atomic.Int64
+	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+		dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	c := newClient(t, srv.GRPCAddr(), client.Options{DialOptions: []grpc.DialOption{grpc.WithContextDialer(dialer)}})
+	var wg sync.WaitGroup
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5; i++ {
+				if _, err := c.Allow(context.Background(), client.Request{Descriptors: map[string]string{"user": "u"}}); err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d dials for 160 concurrent calls, want 1 shared connection", n)
+	}
+}
+
+// frozenAgent is what a client sees of an agent process that is stopped
+// (SIGSTOP, a debugger, a stalled host): the kernel completes TCP
+// handshakes into the listen backlog, and nothing ever answers.
+func frozenAgent(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln.Addr().String()
+}
+
+// Every call has a deadline: Options.Timeout, or the caller's if earlier.
+func TestDeadlines(t *testing.T) {
+	req := client.Request{Descriptors: map[string]string{"user": "slow"}}
+	t.Run("Options.Timeout", func(t *testing.T) {
+		c := newClient(t, frozenAgent(t), client.Options{Timeout: 100 * time.Millisecond})
+		if d, err := c.Allow(context.Background(), req); !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Allow = %+v, %v; want ErrUnavailable and DeadlineExceeded", d, err)
+		}
+	})
+	t.Run("caller's deadline", func(t *testing.T) {
+		c := newClient(t, frozenAgent(t), client.Options{Timeout: time.Hour})
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if d, err := c.Allow(ctx, req); !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Allow = %+v, %v; want ErrUnavailable and DeadlineExceeded", d, err)
+		}
+	})
+	t.Run("batch", func(t *testing.T) {
+		c := newClient(t, frozenAgent(t), client.Options{Timeout: 100 * time.Millisecond})
+		if _, err := c.AllowBatch(context.Background(), []client.Request{req}); !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("AllowBatch = %v, want ErrUnavailable and DeadlineExceeded", err)
+		}
+	})
+}
+
+// Nothing listening: the call fails at once with ErrUnavailable rather than
+// waiting for a connection.
+func TestAgentUnreachable(t *testing.T) {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(harness.FreePort(t)))
+	c := newClient(t, addr, client.Options{Timeout: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := c.Allow(ctx, client.Request{Descriptors: map[string]string{"user": "x"}})
+	if !errors.Is(err, client.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Allow to a closed port = %v, want ErrUnavailable without waiting for the deadline", err)
+	}
+}
+
+func TestNewRejectsNegativeTimeout(t *testing.T) {
+	if _, err := client.New("127.0.0.1:1", client.Options{Timeout: -time.Second}); err == nil {
+		t.Fatal("New with a negative timeout succeeded")
+	}
+}
