@@ -127,3 +127,46 @@ func TestS6AgentPaused(t *testing.T) {
 		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v]", v.Overshoot, v.Slack, v.From, v.To)
 	}
 }
+
+// S4: 30% of lease replies are dropped after the coordinator applied the
+// request (a gRPC proxy forwards, then answers UNAVAILABLE), and the
+// agents retry with the same sequence number. Every retry of a dropped
+// request must get the recorded answer (applied once: no second grant,
+// no second credit of a return), and the overshoot stays 0 (a return
+// credited twice would let the pool hand out tokens twice).
+//
+// One coordinator node, so no redirect routes an agent around the proxy.
+func TestS4LeaseRepliesDropped(t *testing.T) {
+	fullOnly(t)
+	r := rng(t)
+	coords := harness.StartCoordinators(t, 1, leasedRules)
+	redis := harness.StartRedis(t)
+	d := NewReplyDropper(t, coords.GRPCAddrs()[0], 0.3, r)
+	var agents []*Agent
+	for i := range 2 {
+		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s4a%d", i), Rules: leasedRules,
+			Redis: redis.Addr, Coordinators: d.Addr()}))
+	}
+	l := StartLoad(loadOn("closed", "x", false, agents...))
+	time.Sleep(10 * time.Second)
+	l.Stop()
+	recs := readRecords(t, agents...)
+	q := quota("closed", "x")
+	v := judge(recs, q, 0)
+	d.mu.Lock()
+	st := d.Stats
+	d.mu.Unlock()
+	ok := v.Pass && len(st.Mismatched) == 0 && st.Retried > 0
+	addRow(t, Row{Scenario: "S4", Fault: "30% of lease replies dropped after apply, retried", Bound: "0; every retry answered from the record",
+		Overshoot: v.Overshoot, Util: v.Utilisation, Pass: ok,
+		Note: fmt.Sprintf("%s; %d calls, %d replies dropped, %d retries checked, %d answered differently", verdictNote(v), st.Calls, st.Dropped, st.Retried, len(st.Mismatched))})
+	if !v.Pass {
+		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v]", v.Overshoot, v.Slack, v.From, v.To)
+	}
+	for _, m := range st.Mismatched {
+		t.Errorf("retry not answered from the record: %s", m)
+	}
+	if st.Retried == 0 {
+		t.Errorf("no dropped request was retried (%d calls, %d dropped)", st.Calls, st.Dropped)
+	}
+}

@@ -1,0 +1,20 @@
+// Package chaos proves Ration's overshoot bounds under real faults: real
+// gateway-agent, coordinator and redis-server processes on loopback, an
+// in-process TCP fault proxy (toxiproxy, embedded) and a gRPC reply
+// dropper between them, open-loop load at three times each quota's rate,
+// and a checker (internal/admission) over every decision the agents
+// recorded with -record.
+//
+// Each scenario is a test (TestS0..., named after the table in
+// docs/reliability.md) that asserts its measured overshoot against its
+// stated bound and adds a row to the table printed at the end of the run.
+//
+//	go test ./test/chaos/                   # the smoke set: S0 S1 S3 S10 S11
+//	RATION_CHAOS=full go test ./test/chaos/ # every scenario (make chaos)
+//	RATION_CHAOS_SEED=N                     # replay a run's random choices
+//	RATION_CHAOS_BREAK=S0,S10               # remove a scenario's protection: it must fail
+//	RATION_CHAOS_REPORT=docs/reliability.md # write the table there (absolute path)
+//
+// Everything a test starts is stopped in t.Cleanup: processes get SIGKILL
+// (and die with the test binary, via Pdeathsig, if it is killed).
+package chaos

@@ -1,0 +1,139 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// ReplyDropper is a gRPC Leases service in front of one coordinator that
+// forwards every Renew and Release and then, with probability p, drops
+// the reply (answers UNAVAILABLE): the call was applied but the agent
+// cannot know, and retries it with the same (holder, seq). It checks what
+// the retry gets: the answer the coordinator recorded, i.e. the request
+// was applied once. (A TCP proxy drops bytes, not messages; this drops
+// whole replies.)
+type ReplyDropper struct {
+	rationv1.UnimplementedLeasesServer
+	up   rationv1.LeasesClient
+	addr string
+
+	mu      sync.Mutex
+	rng     *rand.Rand
+	p       float64
+	dropped map[string]*rationv1.RenewResponse // holder/seq -> the reply the agent never got
+	Stats   DropStats
+}
+
+// DropStats counts what the dropper saw.
+type DropStats struct {
+	Calls, Dropped, Retried int
+	// Mismatched lists retries whose answer differed from the dropped
+	// one (a request applied twice).
+	Mismatched []string
+}
+
+// NewReplyDropper serves on a free loopback port, forwarding to upstream.
+func NewReplyDropper(t testing.TB, upstream string, p float64, rng *rand.Rand) *ReplyDropper {
+	t.Helper()
+	conn, err := grpc.NewClient(upstream, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &ReplyDropper{up: rationv1.NewLeasesClient(conn), addr: ln.Addr().String(), rng: rng, p: p,
+		dropped: map[string]*rationv1.RenewResponse{}}
+	srv := grpc.NewServer()
+	rationv1.RegisterLeasesServer(srv, d)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	return d
+}
+
+// Addr is where agents connect.
+func (d *ReplyDropper) Addr() string { return d.addr }
+
+func (d *ReplyDropper) drop() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.Stats.Calls++
+	if d.rng.Float64() < d.p {
+		d.Stats.Dropped++
+		return true
+	}
+	return false
+}
+
+var errDropped = status.Error(codes.Unavailable, "chaos: reply dropped after the coordinator applied the request")
+
+// Renew forwards, then maybe drops the reply; a retry of a dropped
+// request is compared with what was dropped.
+func (d *ReplyDropper) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
+	resp, err := d.up.Renew(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	key := fmt.Sprintf("%s/%d", req.Holder, req.Seq)
+	d.mu.Lock()
+	if prev, ok := d.dropped[key]; ok {
+		d.Stats.Retried++
+		delete(d.dropped, key)
+		if !sameAnswer(prev, resp) {
+			d.Stats.Mismatched = append(d.Stats.Mismatched, fmt.Sprintf("%s: dropped %v, retry got %v", key, prev, resp))
+		}
+	}
+	d.mu.Unlock()
+	if d.drop() {
+		d.mu.Lock()
+		d.dropped[key] = resp
+		d.mu.Unlock()
+		return nil, errDropped
+	}
+	return resp, nil
+}
+
+// sameAnswer: the last item is answered again from the record; a grant
+// before it may instead be refused as "grant answer lost on retry" (the
+// lease exists, its first balance is forfeit), never granted again.
+func sameAnswer(prev, retry *rationv1.RenewResponse) bool {
+	if len(prev.Grants) != len(retry.Grants) {
+		return false
+	}
+	for i, g := range retry.Grants {
+		if proto.Equal(g, prev.Grants[i]) {
+			continue
+		}
+		if i < len(retry.Grants)-1 && g.Error == "grant answer lost on retry" {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// Release forwards, then maybe drops the reply.
+func (d *ReplyDropper) Release(ctx context.Context, req *rationv1.ReleaseRequest) (*rationv1.ReleaseResponse, error) {
+	resp, err := d.up.Release(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if d.drop() {
+		return nil, errDropped
+	}
+	return resp, nil
+}
