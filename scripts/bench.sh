@@ -347,6 +347,9 @@ cpu_empty=$(cpu_all empty)
 cpu_allow=$(cpu_all allow)
 cpu_leased=$(cpu_all leased)
 cpu_bound=$(ratio "$cpu_empty" "$cpu_allow")
+# The servers' CPU per decision (agent + redis + coordinator): steadier
+# than decisions/s when other work on the machine takes a varying share.
+srv() { r "$1" '.cpu_total_us_per_decision'; }
 
 # Per-decision costs for the capacity plan (docs/capacity.md).
 plan_redis_us=${ceiling_us[1]}
@@ -365,7 +368,7 @@ plan_allow_p99=$(r light-allow '.latency_us.p99 | . + 0.5 | floor')
 plan_leased_p99=$(r light-leased '.latency_us.p99 | . + 0.5 | floor')
 plan_rtt_p99=$(csv_field "$rtt" 7 | awk '{ printf "%.0f", $1 * 1000 }')
 plan_script_us=$script_us
-plan_flags="-redis-us $plan_redis_us -agent-us $plan_agent_us -agent-leased-us $plan_agent_leased_us -renew-rps ${plan_renew_rps:-0} -renew-item-us ${plan_renew_item_us:-0} -renew-holder-us ${plan_renew_holder_us:-0} -grpc-p99-us $plan_grpc_p99 -redis-rtt-p99-us $plan_rtt_p99 -script-us $plan_script_us -allow-p99-us $plan_allow_p99 -leased-p99-us $plan_leased_p99"
+plan_flags="-redis-us $plan_redis_us -agent-us $plan_agent_us -agent-leased-us $plan_agent_leased_us -agent-rate $GATEWAY_RATE -renew-rps ${plan_renew_rps:-0} -renew-item-us ${plan_renew_item_us:-0} -renew-holder-us ${plan_renew_holder_us:-0} -grpc-p99-us $plan_grpc_p99 -redis-rtt-p99-us $plan_rtt_p99 -script-us $plan_script_us -allow-p99-us $plan_allow_p99 -leased-p99-us $plan_leased_p99"
 
 table_head='| run | decisions/s | decided/s | allowed | policy | p50 µs | p99 µs | p99.9 µs | CPU µs/decision agent | redis | coordinator | servers | tool | cores busy | errors |
 | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |'
@@ -447,6 +450,17 @@ this row's warmup.
 | leased unary Allow / empty unary (decided/s) | $r_leased_empty ($leased_rate / $empty_rate) | | |
 | leased AllowBatch of $BIG_BATCH / Redis AllowBatch of $BIG_BATCH (decided/s) | $r_leased_big ($leased_big_rate / $bigbatch_rate) | | |
 | leased AllowBatch of $BIG_BATCH / redis-benchmark ceiling (P16) | $r_leased_big_ceil ($leased_big_rate / $ceil16) | | |
+
+The same comparisons in the servers' CPU per decision (agent + redis +
+coordinator, µs), which moves less than decisions/s when other work on the
+machine takes a varying share of it (compare "cores busy" between rows):
+
+| CPU per decision | ratio | µs / µs |
+| --- | ---: | --- |
+| Redis unary Allow / empty unary | $(ratio "$(srv allow)" "$(srv empty)") | $(srv allow) / $(srv empty) |
+| leased unary Allow / empty unary | $(ratio "$(srv leased)" "$(srv empty)") | $(srv leased) / $(srv empty) |
+| leased unary Allow / Redis unary Allow | $(ratio "$(srv leased)" "$(srv allow)") | $(srv leased) / $(srv allow) |
+| leased AllowBatch of $BIG_BATCH / Redis AllowBatch of $BIG_BATCH | $(ratio "$(srv leased-batch-big)" "$(srv batch-big)") | $(srv leased-batch-big) / $(srv batch-big) |
 
 All the CPU one decision costs (agent + redis + coordinator + tool) is
 $cpu_empty µs for the empty call, $cpu_allow µs for a Redis-path unary Allow
@@ -563,6 +577,7 @@ run; \`ration-bench plan\` takes them as flags:
 | \`-redis-us\` | $plan_redis_us | redis-server CPU µs per script, redis-benchmark P1 with $CONC clients (the ceiling table) |
 | \`-agent-us\` | $plan_agent_us | agent CPU µs per decision, unary Allow at $GATEWAY_RATE/s (one gateway's load; $(r allow '.cpu[0].us_per_decision') when saturated) |
 | \`-agent-leased-us\` | $plan_agent_leased_us | agent CPU µs per decision, leased unary Allow at $GATEWAY_RATE/s ($(r leased '.cpu[0].us_per_decision') when saturated) |
+| \`-agent-rate\` | $GATEWAY_RATE | the rate of the two rows above (BENCH_GATEWAY_RATE) |
 | \`-renew-rps\` | ${plan_renew_rps:-n/a} | Renew requests/s of the 3-node group, \`BenchmarkRenew/holders=128\` |
 | \`-renew-item-us\` | ${plan_renew_item_us:-n/a} | state-machine µs per lease in a Renew (its quota held by 2 agents), \`internal/lease\` \`BenchmarkRenew/items=100/others=1\` ns/op / 100 |
 | \`-renew-holder-us\` | ${plan_renew_holder_us:-n/a} | what each further holder of its quota adds to one lease's renewal: (\`others=100\` ns/op - \`others=1\` ns/op) / 100 leases / 99 holders |

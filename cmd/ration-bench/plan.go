@@ -34,8 +34,12 @@ type Plan struct {
 	RedisUS       float64 `json:"redis_us"`        // redis-server CPU µs per script (one shard = one core)
 	AgentUS       float64 `json:"agent_us"`        // agent CPU µs per Redis-path decision
 	AgentLeasedUS float64 `json:"agent_leased_us"` // agent CPU µs per leased decision
-	RenewRPS      float64 `json:"renew_rps"`       // Renew requests/s one group commits (one lease each)
-	RenewItemUS   float64 `json:"renew_item_us"`   // µs per further lease in a Renew (quota with 2 holders)
+	// AgentRate is the decisions/s per agent AgentUS and AgentLeasedUS were
+	// measured at: an agent's CPU per decision falls as its rate rises
+	// (calls share wake-ups and syscalls), so they hold near that rate.
+	AgentRate   float64 `json:"agent_rate"`
+	RenewRPS    float64 `json:"renew_rps"`     // Renew requests/s one group commits (one lease each)
+	RenewItemUS float64 `json:"renew_item_us"` // µs per further lease in a Renew (quota with 2 holders)
 	// RenewHolderUS is what each further holder of a quota adds to renewing
 	// one lease of it: the fair share is recomputed over all its holders.
 	RenewHolderUS float64 `json:"renew_holder_us"`
@@ -58,6 +62,7 @@ var measured = Plan{
 	RedisUS:       17.9,  // redis-server CPU per script, redis-benchmark P1, 64 clients
 	AgentUS:       93.6,  // agent CPU per decision, unary Allow at 5000/s (44.4 saturated)
 	AgentLeasedUS: 90.4,  // agent CPU per decision, leased unary Allow at 5000/s (25.5 saturated)
+	AgentRate:     5000,  // the rate of the two rows above
 	RenewRPS:      3441,  // coordinator BenchmarkRenew/holders=128, 3 nodes
 	RenewItemUS:   1.83,  // lease BenchmarkRenew/items=100/others=1, ns/op / 100
 	RenewHolderUS: 0.202, // lease BenchmarkRenew others=100 less others=1, ns/op / 100 / 99
@@ -123,7 +128,7 @@ func (p Plan) Check() error {
 		v    float64
 	}{
 		{"-redis-us", p.RedisUS}, {"-agent-us", p.AgentUS}, {"-agent-leased-us", p.AgentLeasedUS},
-		{"-renew-rps", p.RenewRPS},
+		{"-agent-rate", p.AgentRate}, {"-renew-rps", p.RenewRPS},
 	} {
 		if !(f.v > 0) || !finite(f.v) {
 			add("%s %v: must be a finite number > 0 (a measured figure)", f.name, f.v)
@@ -300,8 +305,12 @@ func (s Sizing) writeText(w io.Writer) error {
 	}
 	fmt.Fprintf(tw, "agents\t%.1f cores in all with headroom (%.2f at the target load), %.2f per gateway\n",
 		s.AgentCoresWithRoom, s.AgentCores, s.AgentCoresPerGateway)
-	fmt.Fprintf(tw, "\t%s x %.1f µs (Redis path) + %s x %.1f µs (leased)\n",
-		commas(s.RedisDecisions), p.AgentUS, commas(s.LeasedDecisions), p.AgentLeasedUS)
+	fmt.Fprintf(tw, "\t%s x %.1f µs (Redis path) + %s x %.1f µs (leased), costs measured at %s/s per agent\n",
+		commas(s.RedisDecisions), p.AgentUS, commas(s.LeasedDecisions), p.AgentLeasedUS, commas(p.AgentRate))
+	if r := s.PerGateway / p.AgentRate; r > 2 || r < 0.5 {
+		fmt.Fprintf(tw, "\tnote: %s/s per gateway is far from %s/s: measure the agent at that rate (scripts/bench.sh BENCH_GATEWAY_RATE)\n",
+			commas(s.PerGateway), commas(p.AgentRate))
+	}
 	if s.CoordinatorGroups > 0 {
 		fmt.Fprintf(tw, "coordinator\t%d group(s) of %d nodes = %d nodes; each group at %s of its measured capacity\n",
 			s.CoordinatorGroups, p.GroupSize, s.CoordinatorNodes, pct(s.LeaderLoad))
@@ -391,6 +400,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&p.RedisUS, "redis-us", p.RedisUS, "redis-server CPU µs per script (measured: redis-benchmark P1)")
 	fs.Float64Var(&p.AgentUS, "agent-us", p.AgentUS, "agent CPU µs per Redis-path decision (measured: unary Allow)")
 	fs.Float64Var(&p.AgentLeasedUS, "agent-leased-us", p.AgentLeasedUS, "agent CPU µs per leased decision (measured: leased unary Allow)")
+	fs.Float64Var(&p.AgentRate, "agent-rate", p.AgentRate, "decisions/s per agent at which -agent-us and -agent-leased-us were measured")
 	fs.Float64Var(&p.RenewRPS, "renew-rps", p.RenewRPS, "Renew requests/s one coordinator group commits (measured: BenchmarkRenew/holders=128)")
 	fs.IntVar(&p.HoldersPerQuota, "holders-per-quota", p.HoldersPerQuota, "agents holding a lease of one quota at once (0: all the gateways)")
 	fs.Float64Var(&p.RenewItemUS, "renew-item-us", p.RenewItemUS, "µs per further lease in a Renew (measured: internal/lease BenchmarkRenew/items=100/others=1)")

@@ -26,6 +26,7 @@ func testPlan() Plan {
 		RedisUS:       10,   // 100,000 scripts/s per core
 		AgentUS:       40,   //
 		AgentLeasedUS: 20,   //
+		AgentRate:     5000, // = PerGateway: no note
 		RenewRPS:      1000, // 1 ms of a group per one-lease Renew
 		RenewItemUS:   100,  // 0.1 ms per further lease
 		RenewHolderUS: 0,    // TestSizeHolders sets it
@@ -233,6 +234,10 @@ func TestRunPlan(t *testing.T) {
 		}
 	}
 
+	if strings.Contains(out.String(), "note:") {
+		t.Errorf("plan at the measured rate per agent prints a note:\n%s", out.String())
+	}
+
 	out.Reset()
 	if err := run(t.Context(), append(args, "-json"), &out, &errOut); err != nil {
 		t.Fatalf("run(plan -json) = %v", err)
@@ -243,6 +248,14 @@ func TestRunPlan(t *testing.T) {
 	}
 	if s.RedisShards != 12 || s.Plan.Gateways != 200 {
 		t.Errorf("plan -json: redis_shards, gateways = %d, %d, want 12, 200", s.RedisShards, s.Plan.Gateways)
+	}
+
+	out.Reset()
+	if err := run(t.Context(), []string{"plan", "-gateways", "20"}, &out, &errOut); err != nil {
+		t.Fatalf("run(plan -gateways 20) = %v", err)
+	}
+	if !strings.Contains(out.String(), "note: 50,000/s per gateway is far from") {
+		t.Errorf("plan with 50,000/s per gateway does not note the measured rate:\n%s", out.String())
 	}
 
 	err := run(t.Context(), []string{"plan", "-gateways", "0", "-headroom", "2"}, &out, &errOut)
