@@ -80,7 +80,7 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 		if it.LeaseId == 0 {
 			seq++
 		}
-		qid, cfg, weight, msg := quotaFor(set, it.Quota, n.cfg, req.Holder)
+		qid, cfg, weight, bounds, msg := n.quotaFor(set, it.Quota, req.Holder)
 		if msg != "" {
 			grants[i].Error = msg
 			continue
@@ -88,13 +88,13 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 		p.configs = append(p.configs, cfg)
 		if it.LeaseId == 0 {
 			p.ops = append(p.ops, pendingOp{cmd: lease.Grant{
-				Holder: req.Holder, Seq: grantSeq, Quota: qid, Demand: it.Demand, Weight: weight,
+				Holder: req.Holder, Seq: grantSeq, Quota: qid, Demand: it.Demand, Weight: weight, Bounds: bounds,
 			}})
 			grantItems = append(grantItems, i)
 			continue
 		}
 		renew.Items = append(renew.Items, lease.RenewItem{
-			LeaseID: it.LeaseId, Quota: qid, Unused: it.Unused, Demand: it.Demand, Weight: weight,
+			LeaseID: it.LeaseId, Quota: qid, Unused: it.Unused, Demand: it.Demand, Weight: weight, Bounds: bounds,
 			ConfirmedCap: it.ConfirmedCap, ConfirmedRate: it.ConfirmedRate,
 		})
 		renewItems = append(renewItems, i)
@@ -227,9 +227,12 @@ func itemError(err error) string {
 // safe share, the rest comes from the leader's upstream lease (Fund). In the
 // global group it is the rule less every region's safe share (those are
 // never leased out), and a region's holder weighs by its region's weight.
-func quotaFor(set *rules.Set, ref *rationv1.QuotaRef, cfg Config, holder string) (string, lease.ConfigureQuota, float64, string) {
-	fail := func(format string, args ...any) (string, lease.ConfigureQuota, float64, string) {
-		return "", lease.ConfigureQuota{}, 0, ItemErrUnknownQuota + ": " + fmt.Sprintf(format, args...)
+//
+// Operators' tunings (tune.go) replace the file's lease settings.
+func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (string, lease.ConfigureQuota, float64, *lease.Bounds, string) {
+	cfg := n.cfg
+	fail := func(format string, args ...any) (string, lease.ConfigureQuota, float64, *lease.Bounds, string) {
+		return "", lease.ConfigureQuota{}, 0, nil, ItemErrUnknownQuota + ": " + fmt.Sprintf(format, args...)
 	}
 	r, ok := set.Rule(ref.GetRule())
 	if !ok {
@@ -248,7 +251,9 @@ func quotaFor(set *rules.Set, ref *rationv1.QuotaRef, cfg Config, holder string)
 		MaxSlice:     r.Lease.MaxSlice,
 		SafetyMargin: cfg.SafetyMargin.Microseconds(),
 	}
+	tuneQuota(&c, n.tuningOf(r.Name, cfg.Region))
 	var weight float64
+	var bounds *lease.Bounds
 	switch {
 	case r.Scope != region.ScopeGlobal:
 	case cfg.Upstream != "":
@@ -268,6 +273,11 @@ func quotaFor(set *rules.Set, ref *rationv1.QuotaRef, cfg Config, holder string)
 				return fail("rule %q is scope: global and has no share for region %q", r.Name, id)
 			}
 			weight = w.Weight
+			t := n.tuningOf(r.Name, string(id))
+			if t.Weight != 0 {
+				weight = t.Weight
+			}
+			bounds = regionBounds(t, c)
 		}
 		l := region.Leasable(r.Burst, r.Rate, r.Regions)
 		if !(l.Burst > 0) {
@@ -278,7 +288,7 @@ func quotaFor(set *rules.Set, ref *rationv1.QuotaRef, cfg Config, holder string)
 			c.Rate = 0
 		}
 	}
-	return id, c, weight, ""
+	return id, c, weight, bounds, ""
 }
 
 // checkHolderRequest rejects a malformed Renew or Release before anything

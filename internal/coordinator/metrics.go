@@ -130,6 +130,8 @@ var (
 		"Worst-case overshoot rate of a scope: global, mode: leased rule while its regions are cut off from the global group: sum(safe shares) - rate when positive (allow_overshoot), else 0.", []string{"rule"}, nil)
 	descOvershootBurst = prometheus.NewDesc("ration_coordinator_safe_overshoot_tokens",
 		"Worst-case overshoot of a global leased rule's burst by its regions' safe bursts (sum(safe bursts) - burst when positive, else 0): the bound over a partition of length T is this plus the rate gauge times T.", []string{"rule"}, nil)
+	descTuning = prometheus.NewDesc("ration_coordinator_tuning",
+		"Operators' run-time tunings in the replicated state, by rule, region (\"\" = default) and setting (lease_period_seconds, renew_at, min_slice, max_slice, weight).", []string{"rule", "region", "setting"}, nil)
 	descRestores = prometheus.NewDesc("ration_coordinator_snapshot_restores_total",
 		"Snapshots restored into the state machine (from disk at start, or installed from the leader).", nil, nil)
 	descStopped = prometheus.NewDesc("ration_coordinator_fsm_stopped",
@@ -152,7 +154,7 @@ var (
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPool, descLeasedCap, descLeasedRate, descBurst, descFunded, descOvershootRate, descOvershootBurst, descQuotas, descLeases, descRestores, descStopped, descRaftState} {
+	for _, d := range []*prometheus.Desc{descPool, descLeasedCap, descLeasedRate, descBurst, descFunded, descOvershootRate, descOvershootBurst, descTuning, descQuotas, descLeases, descRestores, descStopped, descRaftState} {
 		ch <- d
 	}
 	for _, s := range raftStats {
@@ -169,6 +171,26 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	n := c.n
 	byRule := map[string]*ruleSums{}
 	n.fsm.read(func(s *lease.State) {
+		for _, t := range s.Tunings() {
+			emit := func(setting string, v float64) {
+				ch <- prometheus.MustNewConstMetric(descTuning, prometheus.GaugeValue, v, t.Rule, t.Region, setting)
+			}
+			if t.LeasePeriod != 0 {
+				emit("lease_period_seconds", float64(t.LeasePeriod)/1e6)
+			}
+			if t.RenewAt != 0 {
+				emit("renew_at", t.RenewAt)
+			}
+			if t.MinSlice != nil {
+				emit("min_slice", *t.MinSlice)
+			}
+			if t.MaxSlice != nil {
+				emit("max_slice", *t.MaxSlice)
+			}
+			if t.Weight != 0 {
+				emit("weight", t.Weight)
+			}
+		}
 		for _, name := range s.Quotas() {
 			q, _ := s.Quota(name)
 			rule, _, _ := strings.Cut(name, "|")

@@ -13,6 +13,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/coordinator"
@@ -20,6 +24,7 @@ import (
 	holderpkg "github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/lease"
 	"github.com/ration-dev/ration/internal/rules"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
 // A two-level hierarchy on loopback: a global coordinator group and two
@@ -447,5 +452,134 @@ func TestS12OvershootWithinReportedBound(t *testing.T) {
 	t.Logf("admitted %v; overshoot of B + r*T: %.2f; of the reported bound: %.2f", plain.Admitted, plain.Overshoot, within.Overshoot)
 	if within.Overshoot > 1e-6 {
 		t.Fatalf("admitted beyond the reported bound: overshoot %.3f tokens in [%v, %v]", within.Overshoot, within.From, within.To)
+	}
+}
+
+func adminOf(t *testing.T, addr string) rationv1.AdminClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return rationv1.NewAdminClient(cc)
+}
+
+func f64(v float64) *float64 { return &v }
+func i64(v int64) *int64     { return &v }
+
+// regionLease returns the latest answer the global leader gave region id.
+func regionLease(leader *coordinator.Node, id string) (l lease.LeaseInfo, ok bool) {
+	leader.ReadState(func(s *lease.State) {
+		for _, q := range s.Quotas() {
+			for _, x := range s.Leases(q) {
+				if x.Holder == "region/"+id {
+					l, ok = x, true
+				}
+			}
+		}
+	})
+	return l, ok
+}
+
+// Bad tunings are refused with every problem named, and change nothing.
+func TestTuneRefusesBadInput(t *testing.T) {
+	c := harness.StartCoordinators(t, 1, hierRules)
+	admin := adminOf(t, c.Node(0).GRPCAddr())
+	ctx := context.Background()
+	_, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{
+		Rule: "g", Region: "ap", LeasePeriodMs: i64(-5), RenewAt: f64(1), MinSlice: f64(100), MaxSlice: f64(-1), Weight: f64(0),
+	}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Tune(bad) = %v, want InvalidArgument", err)
+	}
+	for _, want := range []string{`region "ap"`, "lease_period_ms -5", "renew_at 1", "min_slice 100: exceeds the rule's rate 60", "max_slice -1", "weight 0"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Tune(bad) error %q does not name %q", err, want)
+		}
+	}
+	for _, tc := range []*rationv1.Tuning{nil, {Rule: "nope", Weight: f64(1)}, {Rule: "g"}, {Rule: "g", Region: "EU", Weight: f64(1)}} {
+		if _, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: tc}); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("Tune(%v) = %v, want InvalidArgument", tc, err)
+		}
+	}
+	list, err := admin.ListTunings(ctx, &rationv1.ListTuningsRequest{})
+	if err != nil || len(list.Tunings) != 0 {
+		t.Fatalf("ListTunings after refused tunings = %v, %v; want none", list, err)
+	}
+}
+
+// Tuning changes made through the global group's admin API (a region's
+// weight, maximum slice and lease period) take effect within one lease
+// period, and survive a restart of every coordinator of every group.
+func TestTuningTakesEffectAndSurvivesRestart(t *testing.T) {
+	hr := startHierarchy(t, hierRules, 3, 1, 1, "eu", "us")
+	const period = time.Second
+	driveDone := make(chan struct{})
+	go func() {
+		defer close(driveDone)
+		hr.drive("g", "x", 9*time.Second, func(*regionAgent, time.Duration) float64 { return 80 })
+	}()
+	time.Sleep(2 * period) // both regions leased: about 30 each
+	li, leader := hr.global.Leader(t)
+	admin := adminOf(t, leader.GRPCAddr())
+	ctx := context.Background()
+	if _, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "g", Region: "us", MaxSlice: f64(10)}}); err != nil {
+		t.Fatalf("Tune(us max_slice 10): %v", err)
+	}
+	if _, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "g", Region: "eu", Weight: f64(3), LeasePeriodMs: i64(2000)}}); err != nil {
+		t.Fatalf("Tune(eu weight 3, period 2s): %v", err)
+	}
+	tuned := time.Now()
+	var usAt, euAt time.Duration
+	for time.Since(tuned) < 3*period && (usAt == 0 || euAt == 0) {
+		if l, ok := regionLease(leader, "us"); ok && l.Rate <= 10+1e-9 && usAt == 0 {
+			usAt = time.Since(tuned)
+		}
+		if l, ok := regionLease(leader, "eu"); ok && l.Term == 2*int64(period/time.Microsecond) && euAt == 0 {
+			euAt = time.Since(tuned)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("us's slice capped after %v, eu's period changed after %v", usAt, euAt)
+	if usAt == 0 || usAt > period {
+		t.Errorf("us's max_slice took effect after %v (0: never), want within one lease period", usAt)
+	}
+	if euAt == 0 || euAt > period {
+		t.Errorf("eu's lease period took effect after %v (0: never), want within one lease period", euAt)
+	}
+
+	// Restart every coordinator of every group, one group after another.
+	for _, g := range []*harness.Coordinators{hr.global, hr.regions["eu"], hr.regions["us"]} {
+		for i := range g.N() {
+			g.Shutdown(i)
+		}
+		for i := range g.N() {
+			g.Restart(i)
+		}
+	}
+	_, leader = hr.global.Leader(t)
+	list, err := adminOf(t, leader.GRPCAddr()).ListTunings(ctx, &rationv1.ListTuningsRequest{})
+	if err != nil || len(list.Tunings) != 2 {
+		t.Fatalf("ListTunings after restarting every node = %v, %v; want both tunings", list, err)
+	}
+	// And they still apply: us capped at 10, eu (weight 3) gets the rest.
+	var us, eu lease.LeaseInfo
+	deadline := time.Now().Add(3 * period)
+	for time.Now().Before(deadline) {
+		us, _ = regionLease(leader, "us")
+		eu, _ = regionLease(leader, "eu")
+		if us.Rate > 0 && us.Rate <= 10+1e-9 && eu.Rate > 40 && eu.Term == 2e6 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("after the restart (leader was node%d): eu rate %.1f term %v, us rate %.1f", li, eu.Rate, time.Duration(eu.Term)*time.Microsecond, us.Rate)
+	if !(us.Rate > 0 && us.Rate <= 10+1e-9 && eu.Rate > 40 && eu.Term == 2e6) {
+		t.Errorf("after the restart: eu rate %.1f term %d µs, us rate %.1f; want us <= 10, eu > 40 with a 2s term", eu.Rate, eu.Term, us.Rate)
+	}
+	<-driveDone
+	if rep := admission.Check(hr.rec.Records(), "g|x", 40, 60); rep.Overshoot > 1e-6 {
+		t.Fatalf("overshoot %.3f tokens in [%v, %v] across tuning and restarts", rep.Overshoot, rep.From, rep.To)
 	}
 }

@@ -158,8 +158,12 @@ func (u *upstream) round() {
 		if fits(fi.info, q.h.Lease.Cap, q.h.Lease.Rate) {
 			q.confCap, q.confRate = q.h.Lease.Cap, q.h.Lease.Rate
 		}
+		renewAt := n.cfg.UpstreamRenewAt
+		if t := n.tuningOf(q.rule, n.cfg.Region); t.RenewAt != 0 {
+			renewAt = t.RenewAt
+		}
 		validity := lease.AgentValidity(q.h.Lease.Term, upstreamDrift, 0)
-		if now >= q.h.ValidUntil-int64(float64(validity)*(1-n.cfg.UpstreamRenewAt)) {
+		if now >= q.h.ValidUntil-int64(float64(validity)*(1-renewAt)) {
 			anyDue = true
 		}
 		renews = append(renews, q)

@@ -474,6 +474,279 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
+// Tuning overrides a rule's lease settings. Unset fields are not
+// overridden. In the global group, region R's tuning sizes R's upstream
+// lease (weight, slices, period); in a regional group, its own region's (or
+// the default) tuning sizes the agents' subleases (period, slices) and the
+// upstream renew point.
+type Tuning struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rule          string                 `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`                                             // "" = default for every region
+	LeasePeriodMs *int64                 `protobuf:"varint,3,opt,name=lease_period_ms,json=leasePeriodMs,proto3,oneof" json:"lease_period_ms,omitempty"` // lease length D
+	RenewAt       *float64               `protobuf:"fixed64,4,opt,name=renew_at,json=renewAt,proto3,oneof" json:"renew_at,omitempty"`                    // upstream renew point, (0, 1)
+	MinSlice      *float64               `protobuf:"fixed64,5,opt,name=min_slice,json=minSlice,proto3,oneof" json:"min_slice,omitempty"`                 // tokens/s
+	MaxSlice      *float64               `protobuf:"fixed64,6,opt,name=max_slice,json=maxSlice,proto3,oneof" json:"max_slice,omitempty"`                 // tokens/s, 0 = no maximum
+	Weight        *float64               `protobuf:"fixed64,7,opt,name=weight,proto3,oneof" json:"weight,omitempty"`                                     // region's fairness weight
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tuning) Reset() {
+	*x = Tuning{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tuning) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tuning) ProtoMessage() {}
+
+func (x *Tuning) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tuning.ProtoReflect.Descriptor instead.
+func (*Tuning) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Tuning) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *Tuning) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *Tuning) GetLeasePeriodMs() int64 {
+	if x != nil && x.LeasePeriodMs != nil {
+		return *x.LeasePeriodMs
+	}
+	return 0
+}
+
+func (x *Tuning) GetRenewAt() float64 {
+	if x != nil && x.RenewAt != nil {
+		return *x.RenewAt
+	}
+	return 0
+}
+
+func (x *Tuning) GetMinSlice() float64 {
+	if x != nil && x.MinSlice != nil {
+		return *x.MinSlice
+	}
+	return 0
+}
+
+func (x *Tuning) GetMaxSlice() float64 {
+	if x != nil && x.MaxSlice != nil {
+		return *x.MaxSlice
+	}
+	return 0
+}
+
+func (x *Tuning) GetWeight() float64 {
+	if x != nil && x.Weight != nil {
+		return *x.Weight
+	}
+	return 0
+}
+
+type TuneRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tuning        *Tuning                `protobuf:"bytes,1,opt,name=tuning,proto3" json:"tuning,omitempty"`
+	Clear         bool                   `protobuf:"varint,2,opt,name=clear,proto3" json:"clear,omitempty"` // remove the tuning of (rule, region) instead
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TuneRequest) Reset() {
+	*x = TuneRequest{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TuneRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TuneRequest) ProtoMessage() {}
+
+func (x *TuneRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TuneRequest.ProtoReflect.Descriptor instead.
+func (*TuneRequest) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TuneRequest) GetTuning() *Tuning {
+	if x != nil {
+		return x.Tuning
+	}
+	return nil
+}
+
+func (x *TuneRequest) GetClear() bool {
+	if x != nil {
+		return x.Clear
+	}
+	return false
+}
+
+type TuneResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tuning        *Tuning                `protobuf:"bytes,1,opt,name=tuning,proto3" json:"tuning,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TuneResponse) Reset() {
+	*x = TuneResponse{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TuneResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TuneResponse) ProtoMessage() {}
+
+func (x *TuneResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TuneResponse.ProtoReflect.Descriptor instead.
+func (*TuneResponse) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TuneResponse) GetTuning() *Tuning {
+	if x != nil {
+		return x.Tuning
+	}
+	return nil
+}
+
+type ListTuningsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTuningsRequest) Reset() {
+	*x = ListTuningsRequest{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTuningsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTuningsRequest) ProtoMessage() {}
+
+func (x *ListTuningsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTuningsRequest.ProtoReflect.Descriptor instead.
+func (*ListTuningsRequest) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{10}
+}
+
+type ListTuningsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tunings       []*Tuning              `protobuf:"bytes,1,rep,name=tunings,proto3" json:"tunings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTuningsResponse) Reset() {
+	*x = ListTuningsResponse{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTuningsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTuningsResponse) ProtoMessage() {}
+
+func (x *ListTuningsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTuningsResponse.ProtoReflect.Descriptor instead.
+func (*ListTuningsResponse) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListTuningsResponse) GetTunings() []*Tuning {
+	if x != nil {
+		return x.Tunings
+	}
+	return nil
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -482,7 +755,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +767,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +780,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{7}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 type RaftServer struct {
@@ -521,7 +794,7 @@ type RaftServer struct {
 
 func (x *RaftServer) Reset() {
 	*x = RaftServer{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +806,7 @@ func (x *RaftServer) String() string {
 func (*RaftServer) ProtoMessage() {}
 
 func (x *RaftServer) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +819,7 @@ func (x *RaftServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftServer.ProtoReflect.Descriptor instead.
 func (*RaftServer) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RaftServer) GetId() string {
@@ -587,7 +860,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +872,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +885,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatusResponse) GetId() string {
@@ -686,7 +959,7 @@ type ListQuotasRequest struct {
 
 func (x *ListQuotasRequest) Reset() {
 	*x = ListQuotasRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +971,7 @@ func (x *ListQuotasRequest) String() string {
 func (*ListQuotasRequest) ProtoMessage() {}
 
 func (x *ListQuotasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +984,7 @@ func (x *ListQuotasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQuotasRequest.ProtoReflect.Descriptor instead.
 func (*ListQuotasRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{15}
 }
 
 type QuotaStatus struct {
@@ -729,7 +1002,7 @@ type QuotaStatus struct {
 
 func (x *QuotaStatus) Reset() {
 	*x = QuotaStatus{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +1014,7 @@ func (x *QuotaStatus) String() string {
 func (*QuotaStatus) ProtoMessage() {}
 
 func (x *QuotaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +1027,7 @@ func (x *QuotaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaStatus.ProtoReflect.Descriptor instead.
 func (*QuotaStatus) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *QuotaStatus) GetQuota() string {
@@ -815,7 +1088,7 @@ type ListQuotasResponse struct {
 
 func (x *ListQuotasResponse) Reset() {
 	*x = ListQuotasResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +1100,7 @@ func (x *ListQuotasResponse) String() string {
 func (*ListQuotasResponse) ProtoMessage() {}
 
 func (x *ListQuotasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +1113,7 @@ func (x *ListQuotasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQuotasResponse.ProtoReflect.Descriptor instead.
 func (*ListQuotasResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListQuotasResponse) GetQuotas() []*QuotaStatus {
@@ -859,7 +1132,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1144,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1157,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListLeasesRequest) GetQuota() string {
@@ -910,7 +1183,7 @@ type LeaseStatus struct {
 
 func (x *LeaseStatus) Reset() {
 	*x = LeaseStatus{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1195,7 @@ func (x *LeaseStatus) String() string {
 func (*LeaseStatus) ProtoMessage() {}
 
 func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1208,7 @@ func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseStatus.ProtoReflect.Descriptor instead.
 func (*LeaseStatus) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LeaseStatus) GetLeaseId() uint64 {
@@ -1003,7 +1276,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1288,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1301,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*LeaseStatus {
@@ -1049,7 +1322,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1334,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1347,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -1107,7 +1380,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1392,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1405,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -1151,7 +1424,7 @@ type MembershipResponse struct {
 
 func (x *MembershipResponse) Reset() {
 	*x = MembershipResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1436,7 @@ func (x *MembershipResponse) String() string {
 func (*MembershipResponse) ProtoMessage() {}
 
 func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1449,7 @@ func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipResponse.ProtoReflect.Descriptor instead.
 func (*MembershipResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MembershipResponse) GetServers() []*RaftServer {
@@ -1221,7 +1494,30 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12*\n" +
 	"\x05items\x18\x03 \x03(\v2\x14.ration.v1.RenewItemR\x05items\"\x11\n" +
-	"\x0fReleaseResponse\"\x0f\n" +
+	"\x0fReleaseResponse\"\xaa\x02\n" +
+	"\x06Tuning\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12+\n" +
+	"\x0flease_period_ms\x18\x03 \x01(\x03H\x00R\rleasePeriodMs\x88\x01\x01\x12\x1e\n" +
+	"\brenew_at\x18\x04 \x01(\x01H\x01R\arenewAt\x88\x01\x01\x12 \n" +
+	"\tmin_slice\x18\x05 \x01(\x01H\x02R\bminSlice\x88\x01\x01\x12 \n" +
+	"\tmax_slice\x18\x06 \x01(\x01H\x03R\bmaxSlice\x88\x01\x01\x12\x1b\n" +
+	"\x06weight\x18\a \x01(\x01H\x04R\x06weight\x88\x01\x01B\x12\n" +
+	"\x10_lease_period_msB\v\n" +
+	"\t_renew_atB\f\n" +
+	"\n" +
+	"_min_sliceB\f\n" +
+	"\n" +
+	"_max_sliceB\t\n" +
+	"\a_weight\"N\n" +
+	"\vTuneRequest\x12)\n" +
+	"\x06tuning\x18\x01 \x01(\v2\x11.ration.v1.TuningR\x06tuning\x12\x14\n" +
+	"\x05clear\x18\x02 \x01(\bR\x05clear\"9\n" +
+	"\fTuneResponse\x12)\n" +
+	"\x06tuning\x18\x01 \x01(\v2\x11.ration.v1.TuningR\x06tuning\"\x14\n" +
+	"\x12ListTuningsRequest\"B\n" +
+	"\x13ListTuningsResponse\x12+\n" +
+	"\atunings\x18\x01 \x03(\v2\x11.ration.v1.TuningR\atunings\"\x0f\n" +
 	"\rStatusRequest\"R\n" +
 	"\n" +
 	"RaftServer\x12\x0e\n" +
@@ -1274,7 +1570,7 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\aservers\x18\x01 \x03(\v2\x15.ration.v1.RaftServerR\aservers2\x86\x01\n" +
 	"\x06Leases\x12:\n" +
 	"\x05Renew\x12\x17.ration.v1.RenewRequest\x1a\x18.ration.v1.RenewResponse\x12@\n" +
-	"\aRelease\x12\x19.ration.v1.ReleaseRequest\x1a\x1a.ration.v1.ReleaseResponse2\xf2\x02\n" +
+	"\aRelease\x12\x19.ration.v1.ReleaseRequest\x1a\x1a.ration.v1.ReleaseResponse2\xf9\x03\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.ration.v1.StatusRequest\x1a\x19.ration.v1.StatusResponse\x12I\n" +
 	"\n" +
@@ -1282,7 +1578,9 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"ListLeases\x12\x1c.ration.v1.ListLeasesRequest\x1a\x1d.ration.v1.ListLeasesResponse\x12E\n" +
 	"\bAddVoter\x12\x1a.ration.v1.AddVoterRequest\x1a\x1d.ration.v1.MembershipResponse\x12M\n" +
-	"\fRemoveServer\x12\x1e.ration.v1.RemoveServerRequest\x1a\x1d.ration.v1.MembershipResponseB7Z5github.com/ration-dev/ration/proto/ration/v1;rationv1b\x06proto3"
+	"\fRemoveServer\x12\x1e.ration.v1.RemoveServerRequest\x1a\x1d.ration.v1.MembershipResponse\x127\n" +
+	"\x04Tune\x12\x16.ration.v1.TuneRequest\x1a\x17.ration.v1.TuneResponse\x12L\n" +
+	"\vListTunings\x12\x1d.ration.v1.ListTuningsRequest\x1a\x1e.ration.v1.ListTuningsResponseB7Z5github.com/ration-dev/ration/proto/ration/v1;rationv1b\x06proto3"
 
 var (
 	file_ration_v1_coordinator_proto_rawDescOnce sync.Once
@@ -1296,7 +1594,7 @@ func file_ration_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_ration_v1_coordinator_proto_rawDescData
 }
 
-var file_ration_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_ration_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_ration_v1_coordinator_proto_goTypes = []any{
 	(*QuotaRef)(nil),            // 0: ration.v1.QuotaRef
 	(*RenewItem)(nil),           // 1: ration.v1.RenewItem
@@ -1305,18 +1603,23 @@ var file_ration_v1_coordinator_proto_goTypes = []any{
 	(*RenewResponse)(nil),       // 4: ration.v1.RenewResponse
 	(*ReleaseRequest)(nil),      // 5: ration.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),     // 6: ration.v1.ReleaseResponse
-	(*StatusRequest)(nil),       // 7: ration.v1.StatusRequest
-	(*RaftServer)(nil),          // 8: ration.v1.RaftServer
-	(*StatusResponse)(nil),      // 9: ration.v1.StatusResponse
-	(*ListQuotasRequest)(nil),   // 10: ration.v1.ListQuotasRequest
-	(*QuotaStatus)(nil),         // 11: ration.v1.QuotaStatus
-	(*ListQuotasResponse)(nil),  // 12: ration.v1.ListQuotasResponse
-	(*ListLeasesRequest)(nil),   // 13: ration.v1.ListLeasesRequest
-	(*LeaseStatus)(nil),         // 14: ration.v1.LeaseStatus
-	(*ListLeasesResponse)(nil),  // 15: ration.v1.ListLeasesResponse
-	(*AddVoterRequest)(nil),     // 16: ration.v1.AddVoterRequest
-	(*RemoveServerRequest)(nil), // 17: ration.v1.RemoveServerRequest
-	(*MembershipResponse)(nil),  // 18: ration.v1.MembershipResponse
+	(*Tuning)(nil),              // 7: ration.v1.Tuning
+	(*TuneRequest)(nil),         // 8: ration.v1.TuneRequest
+	(*TuneResponse)(nil),        // 9: ration.v1.TuneResponse
+	(*ListTuningsRequest)(nil),  // 10: ration.v1.ListTuningsRequest
+	(*ListTuningsResponse)(nil), // 11: ration.v1.ListTuningsResponse
+	(*StatusRequest)(nil),       // 12: ration.v1.StatusRequest
+	(*RaftServer)(nil),          // 13: ration.v1.RaftServer
+	(*StatusResponse)(nil),      // 14: ration.v1.StatusResponse
+	(*ListQuotasRequest)(nil),   // 15: ration.v1.ListQuotasRequest
+	(*QuotaStatus)(nil),         // 16: ration.v1.QuotaStatus
+	(*ListQuotasResponse)(nil),  // 17: ration.v1.ListQuotasResponse
+	(*ListLeasesRequest)(nil),   // 18: ration.v1.ListLeasesRequest
+	(*LeaseStatus)(nil),         // 19: ration.v1.LeaseStatus
+	(*ListLeasesResponse)(nil),  // 20: ration.v1.ListLeasesResponse
+	(*AddVoterRequest)(nil),     // 21: ration.v1.AddVoterRequest
+	(*RemoveServerRequest)(nil), // 22: ration.v1.RemoveServerRequest
+	(*MembershipResponse)(nil),  // 23: ration.v1.MembershipResponse
 }
 var file_ration_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: ration.v1.RenewItem.quota:type_name -> ration.v1.QuotaRef
@@ -1324,29 +1627,36 @@ var file_ration_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 2: ration.v1.Grant.quota:type_name -> ration.v1.QuotaRef
 	3,  // 3: ration.v1.RenewResponse.grants:type_name -> ration.v1.Grant
 	1,  // 4: ration.v1.ReleaseRequest.items:type_name -> ration.v1.RenewItem
-	8,  // 5: ration.v1.StatusResponse.servers:type_name -> ration.v1.RaftServer
-	11, // 6: ration.v1.ListQuotasResponse.quotas:type_name -> ration.v1.QuotaStatus
-	14, // 7: ration.v1.ListLeasesResponse.leases:type_name -> ration.v1.LeaseStatus
-	8,  // 8: ration.v1.MembershipResponse.servers:type_name -> ration.v1.RaftServer
-	2,  // 9: ration.v1.Leases.Renew:input_type -> ration.v1.RenewRequest
-	5,  // 10: ration.v1.Leases.Release:input_type -> ration.v1.ReleaseRequest
-	7,  // 11: ration.v1.Admin.Status:input_type -> ration.v1.StatusRequest
-	10, // 12: ration.v1.Admin.ListQuotas:input_type -> ration.v1.ListQuotasRequest
-	13, // 13: ration.v1.Admin.ListLeases:input_type -> ration.v1.ListLeasesRequest
-	16, // 14: ration.v1.Admin.AddVoter:input_type -> ration.v1.AddVoterRequest
-	17, // 15: ration.v1.Admin.RemoveServer:input_type -> ration.v1.RemoveServerRequest
-	4,  // 16: ration.v1.Leases.Renew:output_type -> ration.v1.RenewResponse
-	6,  // 17: ration.v1.Leases.Release:output_type -> ration.v1.ReleaseResponse
-	9,  // 18: ration.v1.Admin.Status:output_type -> ration.v1.StatusResponse
-	12, // 19: ration.v1.Admin.ListQuotas:output_type -> ration.v1.ListQuotasResponse
-	15, // 20: ration.v1.Admin.ListLeases:output_type -> ration.v1.ListLeasesResponse
-	18, // 21: ration.v1.Admin.AddVoter:output_type -> ration.v1.MembershipResponse
-	18, // 22: ration.v1.Admin.RemoveServer:output_type -> ration.v1.MembershipResponse
-	16, // [16:23] is the sub-list for method output_type
-	9,  // [9:16] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	7,  // 5: ration.v1.TuneRequest.tuning:type_name -> ration.v1.Tuning
+	7,  // 6: ration.v1.TuneResponse.tuning:type_name -> ration.v1.Tuning
+	7,  // 7: ration.v1.ListTuningsResponse.tunings:type_name -> ration.v1.Tuning
+	13, // 8: ration.v1.StatusResponse.servers:type_name -> ration.v1.RaftServer
+	16, // 9: ration.v1.ListQuotasResponse.quotas:type_name -> ration.v1.QuotaStatus
+	19, // 10: ration.v1.ListLeasesResponse.leases:type_name -> ration.v1.LeaseStatus
+	13, // 11: ration.v1.MembershipResponse.servers:type_name -> ration.v1.RaftServer
+	2,  // 12: ration.v1.Leases.Renew:input_type -> ration.v1.RenewRequest
+	5,  // 13: ration.v1.Leases.Release:input_type -> ration.v1.ReleaseRequest
+	12, // 14: ration.v1.Admin.Status:input_type -> ration.v1.StatusRequest
+	15, // 15: ration.v1.Admin.ListQuotas:input_type -> ration.v1.ListQuotasRequest
+	18, // 16: ration.v1.Admin.ListLeases:input_type -> ration.v1.ListLeasesRequest
+	21, // 17: ration.v1.Admin.AddVoter:input_type -> ration.v1.AddVoterRequest
+	22, // 18: ration.v1.Admin.RemoveServer:input_type -> ration.v1.RemoveServerRequest
+	8,  // 19: ration.v1.Admin.Tune:input_type -> ration.v1.TuneRequest
+	10, // 20: ration.v1.Admin.ListTunings:input_type -> ration.v1.ListTuningsRequest
+	4,  // 21: ration.v1.Leases.Renew:output_type -> ration.v1.RenewResponse
+	6,  // 22: ration.v1.Leases.Release:output_type -> ration.v1.ReleaseResponse
+	14, // 23: ration.v1.Admin.Status:output_type -> ration.v1.StatusResponse
+	17, // 24: ration.v1.Admin.ListQuotas:output_type -> ration.v1.ListQuotasResponse
+	20, // 25: ration.v1.Admin.ListLeases:output_type -> ration.v1.ListLeasesResponse
+	23, // 26: ration.v1.Admin.AddVoter:output_type -> ration.v1.MembershipResponse
+	23, // 27: ration.v1.Admin.RemoveServer:output_type -> ration.v1.MembershipResponse
+	9,  // 28: ration.v1.Admin.Tune:output_type -> ration.v1.TuneResponse
+	11, // 29: ration.v1.Admin.ListTunings:output_type -> ration.v1.ListTuningsResponse
+	21, // [21:30] is the sub-list for method output_type
+	12, // [12:21] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_ration_v1_coordinator_proto_init() }
@@ -1354,13 +1664,14 @@ func file_ration_v1_coordinator_proto_init() {
 	if File_ration_v1_coordinator_proto != nil {
 		return
 	}
+	file_ration_v1_coordinator_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ration_v1_coordinator_proto_rawDesc), len(file_ration_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

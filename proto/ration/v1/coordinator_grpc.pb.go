@@ -189,6 +189,8 @@ const (
 	Admin_ListLeases_FullMethodName   = "/ration.v1.Admin/ListLeases"
 	Admin_AddVoter_FullMethodName     = "/ration.v1.Admin/AddVoter"
 	Admin_RemoveServer_FullMethodName = "/ration.v1.Admin/RemoveServer"
+	Admin_Tune_FullMethodName         = "/ration.v1.Admin/Tune"
+	Admin_ListTunings_FullMethodName  = "/ration.v1.Admin/ListTunings"
 )
 
 // AdminClient is the client API for Admin service.
@@ -203,6 +205,13 @@ type AdminClient interface {
 	// AddVoter and RemoveServer change Raft membership (leader only).
 	AddVoter(ctx context.Context, in *AddVoterRequest, opts ...grpc.CallOption) (*MembershipResponse, error)
 	RemoveServer(ctx context.Context, in *RemoveServerRequest, opts ...grpc.CallOption) (*MembershipResponse, error)
+	// Tune sets (or clears) an operator's run-time override of a rule's
+	// lease settings, for one region or as the default for all, replicated
+	// through Raft (leader only). Every problem is reported at once
+	// (INVALID_ARGUMENT, fields named); a refused tuning changes nothing.
+	Tune(ctx context.Context, in *TuneRequest, opts ...grpc.CallOption) (*TuneResponse, error)
+	// ListTunings lists the tunings in this node's replicated state.
+	ListTunings(ctx context.Context, in *ListTuningsRequest, opts ...grpc.CallOption) (*ListTuningsResponse, error)
 }
 
 type adminClient struct {
@@ -263,6 +272,26 @@ func (c *adminClient) RemoveServer(ctx context.Context, in *RemoveServerRequest,
 	return out, nil
 }
 
+func (c *adminClient) Tune(ctx context.Context, in *TuneRequest, opts ...grpc.CallOption) (*TuneResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TuneResponse)
+	err := c.cc.Invoke(ctx, Admin_Tune_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListTunings(ctx context.Context, in *ListTuningsRequest, opts ...grpc.CallOption) (*ListTuningsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTuningsResponse)
+	err := c.cc.Invoke(ctx, Admin_ListTunings_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -275,6 +304,13 @@ type AdminServer interface {
 	// AddVoter and RemoveServer change Raft membership (leader only).
 	AddVoter(context.Context, *AddVoterRequest) (*MembershipResponse, error)
 	RemoveServer(context.Context, *RemoveServerRequest) (*MembershipResponse, error)
+	// Tune sets (or clears) an operator's run-time override of a rule's
+	// lease settings, for one region or as the default for all, replicated
+	// through Raft (leader only). Every problem is reported at once
+	// (INVALID_ARGUMENT, fields named); a refused tuning changes nothing.
+	Tune(context.Context, *TuneRequest) (*TuneResponse, error)
+	// ListTunings lists the tunings in this node's replicated state.
+	ListTunings(context.Context, *ListTuningsRequest) (*ListTuningsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -299,6 +335,12 @@ func (UnimplementedAdminServer) AddVoter(context.Context, *AddVoterRequest) (*Me
 }
 func (UnimplementedAdminServer) RemoveServer(context.Context, *RemoveServerRequest) (*MembershipResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RemoveServer not implemented")
+}
+func (UnimplementedAdminServer) Tune(context.Context, *TuneRequest) (*TuneResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Tune not implemented")
+}
+func (UnimplementedAdminServer) ListTunings(context.Context, *ListTuningsRequest) (*ListTuningsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListTunings not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -411,6 +453,42 @@ func _Admin_RemoveServer_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_Tune_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TuneRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Tune(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Tune_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Tune(ctx, req.(*TuneRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListTunings_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTuningsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListTunings(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListTunings_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListTunings(ctx, req.(*ListTuningsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -437,6 +515,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveServer",
 			Handler:    _Admin_RemoveServer_Handler,
+		},
+		{
+			MethodName: "Tune",
+			Handler:    _Admin_Tune_Handler,
+		},
+		{
+			MethodName: "ListTunings",
+			Handler:    _Admin_ListTunings_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,205 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/region"
+	"github.com/ration-dev/ration/internal/rules"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// Operators' run-time tuning (docs/operations.md). The table lives in the
+// replicated lease state (lease.Tune), so it is committed through Raft,
+// kept in snapshots and across restarts, and read by every leader. It is
+// applied where the commands for a quota are built:
+//
+//   - every group: the tuning of (rule, -region), over the rule's default
+//     (region ""), replaces the rule file's lease period and slices in the
+//     quota's ConfigureQuota: the next renewal reconfigures the quota;
+//   - the global group: region R's tuning gives R's upstream lease its
+//     weight and its own period and slice bounds (lease.Bounds), at R's
+//     next renewal;
+//   - a regional group: the renew point of its upstream lease.
+//
+// None of these can break conservation: they only size leases within the
+// quota. Safe shares are not tuned at run time: the global group and every
+// region must agree on them, so they stay in the rules file.
+
+// Tune implements rationv1.AdminServer.
+func (s *adminServer) Tune(ctx context.Context, req *rationv1.TuneRequest) (*rationv1.TuneResponse, error) {
+	n := s.n
+	if err := n.servable(); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	t, err := n.checkTuning(req.GetTuning(), req.GetClear())
+	if err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	res, err := n.propose(ctx, &proposal{ops: []pendingOp{{cmd: lease.Tune{Tuning: t, Clear: req.GetClear()}}}})
+	if err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	if res[0].Err != nil {
+		return nil, n.rpcError(ctx, res[0].Err)
+	}
+	verb := "set"
+	if req.GetClear() {
+		verb = "cleared"
+	}
+	n.logger.Info("tuning "+verb, "rule", t.Rule, "region", t.Region, "tuning", fmt.Sprintf("%+v", tuningProto(t)))
+	var eff lease.Tuning
+	n.fsm.read(func(st *lease.State) { eff, _ = st.Tuning(t.Rule, t.Region) })
+	eff.Rule, eff.Region = t.Rule, t.Region
+	return &rationv1.TuneResponse{Tuning: tuningProto(eff)}, nil
+}
+
+// ListTunings implements rationv1.AdminServer.
+func (s *adminServer) ListTunings(ctx context.Context, _ *rationv1.ListTuningsRequest) (*rationv1.ListTuningsResponse, error) {
+	resp := &rationv1.ListTuningsResponse{}
+	s.n.fsm.read(func(st *lease.State) {
+		for _, t := range st.Tunings() {
+			resp.Tunings = append(resp.Tunings, tuningProto(t))
+		}
+	})
+	return resp, nil
+}
+
+// checkTuning turns a request into a lease.Tuning, reporting every problem
+// at once, each naming its field and value.
+func (n *Node) checkTuning(p *rationv1.Tuning, clear bool) (lease.Tuning, error) {
+	if p == nil {
+		return lease.Tuning{}, fmt.Errorf("%w: tuning: required", ErrInvalidRequest)
+	}
+	var ps []string
+	bad := func(format string, args ...any) { ps = append(ps, fmt.Sprintf(format, args...)) }
+	t := lease.Tuning{Rule: p.GetRule(), Region: p.GetRegion()}
+	var r *rules.Rule
+	if t.Rule == "" {
+		bad("rule: required")
+	} else if rr, ok := n.rules.Load().Rule(t.Rule); !ok {
+		bad("rule %q: not in this coordinator's rules", t.Rule)
+	} else if rr.Mode != rules.ModeLeased {
+		bad("rule %q: mode is %v; only leased rules have lease settings", t.Rule, rr.Mode)
+	} else {
+		r = rr
+	}
+	if t.Region != "" {
+		if msg := region.ID(t.Region).Check(); msg != "" {
+			bad("region: %s", msg)
+		} else if r != nil && r.Scope == region.ScopeGlobal {
+			if _, ok := r.Regions[region.ID(t.Region)]; !ok {
+				bad("region %q: rule %q is scope: global and has no share for it", t.Region, t.Rule)
+			}
+		}
+	}
+	if p.LeasePeriodMs != nil {
+		d := time.Duration(p.GetLeasePeriodMs()) * time.Millisecond
+		if d <= 0 || d.Microseconds() > lease.MaxPeriod {
+			bad("lease_period_ms %d: must be in [1, %d]", p.GetLeasePeriodMs(), lease.MaxPeriod/1000)
+		} else {
+			t.LeasePeriod = d.Microseconds()
+		}
+	}
+	if p.RenewAt != nil {
+		if v := p.GetRenewAt(); !(v > 0 && v < 1) {
+			bad("renew_at %v: must be in (0, 1)", v)
+		} else {
+			t.RenewAt = v
+		}
+	}
+	slice := func(name string, v *float64) *float64 {
+		if v == nil {
+			return nil
+		}
+		if !(*v >= 0 && *v <= lease.MaxValue) {
+			bad("%s %v: must be in [0, %g] tokens/s", name, *v, float64(lease.MaxValue))
+			return nil
+		}
+		if r != nil && *v > r.Rate && r.Rate > 0 && name == "min_slice" {
+			bad("%s %v: exceeds the rule's rate %v; no slice could be granted", name, *v, r.Rate)
+			return nil
+		}
+		c := *v
+		return &c
+	}
+	t.MinSlice = slice("min_slice", p.MinSlice)
+	t.MaxSlice = slice("max_slice", p.MaxSlice)
+	if t.MinSlice != nil && t.MaxSlice != nil && *t.MaxSlice != 0 && *t.MaxSlice < *t.MinSlice {
+		bad("max_slice %v: below min_slice %v (0 means no maximum)", *t.MaxSlice, *t.MinSlice)
+	}
+	if p.Weight != nil {
+		if v := p.GetWeight(); !(v >= lease.MinWeight && v <= lease.MaxWeight) {
+			bad("weight %v: must be in [%g, %g]", v, float64(lease.MinWeight), float64(lease.MaxWeight))
+		} else {
+			t.Weight = v
+		}
+	}
+	if !clear && len(ps) == 0 && t.Empty() {
+		bad("nothing to set: give lease_period_ms, renew_at, min_slice, max_slice or weight (or clear)")
+	}
+	if len(ps) > 0 {
+		return lease.Tuning{}, fmt.Errorf("%w: %s", ErrInvalidRequest, strings.Join(ps, "; "))
+	}
+	return t, nil
+}
+
+func tuningProto(t lease.Tuning) *rationv1.Tuning {
+	p := &rationv1.Tuning{Rule: t.Rule, Region: t.Region, MinSlice: t.MinSlice, MaxSlice: t.MaxSlice}
+	if t.LeasePeriod != 0 {
+		ms := t.LeasePeriod / 1000
+		p.LeasePeriodMs = &ms
+	}
+	if t.RenewAt != 0 {
+		p.RenewAt = &t.RenewAt
+	}
+	if t.Weight != 0 {
+		p.Weight = &t.Weight
+	}
+	return p
+}
+
+// tuningOf reads the effective tuning of rule in reg (over the default).
+func (n *Node) tuningOf(rule, reg string) lease.Tuning {
+	var t lease.Tuning
+	n.fsm.read(func(s *lease.State) { t, _ = s.Tuning(rule, reg) })
+	return t
+}
+
+// tuneQuota applies the quota-level tuning to a quota's shape.
+func tuneQuota(c *lease.ConfigureQuota, t lease.Tuning) {
+	if t.LeasePeriod != 0 {
+		c.LeasePeriod = t.LeasePeriod
+	}
+	if t.MinSlice != nil {
+		c.MinSlice = *t.MinSlice
+	}
+	if t.MaxSlice != nil {
+		c.MaxSlice = *t.MaxSlice
+	}
+	if c.MaxSlice != 0 && c.MaxSlice < c.MinSlice {
+		c.MaxSlice = c.MinSlice // a tuned min above the file's max: the min wins
+	}
+}
+
+// regionBounds turns a region's tuning into its lease's own bounds; nil
+// when the region has no period or slice of its own.
+func regionBounds(t lease.Tuning, c lease.ConfigureQuota) *lease.Bounds {
+	if t.LeasePeriod == 0 && t.MinSlice == nil && t.MaxSlice == nil {
+		return nil
+	}
+	b := &lease.Bounds{Period: t.LeasePeriod, MinSlice: c.MinSlice, MaxSlice: c.MaxSlice}
+	if t.MinSlice != nil {
+		b.MinSlice = *t.MinSlice
+	}
+	if t.MaxSlice != nil {
+		b.MaxSlice = *t.MaxSlice
+	}
+	if b.MaxSlice != 0 && b.MaxSlice < b.MinSlice {
+		b.MaxSlice = b.MinSlice
+	}
+	return b
+}
