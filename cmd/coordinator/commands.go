@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -28,13 +29,24 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 	if name == "leases" {
 		quota = fs.String("quota", "", "only the leases of this quota (rule|subject)")
 	}
+	var tf tuneFlags
+	if name == "tune" {
+		tf.bind(fs)
+	}
 	switch name {
-	case "status", "quotas", "leases":
+	case "status", "quotas", "leases", "tune", "tunings":
 	default:
-		return fmt.Errorf("unknown command %q: want status, quotas or leases (or flags: see -h)", name)
+		return fmt.Errorf("unknown command %q: want status, quotas, leases, tune or tunings (or flags: see -h)", name)
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var tuneReq *rationv1.TuneRequest
+	if name == "tune" {
+		var err error
+		if tuneReq, err = tf.request(fs); err != nil {
+			return err
+		}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%s: unexpected arguments %q", name, fs.Args())
@@ -64,6 +76,22 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		for _, s := range st.Servers {
 			fmt.Fprintf(w, "%s\t%s\t%s\n", s.Id, s.Address, s.Suffrage)
 		}
+		if tl, err := admin.ListTunings(ctx, &rationv1.ListTuningsRequest{}); err == nil && len(tl.Tunings) > 0 {
+			fmt.Fprintln(w)
+			printTunings(w, tl.Tunings)
+		}
+	case "tunings":
+		tl, err := admin.ListTunings(ctx, &rationv1.ListTuningsRequest{})
+		if err != nil {
+			return fmt.Errorf("tunings of %s: %w", *addr, err)
+		}
+		printTunings(w, tl.Tunings)
+	case "tune":
+		resp, err := admin.Tune(ctx, tuneReq)
+		if err != nil {
+			return fmt.Errorf("tune at %s: %w", *addr, err)
+		}
+		printTunings(w, []*rationv1.Tuning{resp.Tuning})
 	case "quotas":
 		resp, err := admin.ListQuotas(ctx, &rationv1.ListQuotasRequest{})
 		if err != nil {
@@ -96,4 +124,69 @@ func orDash(s string) string {
 
 func usTime(us int64) string {
 	return time.UnixMicro(us).UTC().Format("15:04:05.000")
+}
+
+// tuneFlags are the flags of the tune command. A knob is sent only when its
+// flag is given, so an operator changes one setting without restating the
+// others.
+type tuneFlags struct {
+	rule, region      string
+	period            time.Duration
+	renewAt, min, max float64
+	weight            float64
+	clear             bool
+}
+
+func (f *tuneFlags) bind(fs *flag.FlagSet) {
+	fs.StringVar(&f.rule, "rule", "", "rule to tune (required)")
+	fs.StringVar(&f.region, "region", "", "region to tune (default: every region of the rule)")
+	fs.DurationVar(&f.period, "lease-period", 0, "lease length D")
+	fs.Float64Var(&f.renewAt, "renew-at", 0, "upstream renew point, fraction of a lease's validity in (0, 1) (regional group)")
+	fs.Float64Var(&f.min, "min-slice", 0, "minimum rate slice, tokens/s")
+	fs.Float64Var(&f.max, "max-slice", 0, "maximum rate slice, tokens/s (0: no maximum)")
+	fs.Float64Var(&f.weight, "weight", 0, "the region's fairness weight (global group)")
+	fs.BoolVar(&f.clear, "clear", false, "remove the tuning of -rule and -region instead")
+}
+
+func (f *tuneFlags) request(fs *flag.FlagSet) (*rationv1.TuneRequest, error) {
+	t := &rationv1.Tuning{Rule: f.rule, Region: f.region}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if set["lease-period"] {
+		ms := f.period.Milliseconds()
+		t.LeasePeriodMs = &ms
+	}
+	if set["renew-at"] {
+		t.RenewAt = &f.renewAt
+	}
+	if set["min-slice"] {
+		t.MinSlice = &f.min
+	}
+	if set["max-slice"] {
+		t.MaxSlice = &f.max
+	}
+	if set["weight"] {
+		t.Weight = &f.weight
+	}
+	if f.rule == "" {
+		return nil, fmt.Errorf("tune: -rule is required")
+	}
+	return &rationv1.TuneRequest{Tuning: t, Clear: f.clear}, nil
+}
+
+func printTunings(w io.Writer, ts []*rationv1.Tuning) {
+	fmt.Fprintln(w, "RULE\tREGION\tLEASE PERIOD\tRENEW AT\tMIN SLICE\tMAX SLICE\tWEIGHT")
+	opt := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return strconv.FormatFloat(*v, 'g', -1, 64)
+	}
+	for _, t := range ts {
+		period := "-"
+		if t.LeasePeriodMs != nil {
+			period = (time.Duration(*t.LeasePeriodMs) * time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Rule, orDash(t.Region), period, opt(t.RenewAt), opt(t.MinSlice), opt(t.MaxSlice), opt(t.Weight))
+	}
 }

@@ -135,6 +135,25 @@ func TestDevAndCommands(t *testing.T) {
 			t.Errorf("%s printed %q, want a table header", cmd[0], out.String())
 		}
 	}
+	// tune sets one knob; tunings and status show it; a bad one is refused
+	// naming the field.
+	out.Reset()
+	if err := run(ctx, []string{"tune", "-addr", addr, "-rule", "export-global", "-max-slice", "7", "-lease-period", "3s"}, &out, &bytes.Buffer{}, noEnv); err != nil {
+		t.Fatalf("tune: %v", err)
+	}
+	for _, cmd := range [][]string{{"tunings", "-addr", addr}, {"status", "-addr", addr}} {
+		out.Reset()
+		if err := run(ctx, cmd, &out, &bytes.Buffer{}, noEnv); err != nil {
+			t.Fatalf("%s: %v", cmd[0], err)
+		}
+		if !regexp.MustCompile(`export-global\s+-\s+3s\s+-\s+-\s+7\s+-`).MatchString(out.String()) {
+			t.Errorf("%s printed %q, want the tuning of export-global (3s, max slice 7)", cmd[0], out.String())
+		}
+	}
+	err := run(ctx, []string{"tune", "-addr", addr, "-rule", "export-global", "-renew-at", "2"}, &out, &bytes.Buffer{}, noEnv)
+	if err == nil || !strings.Contains(err.Error(), "renew_at 2") {
+		t.Errorf("tune -renew-at 2 = %v, want an error naming renew_at", err)
+	}
 	if err := run(ctx, []string{"status", "-addr", addr, "-timeout", "x"}, &out, &bytes.Buffer{}, noEnv); err == nil {
 		t.Error("status with a bad -timeout succeeded")
 	}
