@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,7 @@ func Table() string {
 	report.mu.Lock()
 	rows := append([]Row(nil), report.rows...)
 	report.mu.Unlock()
+	slices.SortStableFunc(rows, func(a, b Row) int { return scenarioNumber(a.Scenario) - scenarioNumber(b.Scenario) })
 	var b strings.Builder
 	b.WriteString("| scenario | fault | bound (tokens) | measured overshoot | utilisation | result | notes |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- |\n")
@@ -63,6 +65,16 @@ func Table() string {
 		b.WriteString(formatRow(r) + "\n")
 	}
 	return b.String()
+}
+
+// scenarioNumber is n of "Sn ...", for ordering the table.
+func scenarioNumber(s string) int {
+	s = strings.TrimPrefix(s, "S")
+	if i := strings.IndexByte(s, ' '); i >= 0 {
+		s = s[:i]
+	}
+	n, _ := strconv.Atoi(s)
+	return n
 }
 
 const (
