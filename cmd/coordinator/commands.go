@@ -11,7 +11,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/ration-dev/ration/internal/coordinator"
 
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -87,7 +92,19 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		}
 		printTunings(w, tl.Tunings)
 	case "tune":
-		resp, err := admin.Tune(ctx, tuneReq)
+		// Tunings are committed by the leader: a follower answers
+		// UNAVAILABLE naming it, and the command asks there once.
+		var md metadata.MD
+		resp, err := admin.Tune(ctx, tuneReq, grpc.Trailer(&md))
+		if leader := md.Get(coordinator.LeaderTrailer); err != nil && status.Code(err) == codes.Unavailable && len(leader) > 0 && leader[0] != "" && leader[0] != *addr {
+			lc, lerr := grpc.NewClient(leader[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if lerr != nil {
+				return fmt.Errorf("tune: leader %q: %w", leader[0], lerr)
+			}
+			defer lc.Close()
+			*addr = leader[0]
+			resp, err = rationv1.NewAdminClient(lc).Tune(ctx, tuneReq)
+		}
 		if err != nil {
 			return fmt.Errorf("tune at %s: %w", *addr, err)
 		}

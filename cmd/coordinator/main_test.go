@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/internal/harness"
 )
 
 func noEnv(string) (string, bool) { return "", false }
@@ -165,5 +167,19 @@ func TestDevAndCommands(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("coordinator -dev did not stop")
+	}
+}
+
+// tune sent to a follower is committed by the leader it names.
+func TestTuneThroughFollower(t *testing.T) {
+	c := harness.StartCoordinators(t, 3, string(devRules))
+	li, _ := c.Leader(t)
+	follower := c.Node((li + 1) % 3).GRPCAddr()
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"tune", "-addr", follower, "-rule", "export-global", "-region", "eu", "-weight", "2"}, &out, &bytes.Buffer{}, noEnv); err != nil {
+		t.Fatalf("tune through a follower: %v", err)
+	}
+	if !regexp.MustCompile(`export-global\s+eu\s+-\s+-\s+-\s+-\s+2`).MatchString(out.String()) {
+		t.Errorf("tune printed %q, want the new tuning", out.String())
 	}
 }
