@@ -88,6 +88,8 @@ type Report struct {
 	// the last time the level was empty to the admission that peaked.
 	Overshoot float64
 	From, To  time.Duration
+	// First is the time of the first counted admission.
+	First time.Duration
 	// Slack is Rate x the longest Latency of a counted admission: how much
 	// of Overshoot the uncertainty of the timestamps can explain. A store
 	// charge recorded when its answer arrived may look up to that much
@@ -143,6 +145,7 @@ func Check(recs []Record, quota string, burst, rate float64) Report {
 		}
 	}
 	rep.Slack = rate * maxLat.Seconds()
+	rep.First = first
 	if seen {
 		if allowed := burst + rate*(last-first).Seconds(); allowed > 0 {
 			rep.Utilisation = rep.Admitted / allowed
@@ -208,7 +211,8 @@ func Judge(rep Report, bound float64) Verdict {
 }
 
 // Table formats verdicts, one row per quota, for people. Overshoot is shown
-// clamped at 0 (a quota that never filled its burst shows 0).
+// clamped at 0 (a quota that never filled its burst shows 0); the window is
+// in seconds since the quota's first admission.
 func Table(vs []Verdict) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-32s %8s %8s %9s %10s %8s %9s %8s %6s  %s\n",
@@ -218,9 +222,9 @@ func Table(vs []Verdict) string {
 		if !v.Pass {
 			pass = "FAIL"
 		}
-		fmt.Fprintf(&b, "%-32s %8g %8g %9.6g %10.3f %8.3f %9.6g %8.3f %6s  [%v, %v]\n",
+		fmt.Fprintf(&b, "%-32s %8g %8g %9.6g %10.3f %8.3f %9.6g %8.3f %6s  [%.3fs, %.3fs]\n",
 			v.Quota, v.Burst, v.Rate, v.Admitted, max(v.Overshoot, 0), v.Slack, v.Bound, v.Utilisation, pass,
-			v.From, v.To)
+			(v.From - v.First).Seconds(), (v.To - v.First).Seconds())
 	}
 	return b.String()
 }

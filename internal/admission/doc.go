@@ -1,10 +1,15 @@
-// Package admission owns the evidence for Ration's overshoot bounds: a
-// recorder of admitted requests (monotonic time, quota, cost) and a checker
-// that replays them through a leaky bucket to find the largest overshoot
-// over every window, not just the total.
+// Package admission owns the evidence for Ration's overshoot bounds: the
+// admission log (the format agents write under -record: AppendLine, Read),
+// a Recorder for in-process tests, and a checker that replays admissions
+// through a leaky bucket to find the largest overshoot over every window,
+// not just the total.
 //
 // For a quota (B, r), admitted cost over any interval [t0, t1] must be at
 // most B + r*(t1 - t0). Replaying admissions as level = max(0, level -
 // r*dt) + cost, that holds for every window exactly when max(level) <= B;
-// max(level) - B is the largest overshoot in tokens.
+// max(level) - B is the largest overshoot in tokens. Check counts a
+// repeated admitted request id once (a retry answered from the store's
+// record) and reports the slack that timestamp uncertainty allows (Rate x
+// the longest decision latency); Judge passes a report within its bound
+// plus that slack. cmd/ration-check runs it over log files.
 package admission

@@ -80,6 +80,6 @@ rules:
 		Bound: fmt.Sprintf("B + r(L + 1s) = %.0f (L = %.1fs)", bound, lost), Overshoot: v.Overshoot, Util: math.NaN(), Pass: v.Pass && followed,
 		Note: fmt.Sprintf("%s; failover took %v; admitted on the new primary: %s", verdictNote(v), (promoted - killed).Round(time.Millisecond), strings.Join(follow, ", "))})
 	if !v.Pass {
-		t.Errorf("overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v]", v.Overshoot, bound, v.Slack, v.From, v.To)
+		t.Errorf("overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v] after the first admission", v.Overshoot, bound, v.Slack, v.From-v.First, v.To-v.First)
 	}
 }

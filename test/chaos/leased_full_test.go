@@ -84,7 +84,7 @@ func TestS5NoQuorum(t *testing.T) {
 		Bound:     fmt.Sprintf("N(b_e + r_e x 5s) = %.0f; with measured P %s: %.1f", stated, strings.Join(ps, ", "), bound),
 		Overshoot: ve.Overshoot, Util: math.NaN(), Pass: ve.Pass, Note: verdictNote(ve)})
 	if !ve.Pass {
-		t.Errorf("emergency: overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v]", ve.Overshoot, bound, ve.Slack, ve.From, ve.To)
+		t.Errorf("emergency: overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v] after the first admission", ve.Overshoot, bound, ve.Slack, ve.From-ve.First, ve.To-ve.First)
 	}
 }
 
@@ -124,7 +124,7 @@ func TestS6AgentPaused(t *testing.T) {
 	addRow(t, Row{Scenario: "S6", Fault: "agent SIGSTOPped for 2.5D, resumed", Bound: "0", Overshoot: v.Overshoot, Util: v.Utilisation, Pass: v.Pass,
 		Note: fmt.Sprintf("%s; paused agent admitted %.0f on a lease in its first 100ms back; the other took %.0f while it was stopped", verdictNote(v), early, other)})
 	if !v.Pass {
-		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v]", v.Overshoot, v.Slack, v.From, v.To)
+		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v] after the first admission", v.Overshoot, v.Slack, v.From-v.First, v.To-v.First)
 	}
 }
 
@@ -161,7 +161,7 @@ func TestS4LeaseRepliesDropped(t *testing.T) {
 		Overshoot: v.Overshoot, Util: v.Utilisation, Pass: ok,
 		Note: fmt.Sprintf("%s; %d calls, %d replies dropped, %d retries checked, %d answered differently", verdictNote(v), st.Calls, st.Dropped, st.Retried, len(st.Mismatched))})
 	if !v.Pass {
-		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v]", v.Overshoot, v.Slack, v.From, v.To)
+		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v] after the first admission", v.Overshoot, v.Slack, v.From-v.First, v.To-v.First)
 	}
 	for _, m := range st.Mismatched {
 		t.Errorf("retry not answered from the record: %s", m)

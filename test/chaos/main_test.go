@@ -5,7 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 // binDir holds gateway-agent and coordinator, built once per test binary.
@@ -30,7 +34,14 @@ func runMain(m *testing.M) int {
 		}
 	}
 	binDir = dir
+	baseline := runtime.NumGoroutine()
 	code := m.Run()
+	if err := checkLeaks(baseline); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	if err := writeReport(); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		if code == 0 {
@@ -38,4 +49,50 @@ func runMain(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// checkLeaks fails the run if a child process outlived its test or, after
+// a grace period for connections to wind down, goroutines remain beyond
+// those running before the tests.
+func checkLeaks(baseline int) error {
+	if kids := children(); len(kids) > 0 {
+		return fmt.Errorf("leaked child processes: %v", kids)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > baseline {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			return fmt.Errorf("leaked goroutines: %d running, %d before the tests:\n%s", runtime.NumGoroutine(), baseline, buf)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
+
+// children lists the pids whose parent is this process (Linux /proc).
+func children() []string {
+	self := strconv.Itoa(os.Getpid())
+	ents, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == self {
+			out = append(out, e.Name()+" "+s[strings.IndexByte(s, '(')+1:i])
+		}
+	}
+	return out
 }

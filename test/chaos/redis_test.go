@@ -89,7 +89,7 @@ rules:
 		addRow(t, Row{Scenario: "S10 " + rule[4:], Fault: fmt.Sprintf("Redis blackholed %v, N=2", outage), Bound: labels[rule],
 			Overshoot: v.Overshoot, Util: math.NaN(), Pass: v.Pass, Note: verdictNote(v)})
 		if !v.Pass {
-			t.Errorf("%s: overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v]", rule, v.Overshoot, v.Bound, v.Slack, v.From, v.To)
+			t.Errorf("%s: overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v] after the first admission", rule, v.Overshoot, v.Bound, v.Slack, v.From-v.First, v.To-v.First)
 		}
 	}
 	var late, waited int

@@ -99,8 +99,8 @@ rules:
 		addRow(t, Row{Scenario: "S0 " + strings.TrimPrefix(rule, "s0-"), Fault: "none", Bound: "0, utilisation >= 0.9",
 			Overshoot: v.Overshoot, Util: v.Utilisation, Pass: pass, Note: verdictNote(v)})
 		if !pass {
-			t.Errorf("%s: overshoot %.3f (slack %.3f, bound 0), utilisation %.3f (want >= 0.9); window [%v, %v]",
-				rule, v.Overshoot, v.Slack, v.Utilisation, v.From, v.To)
+			t.Errorf("%s: overshoot %.3f (slack %.3f, bound 0), utilisation %.3f (want >= 0.9); window [%v, %v] after the first admission",
+				rule, v.Overshoot, v.Slack, v.Utilisation, v.From-v.First, v.To-v.First)
 		}
 	}
 }
