@@ -583,3 +583,35 @@ func TestTuningTakesEffectAndSurvivesRestart(t *testing.T) {
 		t.Fatalf("overshoot %.3f tokens in [%v, %v] across tuning and restarts", rep.Overshoot, rep.From, rep.To)
 	}
 }
+
+// The leader of a regional group dies while its quota is funded: the new
+// leader drops the old funding (its validity was measured on the dead
+// leader's clock), leases again upstream under the same holder name, and the
+// region admits again; nothing is admitted beyond B + r*T meanwhile.
+func TestHierarchyRegionalLeaderFailover(t *testing.T) {
+	hr := startHierarchy(t, hierRules, 1, 3, 1, "eu", "us")
+	var killedAt atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		hr.drive("g", "x", 7*time.Second, func(*regionAgent, time.Duration) float64 { return 50 })
+	}()
+	time.Sleep(2500 * time.Millisecond)
+	li, _ := hr.regions["eu"].Leader(t)
+	killedAt.Store(int64(hr.rec.Now())) // on rec's clock; origin is read after the drive
+	hr.regions["eu"].Kill(li)
+	ni, _ := hr.regions["eu"].Leader(t)
+	<-done
+	recs := hr.rec.Records()
+	rep := admission.Check(recs, "g|x", 40, 60)
+	killed := time.Duration(killedAt.Load()) - hr.origin
+	after := hr.admittedIn(recs, "eu", killed+3*time.Second, 7*time.Second)
+	t.Logf("eu leader node%d killed at %v, node%d leads; eu admitted %v in the last %v; overshoot %.3f",
+		li, killed, ni, after, 7*time.Second-killed-3*time.Second, rep.Overshoot)
+	if rep.Overshoot > 1e-6 {
+		t.Fatalf("overshoot %.3f tokens in [%v, %v] across a regional leader change", rep.Overshoot, rep.From, rep.To)
+	}
+	if after == 0 {
+		t.Fatal("eu admitted nothing after its new leader took over: its quota was never funded again")
+	}
+}
