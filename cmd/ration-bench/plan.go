@@ -53,24 +53,24 @@ type Plan struct {
 }
 
 // measured holds the defaults of the per-decision costs: the figures of the
-// scripts/bench.sh run recorded in docs/performance.md (2026-11-30 00:28
-// UTC, code 5c0b98f, 2 shared CPUs, load average 4 to 9), whose section
-// "Per-decision costs for the capacity plan" names the row or benchmark
-// each one comes from. Re-measure on the target hardware and pass the
-// flags that section prints.
+// scripts/bench.sh run recorded in docs/performance.md (2026-11-30 00:40 UTC, code
+// fde4810 with uncommitted changes, 2 shared CPUs, load average 6.68 at the start and 12.17 at the
+// end), whose section "Per-decision costs for the capacity plan" names the
+// row or benchmark each one comes from. Re-measure on the target hardware
+// and pass the flags that section prints.
 var measured = Plan{
-	RedisUS:       17.9,  // redis-server CPU per script, redis-benchmark P1, 64 clients
-	AgentUS:       93.6,  // agent CPU per decision, unary Allow at 5000/s (44.4 saturated)
-	AgentLeasedUS: 90.4,  // agent CPU per decision, leased unary Allow at 5000/s (25.5 saturated)
-	AgentRate:     5000,  // the rate of the two rows above
-	RenewRPS:      3441,  // coordinator BenchmarkRenew/holders=128, 3 nodes
-	RenewItemUS:   1.83,  // lease BenchmarkRenew/items=100/others=1, ns/op / 100
-	RenewHolderUS: 0.202, // lease BenchmarkRenew others=100 less others=1, ns/op / 100 / 99
-	GRPCP99US:     4252,  // empty unary at 1000/s
-	RedisRTTP99US: 87,    // redis-benchmark -c 1 -P 1
-	ScriptUS:      9.49,  // INFO commandstats usec_per_call of evalsha
-	AllowP99US:    31818, // unary Allow (Redis path) at 1000/s
-	LeasedP99US:   4428,  // unary Allow (leased) at 1000/s
+	RedisUS:       15.7,   // redis-server CPU per script, redis-benchmark P1, 64 clients
+	AgentUS:       82.4,   // agent CPU per decision, unary Allow at -agent-rate
+	AgentLeasedUS: 84.1,   // agent CPU per decision, leased unary Allow at -agent-rate
+	AgentRate:     5000,   // open-loop rate of the two rows above
+	RenewRPS:      9677,   // coordinator BenchmarkRenew/holders=128, 3 nodes
+	RenewItemUS:   1.62,   // lease BenchmarkRenew/items=100/others=1, ns/op / 100
+	RenewHolderUS: 0.200,  // lease BenchmarkRenew others=100 less others=1, ns/op / 100 / 99
+	GRPCP99US:     49218,  // empty unary at 1000/s
+	RedisRTTP99US: 63,     // redis-benchmark -c 1 -P 1
+	ScriptUS:      8.61,   // INFO commandstats usec_per_call of evalsha
+	AllowP99US:    115999, // unary Allow (Redis path) at 1000/s
+	LeasedP99US:   18563,  // unary Allow (leased) at 1000/s
 }
 
 // DefaultPlan is the question of issue 5: one million decisions per second,
@@ -293,7 +293,7 @@ func (s Sizing) writeText(w io.Writer) error {
 	pct := func(f float64) string { return fmt.Sprintf("%.0f%%", 100*f) }
 	fmt.Fprintf(tw, "traffic\t%s decisions/s: %s on the Redis path, %s leased (%s); %d gateways, %s/s each\n",
 		commas(p.Decisions), commas(s.RedisDecisions), commas(s.LeasedDecisions), pct(p.LeasedShare), p.Gateways, commas(s.PerGateway))
-	fmt.Fprintf(tw, "headroom\t%s: no shard, agent or coordinator leader above %s busy at the target load\n", pct(p.Headroom), pct(1-p.Headroom))
+	fmt.Fprintf(tw, "headroom\t%s: no Redis shard, agent or coordinator group above %s busy at the target load\n", pct(p.Headroom), pct(1-p.Headroom))
 	fmt.Fprintln(tw, "\t")
 	if s.RedisShards > 0 {
 		fmt.Fprintf(tw, "Redis\t%d shards (primaries; one core each), plus a replica each for failover\n", s.RedisShards)
