@@ -12,8 +12,10 @@
 #      unary Allow, AllowBatch, AllowStream and HTTP check on the Redis path
 #      (10k keys and one hot key), unary Allow and AllowBatch on the leased
 #      path, with the CPU of the agent, Redis and the coordinator per
-#      decision; then, at a light fixed rate (open loop), the empty call,
-#      a Redis-path and a leased decision: the latency budget;
+#      decision; then, open loop, a Redis-path and a leased unary Allow at
+#      one gateway's rate of the capacity plan (the agent's CPU there), and
+#      the empty call, a Redis-path and a leased decision at a light rate
+#      (the latency budget);
 #   4. measures the Redis ceiling: redis-benchmark running EVALSHA of the
 #      agent's own script (internal/bucket/redis.lua) at pipeline 1 and 16,
 #      and one client unpipelined (the bare round trip) with the script's
@@ -25,9 +27,9 @@
 # BENCH_CONCURRENCY (64), BENCH_KEYS (10000), BENCH_BATCH (100),
 # BENCH_BIG_BATCH (1000) and BENCH_BIG_CONCURRENCY (8) for the large
 # batches, BENCH_LIGHT_RATE (1000 decisions/s) and BENCH_LIGHT_DURATION
-# (10s) for the latency rows,
-# BENCH_GATEWAY_RATE (5000 decisions/s: one gateway of the capacity plan),
-# BENCH_GO_BENCHTIME (1s), BENCH_RENEW_BENCHTIME (3s), BENCH_DECISION_TIMEOUT (1s: the agent's
+# (10s) for the latency rows, BENCH_GATEWAY_RATE (5000 decisions/s: one
+# gateway of the capacity plan), BENCH_GO_BENCHTIME (1s),
+# BENCH_RENEW_BENCHTIME (3s), BENCH_DECISION_TIMEOUT (1s: the agent's
 # -decision-timeout), BENCH_OUT (docs/performance.md),
 # BENCH_NOTE (a sentence about the conditions, added to the doc),
 # BENCH_COMMIT (names the code measured when this is not a git checkout),
