@@ -80,16 +80,34 @@ func stripComments(s string) string {
 	return b.String()
 }
 
-// kustomizations lists base and every overlay.
+// overlays lists the kustomizations operators apply: one per region and
+// the global group's.
+func overlays(t testing.TB) []string {
+	t.Helper()
+	ks, err := filepath.Glob(filepath.Join(kubeDir, "overlays", "*", "kustomization.yaml"))
+	if err != nil || len(ks) < 2 {
+		t.Fatalf("want a region's and the global group's overlay under %s/overlays, have %v (%v)", kubeDir, ks, err)
+	}
+	var dirs []string
+	for _, k := range ks {
+		dirs = append(dirs, filepath.Dir(k))
+	}
+	return dirs
+}
+
+// kustomizations lists every kustomization: the overlays and the pieces
+// they are made of.
 func kustomizations(t testing.TB) []string {
 	t.Helper()
-	dirs := []string{filepath.Join(kubeDir, "base")}
-	overlays, err := filepath.Glob(filepath.Join(kubeDir, "overlays", "*", "kustomization.yaml"))
-	if err != nil || len(overlays) == 0 {
-		t.Fatalf("no overlays under %s/overlays (%v)", kubeDir, err)
-	}
-	for _, o := range overlays {
-		dirs = append(dirs, filepath.Dir(o))
+	var dirs []string
+	err := filepath.WalkDir(kubeDir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == "kustomization.yaml" {
+			dirs = append(dirs, filepath.Dir(p))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return dirs
 }
@@ -396,24 +414,62 @@ func dockerStageFiles(t testing.TB, stage string) []string {
 // probes hit the endpoints the code serves, files come from ConfigMaps the
 // way reloading needs, grace periods cover the shutdown timeouts.
 func TestRenderedManifests(t *testing.T) {
-	for _, dir := range kustomizations(t) {
+	global := map[string]bool{} // the global group's advertised gRPC addresses
+	gateways := 0
+	var regional []rendering
+	for _, dir := range overlays(t) {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			r := render(t, dir)
 			if t.Failed() {
 				return
 			}
-			checkCoordinator(t, r)
-			checkGateway(t, r)
+			adv := checkCoordinator(t, r)
+			if get[*appsv1.Deployment](r, "gateway") != nil {
+				gateways++
+				checkGateway(t, r)
+			}
 			checkNetworkPolicies(t, r)
+			if coordinatorEnv(t, r, 0)["RATION_UPSTREAM"] == "" {
+				for _, a := range adv {
+					global[a] = true
+				}
+			} else {
+				regional = append(regional, r)
+			}
 		})
+	}
+	if gateways == 0 || len(regional) == 0 || len(global) == 0 {
+		t.Fatalf("want at least one region's overlay (with a gateway and RATION_UPSTREAM) and the global group's; have %d gateways, %d regional groups, %d global addresses", gateways, len(regional), len(global))
+	}
+	// Every regional group leases from the global group's members.
+	for _, r := range regional {
+		for _, a := range strings.Split(coordinatorEnv(t, r, 0)["RATION_UPSTREAM"], ",") {
+			if !global[a] {
+				t.Errorf("%s: RATION_UPSTREAM names %s, which no global group member advertises (%v)", r.dir, a, sortedKeys(global))
+			}
+		}
 	}
 }
 
-func checkCoordinator(t *testing.T, r rendering) {
+// coordinatorEnv is the environment of coordinator pod ordinal i.
+func coordinatorEnv(t testing.TB, r rendering, i int) map[string]string {
+	t.Helper()
+	sts := get[*appsv1.StatefulSet](r, "coordinator")
+	if sts == nil {
+		t.Fatalf("%s: no StatefulSet coordinator", r.dir)
+	}
+	return env(t, sts.Spec.Template.Spec.Containers[0], map[string]string{
+		"metadata.name": fmt.Sprintf("%s-%d", sts.Name, i), "metadata.namespace": sts.Namespace})
+}
+
+// checkCoordinator checks the coordinator group and returns the gRPC
+// addresses its members advertise.
+func checkCoordinator(t *testing.T, r rendering) []string {
 	sts := get[*appsv1.StatefulSet](r, "coordinator")
 	if sts == nil {
 		t.Fatal("no StatefulSet coordinator")
 	}
+	var advertised []string
 	ns := sts.Namespace
 	if ns == "" || get[*corev1.Namespace](r, ns) == nil {
 		t.Errorf("StatefulSet coordinator in namespace %q, which the rendering does not create", ns)
@@ -474,7 +530,14 @@ func checkCoordinator(t *testing.T, r rendering) {
 			}
 		}
 		// Advertised addresses are the member's own Service: stable IP.
+		// The global group's gRPC address is an external name instead,
+		// served by the member's LoadBalancer Service.
+		advertised = append(advertised, e["RATION_GRPC_ADVERTISE"])
 		for v, port := range map[string]string{"RATION_RAFT_ADVERTISE": "raft", "RATION_GRPC_ADVERTISE": "grpc"} {
+			if h, _ := hostPort(t, v, e[v]); v == "RATION_GRPC_ADVERTISE" && !strings.HasSuffix(h, ".svc") {
+				checkExternal(t, r, pod, e[v], tpl.Labels, c, ports[port])
+				continue
+			}
 			svc := serviceFor(t, r, pod+" "+v, e[v], ns)
 			if svc == nil {
 				continue
@@ -551,6 +614,44 @@ func checkCoordinator(t *testing.T, r rendering) {
 	} else if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != (replicas-1)/2 {
 		t.Errorf("PodDisruptionBudget maxUnavailable %v, want %d (a majority of %d stays up)", pdb.Spec.MaxUnavailable, (replicas-1)/2, replicas)
 	}
+
+	// A regional group names its region, the one its pods are labelled
+	// with; the global group serves no region of its own.
+	region := tpl.Labels["ration.dev/region"]
+	if e["RATION_UPSTREAM"] != "" && e["RATION_REGION"] != region {
+		t.Errorf("regional group: RATION_REGION %q, pod label ration.dev/region %q", e["RATION_REGION"], region)
+	}
+	if e["RATION_UPSTREAM"] == "" && e["RATION_REGION"] != "" {
+		t.Errorf("global group: RATION_REGION %q set without RATION_UPSTREAM", e["RATION_REGION"])
+	}
+	return advertised
+}
+
+// checkExternal checks that addr is served by a LoadBalancer Service of
+// pod, published under addr's host name.
+func checkExternal(t *testing.T, r rendering, pod, addr string, podLabels map[string]string, c corev1.Container, port int) {
+	t.Helper()
+	host, p := hostPort(t, "external address", addr)
+	for _, svc := range all[*corev1.Service](r) {
+		if svc.Annotations["external-dns.alpha.kubernetes.io/hostname"] != host {
+			continue
+		}
+		if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || !svc.Spec.PublishNotReadyAddresses ||
+			!selects(svc.Spec.Selector, withPodName(podLabels, pod)) || svc.Spec.Selector["statefulset.kubernetes.io/pod-name"] != pod {
+			t.Errorf("Service %s (for %s): want a LoadBalancer selecting only pod %s, unready included", svc.Name, addr, pod)
+		}
+		if len(svc.Spec.LoadBalancerSourceRanges) == 0 {
+			t.Errorf("Service %s exposes the unauthenticated admin API to every address: set loadBalancerSourceRanges", svc.Name)
+		}
+		for _, sp := range svc.Spec.Ports {
+			if int(sp.Port) == p && containerPort(c, sp.TargetPort) == port {
+				return
+			}
+		}
+		t.Errorf("Service %s does not expose %s on the gRPC port", svc.Name, addr)
+		return
+	}
+	t.Errorf("%s advertises %s, but no Service publishes that name (external-dns.alpha.kubernetes.io/hostname)", pod, addr)
 }
 
 func withPodName(l map[string]string, pod string) map[string]string {
@@ -644,8 +745,11 @@ func checkGateway(t *testing.T, r rendering) {
 	if region := tpl.Labels["ration.dev/region"]; e["RATION_REGION"] != region {
 		t.Errorf("RATION_REGION %q but pod label ration.dev/region %q: metrics and leases would disagree on the region", e["RATION_REGION"], region)
 	}
-	if strings.Contains(r.dir, "overlays") && e["RATION_REGION"] == "local" {
-		t.Errorf("overlay %s leaves the region at the base's %q", r.dir, e["RATION_REGION"])
+	if e["RATION_REGION"] == "" {
+		t.Error("gateway-agent: RATION_REGION not set: it would run as region \"local\"")
+	}
+	if ce := coordinatorEnv(t, r, 0); ce["RATION_REGION"] != e["RATION_REGION"] {
+		t.Errorf("gateway-agent region %q, its coordinators' %q", e["RATION_REGION"], ce["RATION_REGION"])
 	}
 
 	_, httpPort := hostPort(t, "RATION_HTTP", e["RATION_HTTP"])
@@ -782,7 +886,7 @@ func checkNetworkPolicies(t *testing.T, r rendering) {
 func manifestRules(t testing.TB) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	for _, dir := range kustomizations(t) {
+	for _, dir := range overlays(t) {
 		r := render(t, dir)
 		cm := get[*corev1.ConfigMap](r, "ration-rules")
 		if cm == nil {

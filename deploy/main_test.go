@@ -172,8 +172,9 @@ func (p *proc) wait(t testing.TB, re *regexp.Regexp, timeout time.Duration) []st
 }
 
 var (
+	// The start-up lines name the bound addresses: [1] gRPC, [2] HTTP.
 	agentStarted = regexp.MustCompile(`msg="gateway-agent started".* grpc=(\S+) http=(\S+)`)
-	coordStarted = regexp.MustCompile(`msg="coordinator started" raft_addr=(\S+) grpc_addr=(\S+) http_addr=(\S+)`)
+	coordStarted = regexp.MustCompile(`msg="coordinator started".* grpc_addr=(\S+) http_addr=(\S+)`)
 )
 
 // httpGet fetches a loopback URL.
