@@ -77,7 +77,8 @@ func Middleware(c Allower, describe DescribeFunc, opts MiddlewareOptions) func(h
 			switch {
 			case code == http.StatusServiceUnavailable:
 				header.Unavailable(w.Header())
-			case d.Rule != "":
+			case d.Rule != "" && d.Reason != ReasonUnavailable:
+				// (A fail_open admission read no bucket: no quota to report.)
 				header.Set(w.Header(), d.quota())
 			}
 			switch code {

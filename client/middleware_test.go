@@ -163,7 +163,7 @@ func TestMiddlewareDecisionMapping(t *testing.T) {
 	}{
 		{"admitted", client.Decision{Allowed: true, Rule: "r", Limit: 5, Rate: 1, Remaining: 4, Reset: time.Second, Reason: client.ReasonOK}, 200, "", true},
 		{"no rule", client.Decision{Allowed: true, Reason: client.ReasonNoRule}, 200, "", false},
-		{"fail_open", client.Decision{Allowed: true, Rule: "r", Limit: 5, Reason: client.ReasonUnavailable}, 200, "", true},
+		{"fail_open", client.Decision{Allowed: true, Rule: "r", Limit: 5, Reason: client.ReasonUnavailable}, 200, "", false},
 		{"over limit", client.Decision{Rule: "r", Limit: 5, Rate: 1, RetryAfter: 1500 * time.Millisecond, Reason: client.ReasonOverLimit}, 429, "2", true},
 		{"over limit, rate 0", client.Decision{Rule: "r", Limit: 5, Reason: client.ReasonOverLimit}, 429, "", true},
 		{"emergency denial", client.Decision{Rule: "r", Limit: 5, Rate: 1, RetryAfter: time.Second, Reason: client.ReasonEmergency}, 429, "1", true},

@@ -142,8 +142,10 @@ func toEnvoy(out []Response) (*rlsv3.RateLimitResponse, error) {
 		}
 		if o.Rule != "" {
 			st.CurrentLimit = envoyLimit(o)
-			st.LimitRemaining = uint32(min(floorInt(o.Remaining), math.MaxUint32))
-			st.DurationUntilReset = durationpb.New(o.Reset)
+			if o.Reason != ReasonUnavailable { // else no bucket was read
+				st.LimitRemaining = uint32(min(floorInt(o.Remaining), math.MaxUint32))
+				st.DurationUntilReset = durationpb.New(o.Reset)
+			}
 		}
 		resp.Statuses[i] = st
 	}
@@ -186,12 +188,13 @@ func quotaOf(o Response) header.Quota {
 
 // envoyQuotas lists one quota per deciding rule, in descriptor order: for a
 // rule deciding several descriptors, a denying one over an admitting one,
-// else the one with the least left.
+// else the one with the least left. Decisions made without reading a
+// bucket (reason unavailable: fail_open, fail_closed) report no quota.
 func envoyQuotas(out []Response) []header.Quota {
 	qs := make([]header.Quota, 0, len(out))
 	pick := make([]Response, 0, len(out))
 	for _, o := range out {
-		if o.Rule == "" {
+		if o.Rule == "" || o.Reason == ReasonUnavailable {
 			continue
 		}
 		j := -1
@@ -216,11 +219,17 @@ func envoyQuotas(out []Response) []header.Quota {
 }
 
 // envoyRetryAfter is when every denying descriptor could admit again: the
-// longest wait, or none when some denial no wait can lift (rate 0).
+// longest wait, or none when some denial no wait can lift (rate 0). A
+// descriptor denied because the store is unreachable counts as the check
+// endpoint's 503 does: one second.
 func envoyRetryAfter(out []Response) time.Duration {
 	var d time.Duration
 	for _, o := range out {
 		if o.Allowed {
+			continue
+		}
+		if CheckStatus(o) == 503 {
+			d = max(d, header.UnavailableRetryAfter)
 			continue
 		}
 		if o.RetryAfter <= 0 {

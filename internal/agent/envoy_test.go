@@ -42,6 +42,12 @@ rules:
     burst: 5
     rate: 0
     on_failure: fail_open
+  - name: emerg
+    match: {p: emerg}
+    burst: 5
+    rate: 0
+    on_failure: emergency
+    emergency: {burst: 1, rate: 0.5, max_duration: 1m}
 `
 
 // envoyClient dials the agent's gRPC listener with the go-control-plane
@@ -273,6 +279,28 @@ func TestEnvoyStoreDownPolicies(t *testing.T) {
 	resp := shouldRateLimit(t, c, one("p", "open"))
 	if resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("fail_open with Redis down = %v, want OK", resp)
+	}
+	// No bucket was read: no quota to report.
+	if h := envoyHeaders(t, resp); h["RateLimit"] != "" || h["RateLimit-Policy"] != "" || resp.Statuses[0].DurationUntilReset != nil {
+		t.Fatalf("fail_open admission reports a quota: %v", resp)
+	}
+	// The emergency bucket (1 token) admits once, then denies: OVER_LIMIT,
+	// which outranks a fail_closed descriptor in the same call. Retry-After
+	// covers both (the emergency refill, at least the 1s of a 503).
+	if resp := shouldRateLimit(t, c, one("p", "emerg")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("first emergency = %v, want OK from the local bucket", resp)
+	}
+	mixed := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("p", "closed"), descriptor("p", "emerg")}}
+	resp = shouldRateLimit(t, c, mixed)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[1].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("fail_closed + spent emergency = %v, want OVER_LIMIT for both", resp)
+	}
+	h := envoyHeaders(t, resp)
+	if ra := h["Retry-After"]; ra != "1" && ra != "2" {
+		t.Fatalf("Retry-After = %q, want 1 or 2", ra)
+	}
+	if items, err := header.ParseRateLimit(h["RateLimit"]); err != nil || len(items) != 1 || items[0].Name != "emerg" {
+		t.Fatalf("RateLimit = %q (%v), want the emergency bucket only (the fail_closed rule read none)", h["RateLimit"], err)
 	}
 	// A fail_closed descriptor next to a fail_open one still fails the call.
 	both := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("p", "open"), descriptor("p", "closed")}}
