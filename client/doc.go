@@ -23,7 +23,8 @@
 // The middleware answers:
 //
 //   - admitted: the handler's response, with RateLimit-Policy and RateLimit
-//     (IETF draft-ietf-httpapi-ratelimit-headers-11) when a rule applied;
+//     (IETF draft-ietf-httpapi-ratelimit-headers-11) when a rule applied and
+//     a bucket was read;
 //   - quota spent: 429 with Retry-After, RateLimit-Policy and RateLimit;
 //   - the agent's store down under a fail_closed rule, or the agent itself
 //     unreachable: 503 with Retry-After: 1 (MiddlewareOptions.FailOpen lets

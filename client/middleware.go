@@ -37,7 +37,7 @@ type MiddlewareOptions struct {
 // every request before next sees it:
 //
 //   - admitted: next serves it; the response carries RateLimit-Policy and
-//     RateLimit when a rule applied;
+//     RateLimit when a rule applied and a bucket was read;
 //   - quota spent: 429 with Retry-After (when a wait can help),
 //     RateLimit-Policy and RateLimit; next is not called;
 //   - the agent's store unreachable under a fail_closed rule, or the agent
