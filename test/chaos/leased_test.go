@@ -136,14 +136,29 @@ func TestS3AgentCutOff(t *testing.T) {
 	cutAgent := StartAgent(t, AgentOptions{ID: "s3cut", Rules: leasedRules, Redis: redis.Addr, Coordinators: px.Addr()})
 	other := StartAgent(t, AgentOptions{ID: "s3other", Rules: leasedRules, Redis: redis.Addr, Coordinators: coords.GRPCAddrs()[0]})
 	agents := []*Agent{cutAgent, other}
-	l := StartLoad(append(loadOn("closed", "x", false, agents...), loadOn("emergency", "x", false, agents...)...))
+	// Most of the traffic goes to the agent about to be cut, so it holds
+	// most of the quota's rate; at the cut the traffic moves to the other
+	// agent (as a gateway fails over), which then asks for everything. A
+	// reclaim before the cut agent has stopped would show as overshoot.
+	var targets []Target
+	for _, rule := range []string{"closed", "emergency"} {
+		targets = append(targets,
+			Target{Agent: cutAgent, Rule: rule, Subject: "x", Rate: 0.9 * offered},
+			Target{Agent: other, Rule: rule, Subject: "x", Rate: 0.1 * offered})
+	}
+	l := StartLoad(targets)
 	time.Sleep(2*time.Second + time.Duration(r.Int64N(int64(500*time.Millisecond))))
 	cut := mono()
 	px.Blackhole()
+	moved := StartLoad([]Target{
+		{Agent: other, Rule: "closed", Subject: "x", Rate: 0.9 * offered},
+		{Agent: other, Rule: "emergency", Subject: "x", Rate: 0.9 * offered},
+	})
 	time.Sleep(3 * leasePeriod)
 	px.Heal()
 	healed := mono()
 	time.Sleep(2 * time.Second)
+	moved.Stop()
 	l.Stop()
 	recs := readRecords(t, agents...)
 
