@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Ration's tests need on a fresh machine: redis-server (with
-# redis-sentinel and redis-benchmark) and nginx (the auth_request end-to-end
-# test). Tests start their own servers on free loopback ports with their own
+# redis-sentinel and redis-benchmark), jq (scripts/bench.sh) and nginx (the
+# auth_request end-to-end test). Tests start their own servers on free loopback ports with their own
 # files; a redis on 6379 or an nginx on 80 is neither used nor touched.
 set -euo pipefail
 
@@ -9,6 +9,7 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
+command -v jq >/dev/null 2>&1 || need+=(jq) # scripts/bench.sh reads ration-bench JSON
 # nginx is often in /usr/sbin, which is not on every user's PATH.
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 
