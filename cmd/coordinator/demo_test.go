@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The local multi-region topology (deploy/local/demo-regions.sh: a 3-node
+// global group, two regions each with redis-server, a regional coordinator
+// and two agents, all real processes) in its --check mode: it drives the
+// global leased rule from all four agents and ration-check replays every
+// admission against B + r*T. It builds the binaries, so it is skipped
+// under -short.
+func TestDemoRegionsScript(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs 11 processes; skipped under -short")
+	}
+	for _, bin := range []string{"bash", "redis-server", "curl", "go"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s not installed", bin)
+		}
+	}
+	script, err := filepath.Abs("../../deploy/local/demo-regions.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", script, "--check", "8")
+	// On timeout the script gets SIGTERM, so its trap stops what it started.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	dir := t.TempDir()
+	cmd.Env = append(os.Environ(), "BASE_PORT="+strconv.Itoa(20000+rand.IntN(400)*50), "DEMO_DIR="+dir)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		for _, f := range []string{"global0", "coordinator-eu", "eu-a1"} {
+			if b, rerr := os.ReadFile(filepath.Join(dir, "logs", f+".log")); rerr == nil {
+				t.Logf("%s.log:\n%s", f, b)
+			}
+		}
+		t.Fatalf("demo-regions.sh --check: %v", err)
+	}
+	if !strings.Contains(string(out), "global-api|x0") || !strings.Contains(string(out), " ok ") {
+		t.Fatalf("ration-check did not report global-api|x0 as ok")
+	}
+}
