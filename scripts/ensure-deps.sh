@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Ration's tests need on a fresh machine: redis-server (with
 # redis-sentinel and redis-benchmark), jq (scripts/bench.sh) and nginx (the
-# auth_request end-to-end test). Tests start their own servers on free loopback ports with their own
-# files; a redis on 6379 or an nginx on 80 is neither used nor touched.
+# auth_request end-to-end test). Tests start their own servers on free
+# loopback ports with their own files; a redis on 6379 or an nginx on 80 is
+# neither used nor touched.
 set -euo pipefail
 
 need=()
