@@ -600,3 +600,28 @@ func TestAllowBatchAndStream(t *testing.T) {
 		t.Fatalf("stream answers = %v, want [true true false] (40+40 of 100, then 40 > 20)", got)
 	}
 }
+
+// With Redis down, the check endpoint answers fail_open with 200 and no
+// quota fields (no bucket was read), and fail_closed with 503 and
+// Retry-After: 1.
+func TestCheckEndpointRedisDown(t *testing.T) {
+	a := startAgent(t, policyRules)
+	a.redis.Stop()
+	get := func(p string) *http.Response {
+		t.Helper()
+		resp, err := http.Get(a.base + "/v1/check?p=" + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	open := get("open")
+	if open.StatusCode != 200 || open.Header.Get("RateLimit") != "" || open.Header.Get("X-Ration-Reason") != "unavailable" {
+		t.Fatalf("fail_open with Redis down = %d %v, want 200, reason unavailable, no RateLimit", open.StatusCode, open.Header)
+	}
+	closed := get("closed")
+	if closed.StatusCode != 503 || closed.Header.Get("Retry-After") != "1" || closed.Header.Get("RateLimit-Policy") != "" {
+		t.Fatalf("fail_closed with Redis down = %d %v, want 503 with Retry-After 1 and no quota fields", closed.StatusCode, closed.Header)
+	}
+}

@@ -138,18 +138,19 @@ func (s *Service) handleCheck(w http.ResponseWriter, r *http.Request) {
 		resp, err = s.Decide(r.Context(), req)
 		if err == nil {
 			code := CheckStatus(resp)
-			if resp.Rule != "" {
+			switch {
+			case code == http.StatusServiceUnavailable:
+				// The quota is not spent; the limiter is unreachable. A short
+				// wait is the honest advice, and no bucket was read.
+				header.Unavailable(w.Header())
+			case resp.Reason == ReasonUnavailable:
+				// Admitted by fail_open: no bucket was read, so no quota
+				// fields (they would claim r=0).
+			case resp.Rule != "":
 				header.Set(w.Header(), header.Quota{
 					Policy: resp.Rule, Limit: resp.Limit, Rate: resp.Rate,
 					Remaining: resp.Remaining, Reset: resp.Reset, RetryAfter: resp.RetryAfter,
 				})
-			}
-			if code == http.StatusServiceUnavailable {
-				// The quota is not spent; the limiter is unreachable. A short
-				// wait is the honest advice.
-				w.Header().Set("Retry-After", "1")
-				w.Header().Del("RateLimit")
-				w.Header().Del("RateLimit-Policy")
 			}
 			w.Header().Set("X-Ration-Reason", resp.Reason.String())
 			w.WriteHeader(code)
