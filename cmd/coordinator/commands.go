@@ -92,19 +92,7 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		}
 		printTunings(w, tl.Tunings)
 	case "tune":
-		// Tunings are committed by the leader: a follower answers
-		// UNAVAILABLE naming it, and the command asks there once.
-		var md metadata.MD
-		resp, err := admin.Tune(ctx, tuneReq, grpc.Trailer(&md))
-		if leader := md.Get(coordinator.LeaderTrailer); err != nil && status.Code(err) == codes.Unavailable && len(leader) > 0 && leader[0] != "" && leader[0] != *addr {
-			lc, lerr := grpc.NewClient(leader[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if lerr != nil {
-				return fmt.Errorf("tune: leader %q: %w", leader[0], lerr)
-			}
-			defer lc.Close()
-			*addr = leader[0]
-			resp, err = rationv1.NewAdminClient(lc).Tune(ctx, tuneReq)
-		}
+		resp, err := tuneAtLeader(ctx, admin, *addr, tuneReq)
 		if err != nil {
 			return fmt.Errorf("tune at %s: %w", *addr, err)
 		}
@@ -205,5 +193,32 @@ func printTunings(w io.Writer, ts []*rationv1.Tuning) {
 			period = (time.Duration(*t.LeasePeriodMs) * time.Millisecond).String()
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Rule, orDash(t.Region), period, opt(t.RenewAt), opt(t.MinSlice), opt(t.MaxSlice), opt(t.Weight))
+	}
+}
+
+// tuneAtLeader sends a tuning, which only the leader commits: a node that
+// is not the leader (or leads but is not ready yet) answers UNAVAILABLE
+// naming the leader, and the tuning is sent there, until the deadline. A
+// Tune that reached the state machine twice sets the same record twice.
+func tuneAtLeader(ctx context.Context, admin rationv1.AdminClient, addr string, req *rationv1.TuneRequest) (*rationv1.TuneResponse, error) {
+	for {
+		var md metadata.MD
+		resp, err := admin.Tune(ctx, req, grpc.Trailer(&md))
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return resp, err
+		}
+		if l := md.Get(coordinator.LeaderTrailer); len(l) > 0 && l[0] != "" && l[0] != addr {
+			cc, cerr := grpc.NewClient(l[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if cerr != nil {
+				return nil, fmt.Errorf("leader %q: %w", l[0], cerr)
+			}
+			defer cc.Close()
+			admin, addr = rationv1.NewAdminClient(cc), l[0]
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
