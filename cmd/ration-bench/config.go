@@ -114,6 +114,8 @@ outcomes, latency percentiles (HDR histogram) and CPU per decision.
 
 Usage:
   ration-bench [flags]
+  ration-bench plan [flags]     size Redis shards, agent cores and coordinator
+                                nodes from measured costs (plan -h; docs/capacity.md)
 
 Examples:
   ration-bench -mode empty                                   # the floor: gRPC health check

@@ -373,8 +373,9 @@ Usage:
 Example:
   ration-bench plan -decisions 1000000 -leased-share 0.2 -gateways 200 -lease-period 10s -headroom 0.3
 
-The cost flags default to the run recorded in docs/performance.md; that
-page's last section prints the flags of a new run.
+The cost flags default to the run recorded in docs/performance.md; its
+section "Per-decision costs for the capacity plan" prints the flags of a
+new run (make bench).
 
 Flags:
 `
