@@ -110,6 +110,29 @@
 // continue its sequence (e.g. seed it from the wall clock in microseconds)
 // or use a new holder name.
 //
+// # Hierarchy (funded quotas)
+//
+// A quota configured with Funded holds only its own part (a region's safe
+// share, possibly 0); Fund adds an upstream lease's cap and rate until its
+// NotAfter, deposits the lease's tokens into the pool within its room, and
+// bounds every lease term granted meanwhile by NotAfter: a sublease never
+// outlives its parent. The funding drops by itself at NotAfter (the pool
+// refills under it only up to then, and gives up what no longer fits) and
+// on LeaderElected (NotAfter was on the old leader's clock). Since the pool
+// and the subleases together refill at most at (own + upstream) rate, up to
+// (own + upstream) capacity, and hold the upstream lease's tokens only while
+// it is valid, the regional quota is a Holding of the upstream lease plus
+// its own part: conservation at the upper level carries down
+// (hierarchy_test.go checks it with lost and reordered replies and cuts).
+//
+// # Tuning
+//
+// Tune keeps operators' overrides of a rule's lease settings (per region or
+// default) in the replicated state, so they are committed, snapshotted and
+// kept across restarts. The state does not apply them: the coordinator reads
+// them when it builds commands. Per-lease Bounds (in Grant and RenewItem)
+// carry a region's own period and slice bounds into the water-filling.
+//
 // # Encoding
 //
 // EncodeCommand and DecodeCommand frame a command as a type byte, a version
