@@ -156,6 +156,12 @@ func (u *upstream) round() {
 			continue
 		}
 		if fits(fi.info, q.h.Lease.Cap, q.h.Lease.Rate) {
+			if q.h.Lease.Cap < q.confCap || q.h.Lease.Rate < q.confRate {
+				// A shrink the subleases now fit: confirm it at once, so
+				// the global group can give the freed share to the regions
+				// that want it without waiting for the renew point.
+				anyDue = true
+			}
 			q.confCap, q.confRate = q.h.Lease.Cap, q.h.Lease.Rate
 		}
 		renewAt := n.cfg.UpstreamRenewAt
