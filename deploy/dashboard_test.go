@@ -3,8 +3,10 @@ package deploy
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -14,17 +16,20 @@ import (
 // strict: a field not listed here is an error, so a misspelt field cannot
 // hide.
 type dashboard struct {
-	UID           string                    `json:"uid"`
-	Title         string                    `json:"title"`
-	Description   string                    `json:"description"`
-	Tags          []string                  `json:"tags"`
-	Timezone      string                    `json:"timezone"`
-	Editable      bool                      `json:"editable"`
-	SchemaVersion int                       `json:"schemaVersion"`
-	Version       int                       `json:"version"`
-	Refresh       string                    `json:"refresh"`
-	Time          struct{ From, To string } `json:"time"`
-	Templating    struct {
+	UID           string   `json:"uid"`
+	Title         string   `json:"title"`
+	Description   string   `json:"description"`
+	Tags          []string `json:"tags"`
+	Timezone      string   `json:"timezone"`
+	Editable      bool     `json:"editable"`
+	SchemaVersion int      `json:"schemaVersion"`
+	Version       int      `json:"version"`
+	Refresh       string   `json:"refresh"`
+	Time          struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	} `json:"time"`
+	Templating struct {
 		List []templateVar `json:"list"`
 	} `json:"templating"`
 	Annotations struct {
@@ -107,6 +112,13 @@ func TestDashboard(t *testing.T) {
 	if err := dec.Decode(&d); err != nil {
 		t.Fatalf("grafana/ration.json: %v", err)
 	}
+	// encoding/json matches field names case-insensitively; Grafana does
+	// not. Check the case of every key against the model above.
+	var raw any
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	checkKeyCase(t, "dashboard", raw, reflect.TypeOf(d))
 	if d.UID == "" || d.Title == "" || d.SchemaVersion < 36 {
 		t.Errorf("uid %q, title %q, schemaVersion %d: want both set and a current schema", d.UID, d.Title, d.SchemaVersion)
 	}
@@ -227,5 +239,57 @@ func checkDatasource(t *testing.T, where string, ds *datasource) {
 	t.Helper()
 	if ds == nil || ds.Type != "prometheus" || ds.UID != "${datasource}" {
 		t.Errorf("%s: datasource %+v, want the ${datasource} variable", where, ds)
+	}
+}
+
+// checkKeyCase reports object keys that match a field of typ only when
+// case is ignored. json.RawMessage values are free-form and not checked.
+func checkKeyCase(t *testing.T, where string, v any, typ reflect.Type) {
+	t.Helper()
+	for typ.Kind() == reflect.Pointer {
+		typ = typ.Elem()
+	}
+	if typ == reflect.TypeOf(json.RawMessage{}) {
+		return
+	}
+	switch x := v.(type) {
+	case map[string]any:
+		if typ.Kind() != reflect.Struct {
+			return
+		}
+		fields := map[string]reflect.Type{}
+		var collect func(reflect.Type)
+		collect = func(typ reflect.Type) {
+			for i := range typ.NumField() {
+				f := typ.Field(i)
+				name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+				if name == "-" {
+					continue
+				}
+				if name == "" && f.Anonymous && f.Type.Kind() == reflect.Struct {
+					collect(f.Type) // embedded, e.g. json:",inline"
+					continue
+				}
+				if name == "" {
+					name = f.Name
+				}
+				fields[name] = f.Type
+			}
+		}
+		collect(typ)
+		for k, val := range x {
+			ft, ok := fields[k]
+			if !ok {
+				t.Errorf("%s: key %q is not Grafana's spelling", where, k)
+				continue
+			}
+			checkKeyCase(t, where+"."+k, val, ft)
+		}
+	case []any:
+		if typ.Kind() == reflect.Slice {
+			for i, e := range x {
+				checkKeyCase(t, fmt.Sprintf("%s[%d]", where, i), e, typ.Elem())
+			}
+		}
 	}
 }

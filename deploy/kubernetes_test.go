@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -121,6 +122,13 @@ func readKustomization(t testing.TB, dir string) types.Kustomization {
 	var k types.Kustomization
 	if err := yaml.UnmarshalStrict(b, &k); err != nil {
 		t.Fatalf("%s/kustomization.yaml: %v", dir, err)
+	}
+	if tt, ok := t.(*testing.T); ok {
+		var raw any
+		if err := yaml.Unmarshal(b, &raw); err != nil {
+			t.Fatal(err)
+		}
+		checkKeyCase(tt, dir+"/kustomization.yaml", raw, reflect.TypeOf(k))
 	}
 	return k
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -180,6 +181,14 @@ func exportedMetrics(t *testing.T) exported {
 	})
 	eventually(t, 10*time.Second, "regional coordinator: an upstream renewal", func() bool {
 		return has(scrape("regional coordinator", coordHTTP), "ration_coordinator_upstream_renewals_total", "result", "ok")
+	})
+	// An operator's run-time tuning, as the runbook does it.
+	if out, err := exec.Command(binary(t, "coordinator"), "tune", "-addr", coordGRPC,
+		"-rule", "export", "-region", testRegion, "-min-slice", "1").CombinedOutput(); err != nil {
+		t.Fatalf("coordinator tune: %v\n%s", err, out)
+	}
+	eventually(t, 10*time.Second, "regional coordinator: the tuning exported", func() bool {
+		return has(scrape("regional coordinator", coordHTTP), "ration_coordinator_tuning", "rule", "export")
 	})
 	globalFams := scrape("global coordinator", globalHTTP)
 	logRSS(t, map[string]*proc{"coordinator (regional)": coord, "coordinator (global)": global, "gateway-agent (healthy)": healthy})

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -52,6 +53,13 @@ func readScrapeConfig(t testing.TB) scrapeLabels {
 	}
 	if err := yaml.UnmarshalStrict(b, &cfg); err != nil {
 		t.Fatalf("prometheus/scrape.yml: %v", err)
+	}
+	if tt, ok := t.(*testing.T); ok {
+		var raw any
+		if err := yaml.Unmarshal(b, &raw); err != nil {
+			t.Fatal(err)
+		}
+		checkKeyCase(tt, "prometheus/scrape.yml", raw, reflect.TypeOf(cfg))
 	}
 	s := scrapeLabels{target: map[string]bool{"instance": true, "job": true}, jobs: map[string]bool{}}
 	for _, sc := range cfg.ScrapeConfigs {

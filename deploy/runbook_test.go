@@ -1,0 +1,232 @@
+package deploy
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// TestRunbook holds docs/runbook.md to the code and the manifests: the
+// procedures the issue asks for are there; its links resolve; every
+// metric, RATION_* variable and quoted log message it names exists; every
+// coordinator or gateway-agent command line in it uses commands and flags
+// the binaries accept; the Kubernetes names in its kubectl lines are the
+// manifests' names; the admin RPC it calls with grpcurl exists.
+func TestRunbook(t *testing.T) {
+	path := filepath.Join(repoRoot, "docs", "runbook.md")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	anchors := runbookAnchors(t)
+	for _, h := range []string{
+		"Adding a coordinator node", "Removing a coordinator node", "Restoring from a snapshot",
+		"Rotating a region out", "Changing lease sizes safely", "Upgrading agents and coordinators without overshoot",
+	} {
+		if !anchors[githubAnchor(h)] {
+			t.Errorf("no section %q", h)
+		}
+	}
+
+	// Links: relative files exist, in-page anchors exist.
+	for _, m := range regexp.MustCompile(`\]\(([^)\s]+)\)`).FindAllStringSubmatch(doc, -1) {
+		target := m[1]
+		if strings.HasPrefix(target, "http") {
+			continue
+		}
+		file, anchor, _ := strings.Cut(target, "#")
+		if file == "" {
+			if !anchors[anchor] {
+				t.Errorf("link %s: no such section", target)
+			}
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(repoRoot, "docs", file)); err != nil {
+			t.Errorf("link %s: %v", target, err)
+		}
+	}
+
+	ex := exportedMetrics(t)
+	for _, m := range uniq(regexp.MustCompile(`\bration_[a-z0-9_]*[a-z0-9]\b`).FindAllString(doc, -1)) {
+		if ex[m] == nil {
+			t.Errorf("runbook names metric %s, which neither binary exports", m)
+		}
+	}
+	agentCLI, coordCLI := help(t, "gateway-agent"), help(t, "coordinator")
+	for _, v := range uniq(regexp.MustCompile(`\bRATION_[A-Z0-9_]+`).FindAllString(doc, -1)) {
+		if _, ok := agentCLI.env[v]; !ok {
+			if _, ok := coordCLI.env[v]; !ok {
+				t.Errorf("runbook names %s, which neither binary reads", v)
+			}
+		}
+	}
+	for _, m := range regexp.MustCompile(`msg="([^"]+)"`).FindAllStringSubmatch(doc, -1) {
+		if !inSource(t, m[1]) {
+			t.Errorf("runbook quotes log message %q, which the code does not log", m[1])
+		}
+	}
+
+	// Command lines in code (fenced blocks and inline spans), where the
+	// binary is the command: at the start, or after a path.
+	code := codeOf(doc)
+	subFlags := map[string]map[string]bool{}
+	cmdLine := regexp.MustCompile(`(?m)(?:^\s*|/)(coordinator|gateway-agent)((?: +(?:[a-z]+|-[a-z-]+(?:[ =][^\s-][^\s]*)?|'[^']*'|\\\n\s*))+)`)
+	for _, ix := range cmdLine.FindAllStringSubmatchIndex(code, -1) {
+		if strings.HasSuffix(code[:ix[2]], "statefulset/") {
+			continue // a kubectl object name, not the binary
+		}
+		bin, rest := code[ix[2]:ix[3]], strings.ReplaceAll(code[ix[4]:ix[5]], "\\\n", " ")
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		known := agentCLI.flags
+		where := bin
+		if bin == "coordinator" {
+			known = coordCLI.flags
+			if !strings.HasPrefix(fields[0], "-") {
+				cmd := fields[0]
+				if _, ok := subFlags[cmd]; !ok {
+					subFlags[cmd] = subcommandFlags(t, cmd)
+				}
+				known, where, fields = subFlags[cmd], "coordinator "+cmd, fields[1:]
+				if known == nil {
+					t.Errorf("runbook runs %q: no such coordinator command", "coordinator "+cmd)
+					continue
+				}
+			}
+		}
+		for _, f := range fields {
+			if !strings.HasPrefix(f, "-") {
+				continue
+			}
+			name, _, _ := strings.Cut(strings.TrimLeft(f, "-"), "=")
+			if !known[name] {
+				t.Errorf("runbook runs %s with %s, which it does not accept", where, f)
+			}
+		}
+	}
+	if len(subFlags) < 4 {
+		t.Errorf("found %d coordinator commands in the runbook (%v): the command-line check is not reading it", len(subFlags), sortedKeys(subFlags))
+	}
+
+	// kubectl names: namespaces, StatefulSets, Deployments, claims, pods.
+	names := map[string]map[string]bool{"ns": {}, "statefulset": {}, "deploy": {}, "pvc": {}, "pod": {}, "container": {}}
+	for _, dir := range overlays(t) {
+		r := render(t, dir)
+		for _, n := range all[*corev1.Namespace](r) {
+			names["ns"][n.Name] = true
+		}
+		for _, s := range all[*appsv1.StatefulSet](r) {
+			names["statefulset"][s.Name] = true
+			for i := range int(*s.Spec.Replicas) + 2 { // the runbook grows the group to 5
+				pod := s.Name + "-" + string(rune('0'+i))
+				names["pod"][pod] = true
+				for _, v := range s.Spec.VolumeClaimTemplates {
+					names["pvc"][v.Name+"-"+pod] = true
+				}
+			}
+			for _, c := range s.Spec.Template.Spec.Containers {
+				names["container"][c.Name] = true
+			}
+		}
+		for _, d := range all[*appsv1.Deployment](r) {
+			names["deploy"][d.Name] = true
+		}
+	}
+	var kubectl string
+	for _, l := range strings.Split(code, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "kubectl ") {
+			kubectl += l + "\n"
+		}
+	}
+	for _, c := range []struct{ kind, re string }{
+		{"ns", `kubectl -n (\S+)`},
+		{"statefulset", `statefulset[ /]([a-z0-9-]+)`},
+		{"deploy", `port-forward deploy/([a-z0-9-]+)`},
+		{"pvc", `(data-[a-z0-9-]+)`},
+		{"pod", `(?:exec|port-forward|delete pod) (coordinator-\d)`},
+		{"container", `statefulset/[a-z0-9-]+ ([a-z0-9-]+)=`},
+	} {
+		ms := regexp.MustCompile(c.re).FindAllStringSubmatch(kubectl, -1)
+		if len(ms) == 0 {
+			t.Errorf("runbook: no %s name found with %s", c.kind, c.re)
+		}
+		for _, m := range ms {
+			if !names[c.kind][m[1]] {
+				t.Errorf("runbook names %s %q, which the manifests do not define (%v)", c.kind, m[1], sortedKeys(names[c.kind]))
+			}
+		}
+	}
+
+	// grpcurl: the proto file, service, method and request field exist.
+	proto, err := os.ReadFile(filepath.Join(repoRoot, "proto", "ration", "v1", "coordinator.proto"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(doc, "-proto ration/v1/coordinator.proto") ||
+		!regexp.MustCompile(`(?s)service Admin \{.*rpc RemoveServer\(RemoveServerRequest\)`).Match(proto) ||
+		!regexp.MustCompile(`message RemoveServerRequest \{ string id = 1; \}`).Match(proto) ||
+		!strings.Contains(doc, `ration.v1.Admin/RemoveServer`) || !strings.Contains(string(proto), "package ration.v1;") {
+		t.Error("the runbook's grpcurl call no longer matches proto/ration/v1/coordinator.proto (Admin.RemoveServer, field id)")
+	}
+}
+
+// subcommandFlags returns the flags of `coordinator CMD -h`, or nil if CMD
+// is not a command.
+func subcommandFlags(t testing.TB, cmd string) map[string]bool {
+	t.Helper()
+	out, err := exec.Command(binary(t, "coordinator"), cmd, "-h").CombinedOutput()
+	if err != nil {
+		return nil
+	}
+	flags := map[string]bool{}
+	for _, l := range strings.Split(string(out), "\n") {
+		if m := flagLine.FindStringSubmatch(l); m != nil {
+			flags[m[1]] = true
+		}
+	}
+	return flags
+}
+
+func uniq(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// codeOf returns the fenced code blocks and inline code spans of a
+// Markdown text, one per line (continuation lines joined).
+func codeOf(doc string) string {
+	var b strings.Builder
+	inFence := false
+	for _, l := range strings.Split(doc, "\n") {
+		if strings.HasPrefix(l, "```") {
+			inFence = !inFence
+			continue
+		}
+		if inFence {
+			b.WriteString(l + "\n")
+			continue
+		}
+	}
+	// Inline spans may wrap across lines in prose.
+	prose := regexp.MustCompile("(?s)```.*?```").ReplaceAllString(doc, "")
+	for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(prose, -1) {
+		b.WriteString(strings.Join(strings.Fields(m[1]), " ") + "\n")
+	}
+	return strings.ReplaceAll(b.String(), "\\\n", " ")
+}
