@@ -88,6 +88,7 @@ func decide(args, env []string, lookup func(string) ([]string, error)) ([]string
 		return nil, errors.New("RATION_JOIN is empty: set it to the ready members' Service, host:port")
 	}
 	if ordinal > 0 {
+		fmt.Fprintf(os.Stderr, "coordinator-launch: %s: ordinal %d: joining through %s (ignored if this node has Raft state)\n", pod, ordinal, join)
 		return env, nil
 	}
 	host, _, err := net.SplitHostPort(join)
