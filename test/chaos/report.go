@@ -57,7 +57,12 @@ func Table() string {
 	report.mu.Lock()
 	rows := append([]Row(nil), report.rows...)
 	report.mu.Unlock()
-	slices.SortStableFunc(rows, func(a, b Row) int { return scenarioNumber(a.Scenario) - scenarioNumber(b.Scenario) })
+	slices.SortStableFunc(rows, func(a, b Row) int {
+		if n := scenarioNumber(a.Scenario) - scenarioNumber(b.Scenario); n != 0 {
+			return n
+		}
+		return strings.Compare(a.Scenario, b.Scenario)
+	})
 	var b strings.Builder
 	b.WriteString("| scenario | fault | bound (tokens) | measured overshoot | utilisation | result | notes |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- |\n")
