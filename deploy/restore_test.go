@@ -169,25 +169,23 @@ func TestRestoreFromSnapshot(t *testing.T) {
 
 	// Back up the newest complete snapshot of a follower taken after the
 	// release.
-	applied := statusField(t, nodes[1].grpc, "commit / applied")
+	// coordinator-0 showed the release applied: its applied index covers it.
+	m := regexp.MustCompile(`(?m)^commit / applied\s+\d+ / (\d+)`).FindStringSubmatch(coordinatorCmd(t, "status", "-addr", join))
+	if m == nil {
+		t.Fatal("status: no applied index")
+	}
+	applied, _ := strconv.Atoi(m[1])
 	var backup string
 	eventually(t, 20*time.Second, "a snapshot taken after the release", func() bool {
 		if statusField(t, nodes[1].grpc, "last snapshot") < applied {
 			return false
 		}
-		entries, _ := os.ReadDir(filepath.Join(nodes[1].dir, "snapshots"))
-		var names []string
-		for _, e := range entries {
-			if e.IsDir() && !strings.HasSuffix(e.Name(), ".tmp") {
-				names = append(names, e.Name())
-			}
-		}
-		if len(names) == 0 {
+		newest := newestSnapshot(t, filepath.Join(nodes[1].dir, "snapshots"))
+		if newest == "" {
 			return false
 		}
-		slices.Sort(names)
-		backup = filepath.Join(dir, "backup", names[len(names)-1])
-		return copyDir(t, filepath.Join(nodes[1].dir, "snapshots", names[len(names)-1]), backup) == nil
+		backup = filepath.Join(dir, "backup", newest)
+		return copyDir(t, filepath.Join(nodes[1].dir, "snapshots", newest), backup) == nil
 	})
 
 	// Stop the group, wipe every member, restore the snapshot into each.
@@ -249,4 +247,30 @@ func copyDir(t testing.TB, src, dst string) error {
 		}
 		return os.WriteFile(out, b, 0o640)
 	})
+}
+
+// newestSnapshot returns the name of the newest finished snapshot
+// directory: names are TERM-INDEX-MILLIS (hashicorp/raft's file snapshot
+// store), compared as numbers; ".tmp" ones are still being written.
+func newestSnapshot(t testing.TB, dir string) string {
+	t.Helper()
+	entries, _ := os.ReadDir(dir)
+	best, bestKey := "", []int64(nil)
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasSuffix(e.Name(), ".tmp") {
+			continue
+		}
+		var key []int64
+		for _, f := range strings.Split(e.Name(), "-") {
+			n, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				t.Fatalf("snapshot directory %q: not TERM-INDEX-MILLIS", e.Name())
+			}
+			key = append(key, n)
+		}
+		if bestKey == nil || slices.Compare(key, bestKey) > 0 {
+			best, bestKey = e.Name(), key
+		}
+	}
+	return best
 }
