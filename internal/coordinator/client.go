@@ -27,8 +27,12 @@ const LeaderTrailer = "ration-leader"
 // ClientOptions tune a Client. The zero value is usable: every zero field
 // takes the default named in its comment.
 type ClientOptions struct {
-	// CallTimeout bounds one attempt (default 2s). The caller's context
-	// bounds the whole call, retries included.
+	// CallTimeout bounds one attempt (default 500ms): a committed Raft
+	// entry takes milliseconds, so an attempt that runs longer is talking to
+	// a node that is paused, partitioned or overloaded, and the next member
+	// should be tried while the caller's context (which bounds the whole
+	// call, retries included) still has time. An attempt as long as the
+	// whole call would pin a silent leader.
 	CallTimeout time.Duration
 	// MaxAttempts bounds the attempts of one call (default 10), redirects
 	// to the leader included.
@@ -44,7 +48,7 @@ type ClientOptions struct {
 
 func (o ClientOptions) withDefaults() ClientOptions {
 	if o.CallTimeout <= 0 {
-		o.CallTimeout = 2 * time.Second
+		o.CallTimeout = 500 * time.Millisecond
 	}
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 10

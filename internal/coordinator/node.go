@@ -440,6 +440,9 @@ func (n *Node) close() error {
 			}
 		}
 		if n.trans != nil {
+			// Close only stops the listener; pooled outbound connections
+			// (and their goroutines) would outlive the node.
+			n.trans.CloseStreams()
 			n.trans.Close()
 		}
 		if n.store != nil {
