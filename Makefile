@@ -5,10 +5,10 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN := $(shell $(GO) env GOPATH)/bin
 
-.PHONY: help dev test deps bench lint proto ci fuzz chaos
+.PHONY: help dev test deps bench lint proto ci fuzz chaos demo-regions
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 dev: ## run a complete single-process system (in-memory store, embedded coordinator)
 	$(GO) run ./cmd/gateway-agent -dev
@@ -22,6 +22,13 @@ test: deps ## vet and race-test everything against real redis-server processes
 
 bench: deps ## benchmarks: model, stores, agent load vs. redis-benchmark ceiling
 	./scripts/bench.sh
+
+chaos: deps ## every chaos scenario (<= 15 min); prints the table and writes it to docs/reliability.md
+	@RATION_CHAOS=full RATION_CHAOS_REPORT=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 15m ./test/chaos/; s=$$?; \
+	  sed -n '/<!-- chaos:begin -->/,/<!-- chaos:end -->/p' docs/reliability.md; exit $$s
+
+demo-regions: ## two regions + a 3-node global coordinator group on loopback, with a guide
+	./deploy/local/demo-regions.sh
 
 fuzz: ## run every fuzz target for 20s each
 	@for p in $$($(GO) list ./...); do \
