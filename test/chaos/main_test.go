@@ -12,8 +12,6 @@ import (
 	"time"
 )
 
-// binDir holds gateway-agent and coordinator, built once per test binary.
-var binDir string
 
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))

@@ -28,6 +28,10 @@ type Proc struct {
 	done chan struct{}
 }
 
+// binDir holds gateway-agent and coordinator, built once per test binary
+// by TestMain.
+var binDir string
+
 // StartProc runs binDir/bin with args.
 func StartProc(t testing.TB, name, bin string, args ...string) *Proc {
 	t.Helper()
