@@ -12,7 +12,6 @@ import (
 	"time"
 )
 
-
 func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
