@@ -371,6 +371,9 @@ func TestSystemdUnits(t *testing.T) {
 		}
 		verify = append(verify, dst)
 	}
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Fatalf("systemd-analyze not found (Debian package systemd, part of the machine image): %v", err)
+	}
 	out, err := exec.Command("systemd-analyze", append([]string{"verify"}, verify...)...).CombinedOutput()
 	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
