@@ -16,9 +16,10 @@ dev: ## run a complete single-process system (in-memory store, embedded coordina
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh
 
-test: deps ## vet and race-test everything against real redis-server processes
+test: deps ## vet and race-test everything (real redis-server, Raft, nginx), chaos smoke set, deploy checks
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
+	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
 
 bench: deps ## benchmarks: model, stores, agent load vs. redis-benchmark ceiling
 	./scripts/bench.sh
@@ -48,5 +49,6 @@ proto: ## regenerate proto/ Go code (protoc from Debian's protobuf-compiler)
 	PATH=$(GOBIN):$$PATH protoc -I proto --go_out=proto --go_opt=paths=source_relative \
 	  --go-grpc_out=proto --go-grpc_opt=paths=source_relative proto/ration/v1/*.proto
 
-ci: lint test ## what CI runs, plus a go mod tidy check
+ci: lint test ## what CI runs, plus go mod tidy checks
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
+	cd deploy && $(GO) mod tidy && git diff --exit-code go.mod go.sum

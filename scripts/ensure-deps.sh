@@ -10,6 +10,7 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd) # deploy/ verifies the systemd units
 command -v jq >/dev/null 2>&1 || need+=(jq) # scripts/bench.sh reads ration-bench JSON
 # nginx is often in /usr/sbin, which is not on every user's PATH.
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
