@@ -24,7 +24,8 @@ test: deps ## vet and race-test everything (real redis-server, Raft, nginx), cha
 bench: deps ## benchmarks: model, stores, agent load vs. redis-benchmark ceiling
 	./scripts/bench.sh
 
-chaos: deps ## every chaos scenario (<= 15 min); prints the table and writes it to docs/reliability.md
+chaos: deps ## every chaos scenario incl. S12 (regions) (<= 15 min); writes the table to docs/reliability.md
+	set -o pipefail; $(GO) test -count=1 -run 'TestS12' -v ./internal/coordinator/ | grep -E '^(---|ok|FAIL)|region_test'
 	@RATION_CHAOS=full RATION_CHAOS_REPORT=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 15m ./test/chaos/; s=$$?; \
 	  sed -n '/<!-- chaos:begin -->/,/<!-- chaos:end -->/p' docs/reliability.md; exit $$s
 
