@@ -23,6 +23,16 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "installing ${need[*]} (apt-get)" >&2
 export DEBIAN_FRONTEND=noninteractive
+# Package scripts must not start services (nginx on 80, redis on 6379): on a
+# machine or container where those ports are taken, or with no init system,
+# a failed start would fail the install. policy-rc.d is Debian's switch for
+# that; ours is removed again afterwards.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && own_policy=1
+fi
+trap '[ "$own_policy" = 1 ] && rm -f "$policy"' EXIT
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # Debian's packages may start services (redis on 6379, nginx on 80); the
