@@ -133,6 +133,8 @@ Ration gateway-agent is running in -dev mode (in-memory store, sample rules).
   Check (gateways):  curl -si 'http://%[1]s/v1/check?tenant=acme&endpoint=search'
                      (run it 11 times: the 11th answers 429 with Retry-After)
   By rule+subject:   curl -s -X POST http://%[1]s/v1/allow -d '{"rule":"per-user","subject":"alice","cost":5}'
+  Leased hot key:    curl -si 'http://%[1]s/v1/check?endpoint=checkout'
+                     (decided in memory from a slice leased from the embedded coordinator)
   Metrics:           curl -s http://%[1]s/metrics | grep ^ration_
   gRPC:              %[2]s (ration.v1.RateLimiter)
 

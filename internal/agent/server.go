@@ -76,7 +76,10 @@ func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (L
 		return nil, nil
 	}
 	if len(addrs) == 0 {
-		node, addr, err := coordinator.StartDev(ctx, s.logger.With("component", "dev-coordinator"), set)
+		// The embedded coordinator's Raft chatter (elections, state changes)
+		// would bury the -dev guide; only its warnings are shown.
+		devLog := slog.New(minLevel{s.logger.Handler(), slog.LevelWarn}).With("component", "dev-coordinator")
+		node, addr, err := coordinator.StartDev(ctx, devLog, set)
 		if err != nil {
 			return nil, fmt.Errorf("agent: embedded dev coordinator: %w", err)
 		}
@@ -329,4 +332,22 @@ func (s *Server) closeAll() {
 		s.closeFns[i]()
 	}
 	s.closeFns = nil
+}
+
+// minLevel drops records below min.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(a []slog.Attr) slog.Handler {
+	return minLevel{h.Handler.WithAttrs(a), h.min}
+}
+
+func (h minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{h.Handler.WithGroup(name), h.min}
 }
