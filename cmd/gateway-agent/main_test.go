@@ -78,7 +78,7 @@ func TestDevModeServes(t *testing.T) {
 	var url string
 	for i := 0; i < 500 && url == ""; i++ {
 		for _, line := range strings.Split(stdout.String(), "\n") {
-			if i := strings.Index(line, "curl -si '"); i >= 0 {
+			if i := strings.Index(line, "curl -si '"); i >= 0 && url == "" {
 				url = strings.TrimSuffix(line[i+len("curl -si '"):], "'")
 			}
 		}
