@@ -139,7 +139,8 @@ type tuneFlags struct {
 	period            time.Duration
 	renewAt, min, max float64
 	weight            float64
-	clear             bool
+	safe              float64
+	clear, overshoot  bool
 }
 
 func (f *tuneFlags) bind(fs *flag.FlagSet) {
@@ -150,7 +151,9 @@ func (f *tuneFlags) bind(fs *flag.FlagSet) {
 	fs.Float64Var(&f.min, "min-slice", 0, "minimum rate slice, tokens/s")
 	fs.Float64Var(&f.max, "max-slice", 0, "maximum rate slice, tokens/s (0: no maximum)")
 	fs.Float64Var(&f.weight, "weight", 0, "the region's fairness weight (global group)")
-	fs.BoolVar(&f.clear, "clear", false, "remove the tuning of -rule and -region instead")
+	fs.Float64Var(&f.safe, "safe-share", 0, "the region's safe share, tokens/s (global group; takes effect in two phases, see docs/operations.md)")
+	fs.BoolVar(&f.overshoot, "allow-overshoot", false, "accept a safe share that makes the rule's safe shares sum above its rate")
+	fs.BoolVar(&f.clear, "clear", false, "remove the tuning of -rule and -region instead (a safe share stays)")
 }
 
 func (f *tuneFlags) request(fs *flag.FlagSet) (*rationv1.TuneRequest, error) {
@@ -173,14 +176,17 @@ func (f *tuneFlags) request(fs *flag.FlagSet) (*rationv1.TuneRequest, error) {
 	if set["weight"] {
 		t.Weight = &f.weight
 	}
+	if set["safe-share"] {
+		t.SafeShare = &f.safe
+	}
 	if f.rule == "" {
 		return nil, fmt.Errorf("tune: -rule is required")
 	}
-	return &rationv1.TuneRequest{Tuning: t, Clear: f.clear}, nil
+	return &rationv1.TuneRequest{Tuning: t, Clear: f.clear, AllowOvershoot: f.overshoot}, nil
 }
 
 func printTunings(w io.Writer, ts []*rationv1.Tuning) {
-	fmt.Fprintln(w, "RULE\tREGION\tLEASE PERIOD\tRENEW AT\tMIN SLICE\tMAX SLICE\tWEIGHT")
+	fmt.Fprintln(w, "RULE\tREGION\tLEASE PERIOD\tRENEW AT\tMIN SLICE\tMAX SLICE\tWEIGHT\tSAFE SHARE")
 	opt := func(v *float64) string {
 		if v == nil {
 			return "-"
@@ -192,7 +198,11 @@ func printTunings(w io.Writer, ts []*rationv1.Tuning) {
 		if t.LeasePeriodMs != nil {
 			period = (time.Duration(*t.LeasePeriodMs) * time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Rule, orDash(t.Region), period, opt(t.RenewAt), opt(t.MinSlice), opt(t.MaxSlice), opt(t.Weight))
+		safe := opt(t.SafeShare)
+		if t.SafeSharePendingFrom != nil {
+			safe += " (pending from " + opt(t.SafeSharePendingFrom) + ")"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Rule, orDash(t.Region), period, opt(t.RenewAt), opt(t.MinSlice), opt(t.MaxSlice), opt(t.Weight), safe)
 	}
 }
 

@@ -158,6 +158,9 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 			fillGrant(grants[i], ir.Lease)
 		}
 	}
+	if id, isRegion := region.FromHolder(req.Holder); isRegion && n.cfg.Upstream == "" {
+		n.settleSafe(ctx, set, id, req.Items, grants)
+	}
 	return &rationv1.RenewResponse{Grants: grants}, nil
 }
 
@@ -224,9 +227,11 @@ func itemError(err error) string {
 //
 // A scope: global, mode: leased rule has three shapes (DESIGN.md section 5).
 // In a regional group (-upstream) it is funded: its own part is the region's
-// safe share, the rest comes from the leader's upstream lease (Fund). In the
-// global group it is the rule less every region's safe share (those are
-// never leased out), and a region's holder weighs by its region's weight.
+// safe share (as learned from the global group, else the file's), the rest
+// comes from the leader's upstream lease (Fund). In the global group it is
+// the rule less every region's safe share as counted (safe.go: max(old,
+// new) while a change is pending; never leased out), and a region's holder
+// weighs by its region's weight.
 //
 // Operators' tunings (tune.go) replace the file's lease settings.
 func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (string, lease.ConfigureQuota, float64, *lease.Bounds, string) {
@@ -257,11 +262,11 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 	switch {
 	case r.Scope != region.ScopeGlobal:
 	case cfg.Upstream != "":
-		w, ok := r.Regions[region.ID(cfg.Region)]
+		_, ok := r.Regions[region.ID(cfg.Region)]
 		if !ok {
 			return fail("rule %q is scope: global and has no share for this group's region %q", r.Name, cfg.Region)
 		}
-		safe := region.Safe(r.Burst, r.Rate, w.SafeShare)
+		safe := region.Safe(r.Burst, r.Rate, n.learnedSafe(r))
 		c.Burst, c.Rate, c.Funded = safe.Burst, safe.Rate, true
 		if c.Rate < lease.MinRate {
 			c.Rate = 0
@@ -279,7 +284,7 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 			}
 			bounds = regionBounds(t, c)
 		}
-		l := region.Leasable(r.Burst, r.Rate, r.Regions)
+		l := region.Leasable(r.Burst, r.Rate, n.countedRegions(r))
 		if !(l.Burst > 0) {
 			return fail("rule %q: the regions' safe shares take its whole burst; nothing is left to lease", r.Name)
 		}

@@ -190,6 +190,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			if t.Weight != 0 {
 				emit("weight", t.Weight)
 			}
+			if t.SafeShare != nil {
+				emit("safe_share", *t.SafeShare)
+			}
+			if t.SafePrev != nil {
+				emit("safe_share_pending_from", *t.SafePrev)
+			}
 		}
 		for _, name := range s.Quotas() {
 			q, _ := s.Quota(name)
@@ -213,7 +219,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			if r.Scope != region.ScopeGlobal || r.Mode != rules.ModeLeased {
 				continue
 			}
-			o := region.Overshoot(r.Burst, r.Rate, r.Regions)
+			ws := r.Regions
+			if n.cfg.Upstream == "" {
+				ws = n.countedRegions(r) // the tuned safe shares, counted as the global group counts them
+			}
+			o := region.Overshoot(r.Burst, r.Rate, ws)
 			ch <- prometheus.MustNewConstMetric(descOvershootRate, prometheus.GaugeValue, o.Rate, r.Name)
 			ch <- prometheus.MustNewConstMetric(descOvershootBurst, prometheus.GaugeValue, o.Burst, r.Name)
 		}

@@ -33,6 +33,9 @@ type Node struct {
 	cfg    Config
 	logger *slog.Logger
 	clock  func() time.Time
+	// tuneMu serializes Tunes from check to commit, so that two safe-share
+	// changes cannot both pass the sum(safe) <= r check (safe.go).
+	tuneMu sync.Mutex
 
 	fsm      *FSM
 	raft     *raft.Raft

@@ -26,8 +26,8 @@ import (
 //   - a regional group: the renew point of its upstream lease.
 //
 // None of these can break conservation: they only size leases within the
-// quota. Safe shares are not tuned at run time: the global group and every
-// region must agree on them, so they stay in the rules file.
+// quota. A region's safe share is tuned on the global group and reaches
+// the region in two phases (safe.go).
 
 // Tune implements rationv1.AdminServer.
 func (s *adminServer) Tune(ctx context.Context, req *rationv1.TuneRequest) (*rationv1.TuneResponse, error) {
@@ -35,7 +35,9 @@ func (s *adminServer) Tune(ctx context.Context, req *rationv1.TuneRequest) (*rat
 	if err := n.servable(); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
-	t, err := n.checkTuning(req.GetTuning(), req.GetClear())
+	n.tuneMu.Lock()
+	defer n.tuneMu.Unlock()
+	t, err := n.checkTuning(req.GetTuning(), req.GetClear(), req.GetAllowOvershoot())
 	if err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
@@ -51,6 +53,14 @@ func (s *adminServer) Tune(ctx context.Context, req *rationv1.TuneRequest) (*rat
 		verb = "cleared"
 	}
 	n.logger.Info("tuning "+verb, "rule", t.Rule, "region", t.Region, "tuning", fmt.Sprintf("%+v", tuningProto(t)))
+	if t.SafeShare != nil {
+		if r, ok := n.rules.Load().Rule(t.Rule); ok {
+			if o := region.Overshoot(r.Burst, r.Rate, n.countedRegions(r)); o.Rate > 0 || o.Burst > 0 {
+				n.logger.Warn("safe share accepted with allow_overshoot: regions cut off from the global group may overshoot",
+					"rule", r.Name, "region", t.Region, "overshoot_tokens_per_second", o.Rate, "overshoot_tokens", o.Burst)
+			}
+		}
+	}
 	var eff lease.Tuning
 	n.fsm.read(func(st *lease.State) { eff, _ = st.Tuning(t.Rule, t.Region) })
 	eff.Rule, eff.Region = t.Rule, t.Region
@@ -70,7 +80,7 @@ func (s *adminServer) ListTunings(ctx context.Context, _ *rationv1.ListTuningsRe
 
 // checkTuning turns a request into a lease.Tuning, reporting every problem
 // at once, each naming its field and value.
-func (n *Node) checkTuning(p *rationv1.Tuning, clear bool) (lease.Tuning, error) {
+func (n *Node) checkTuning(p *rationv1.Tuning, clear, allowOvershoot bool) (lease.Tuning, error) {
 	if p == nil {
 		return lease.Tuning{}, fmt.Errorf("%w: tuning: required", ErrInvalidRequest)
 	}
@@ -138,8 +148,19 @@ func (n *Node) checkTuning(p *rationv1.Tuning, clear bool) (lease.Tuning, error)
 			t.Weight = v
 		}
 	}
+	if p.SafeShare != nil {
+		if clear {
+			bad("safe_share: cannot be cleared; set it to another value instead")
+		} else if prev, ok := n.checkSafeTune(r, t.Region, p.GetSafeShare(), allowOvershoot, bad); ok {
+			v := p.GetSafeShare()
+			t.SafeShare, t.SafePrev = &v, &prev
+		}
+	}
+	if p.SafeSharePendingFrom != nil {
+		bad("safe_share_pending_from: set by the coordinator, not by a Tune")
+	}
 	if !clear && len(ps) == 0 && t.Empty() {
-		bad("nothing to set: give lease_period_ms, renew_at, min_slice, max_slice or weight (or clear)")
+		bad("nothing to set: give lease_period_ms, renew_at, min_slice, max_slice, weight or safe_share (or clear)")
 	}
 	if len(ps) > 0 {
 		return lease.Tuning{}, fmt.Errorf("%w: %s", ErrInvalidRequest, strings.Join(ps, "; "))
@@ -158,6 +179,14 @@ func tuningProto(t lease.Tuning) *rationv1.Tuning {
 	}
 	if t.Weight != 0 {
 		p.Weight = &t.Weight
+	}
+	if t.SafeShare != nil {
+		v := *t.SafeShare
+		p.SafeShare = &v
+		if t.SafePrev != nil {
+			pv := *t.SafePrev
+			p.SafeSharePendingFrom = &pv
+		}
 	}
 	return p
 }

@@ -56,6 +56,9 @@ type upstream struct {
 	quotas map[string]*upQuota
 	retry  int64 // no request before this (backoff), term clock µs
 	back   time.Duration
+	// sentSafe is the confirmable safe share per rule last sent and
+	// answered.
+	sentSafe map[string]float64
 }
 
 // termClock is the term's clock without the node's max(last stamp): the
@@ -174,6 +177,14 @@ func (u *upstream) round() {
 		}
 		renews = append(renews, q)
 	}
+	// The safe share each rule's funded quotas all run within (plus their
+	// upstream leases): confirmed to the global group in every item.
+	confSafe := u.confirmableSafe(state)
+	for rule, v := range confSafe {
+		if sent, ok := u.sentSafe[rule]; !ok || sent != v {
+			anyDue = true // a lowered safe share the global group waits for
+		}
+	}
 	if !anyDue || now < u.retry {
 		return
 	}
@@ -188,6 +199,7 @@ func (u *upstream) round() {
 		seqs = append(seqs, seq)
 		req.Items = append(req.Items, &rationv1.RenewItem{
 			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, Demand: demand,
+			ConfirmedSafeShare: safeOf(confSafe, q.rule),
 		})
 	}
 	renewSeq := u.seq + uint64(len(grants))
@@ -198,6 +210,7 @@ func (u *upstream) round() {
 			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, LeaseId: it.LeaseID,
 			// Nothing given back, whatever Holding owes: see the top.
 			Unused: 0, Demand: it.Demand, ConfirmedCap: q.confCap, ConfirmedRate: q.confRate,
+			ConfirmedSafeShare: safeOf(confSafe, q.rule),
 		})
 	}
 	u.seq = renewSeq + 1
@@ -225,11 +238,25 @@ func (u *upstream) round() {
 	}
 	n.m.upstreamRenewals.WithLabelValues("ok").Inc()
 	u.back, u.retry = 0, 0
+	u.sentSafe = confSafe
 	recv := n.termClock(t)
 	all := append(grants, renews...)
 	var funds []pendingOp
+	learned := map[string]bool{}
 	for i, q := range all {
 		g := resp.Grants[i]
+		if g.SafeShare != nil && g.GetError() == "" && !learned[q.rule] {
+			// The global group's word on this region's safe share: kept
+			// in this group's replicated state before any quota uses it.
+			learned[q.rule] = true
+			if cur := n.tuningOf(q.rule, n.cfg.Region).SafeShare; cur == nil || *cur != g.GetSafeShare() {
+				v := g.GetSafeShare()
+				funds = append(funds, pendingOp{cmd: lease.Tune{
+					Tuning: lease.Tuning{Rule: q.rule, Region: n.cfg.Region, SafeShare: &v}, Safe: lease.SafeLearn,
+				}})
+				n.logger.Info("safe share learned from the global group", "rule", q.rule, "safe_share", v)
+			}
+		}
 		switch e := g.GetError(); {
 		case e == "":
 			l := lease.Lease{ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs}
@@ -262,9 +289,60 @@ func (u *upstream) round() {
 	}
 	for i, r := range res {
 		if r.Err != nil {
-			n.logger.Warn("funding refused", "quota", funds[i].cmd.(lease.Fund).Quota, "err", r.Err)
+			n.logger.Warn("funding refused", "command", fmt.Sprintf("%+v", funds[i].cmd), "err", r.Err)
 		}
 	}
+}
+
+// confirmableSafe returns, per rule of the funded quotas, the safe share
+// this group may confirm: its learned (or file) safe share, when every
+// funded quota of the rule has its own part configured within it and its
+// ceilings within that plus its upstream lease (no sublease can still be
+// spending under a larger own part). Rules not all fitted are left out.
+func (u *upstream) confirmableSafe(state map[string]fundedInfo) map[string]float64 {
+	n := u.n
+	set := n.rules.Load()
+	out := map[string]float64{}
+	bad := map[string]bool{}
+	for id, fi := range state {
+		rule, _, _ := strings.Cut(id, "|")
+		if bad[rule] {
+			continue
+		}
+		r, ok := set.Rule(rule)
+		if !ok {
+			bad[rule] = true
+			continue
+		}
+		v := n.learnedSafe(r)
+		if idle(fi.info) {
+			// No sublease: nothing is spent until a grant, which
+			// reconfigures the quota at v first.
+			out[rule] = v
+			continue
+		}
+		own := region.Safe(r.Burst, r.Rate, v)
+		var lc, lr float64
+		if q := u.quotas[id]; q != nil && q.h.Lease.ID != 0 {
+			lc, lr = q.h.Lease.Cap, q.h.Lease.Rate
+		}
+		if fi.info.Burst > own.Burst+safeTol(own.Burst) || fi.info.Rate > own.Rate+safeTol(own.Rate) || !fits(fi.info, lc, lr) {
+			bad[rule] = true
+			continue
+		}
+		out[rule] = v
+	}
+	for rule := range bad {
+		delete(out, rule)
+	}
+	return out
+}
+
+func safeOf(m map[string]float64, rule string) *float64 {
+	if v, ok := m[rule]; ok {
+		return &v
+	}
+	return nil
 }
 
 // rateOr0 keeps a rate the state machine accepts (0 or at least MinRate).

@@ -243,6 +243,18 @@ type Tuning struct {
 	MaxSlice *float64 `json:"max_slice,omitempty"`
 	// Weight is the region's fairness weight: [MinWeight, MaxWeight].
 	Weight float64 `json:"weight,omitempty"`
+	// SafeShare is the region's safe share of a scope: global rule, tokens
+	// per second, [0, MaxValue] (regions only, never the default). In the
+	// global group it is the operators' target; in a regional group it is
+	// the value learned from the global group's answers (Tune.Safe
+	// "learn"). It survives Tunes that leave it unset and Clear: only a
+	// Tune that sets it changes it. See the coordinator's safe.go.
+	SafeShare *float64 `json:"safe_share,omitempty"`
+	// SafePrev, in the global group, is the safe share SafeShare replaces
+	// while the change is pending: the global group counts max(SafePrev,
+	// SafeShare) against what it leases and tells the region min(...),
+	// until a Tune with Safe "settle" clears it. nil: no change pending.
+	SafePrev *float64 `json:"safe_prev,omitempty"`
 }
 
 // Key names a tuning in the table.
@@ -250,8 +262,36 @@ func (t Tuning) Key() string { return t.Rule + "/" + t.Region }
 
 // Empty reports whether t overrides nothing.
 func (t Tuning) Empty() bool {
-	return t.LeasePeriod == 0 && t.RenewAt == 0 && t.MinSlice == nil && t.MaxSlice == nil && t.Weight == 0
+	return t.LeasePeriod == 0 && t.RenewAt == 0 && t.MinSlice == nil && t.MaxSlice == nil && t.Weight == 0 && t.SafeShare == nil
 }
+
+// Counted is the safe share the global group counts against what it
+// leases: max(SafePrev, SafeShare) while a change is pending. ok is false
+// when no safe share is tuned.
+func (t Tuning) Counted() (float64, bool) {
+	if t.SafeShare == nil {
+		return 0, false
+	}
+	if t.SafePrev != nil {
+		return max(*t.SafePrev, *t.SafeShare), true
+	}
+	return *t.SafeShare, true
+}
+
+// Allowed is the safe share the global group tells the region it may use:
+// min(SafePrev, SafeShare) while a change is pending.
+func (t Tuning) Allowed() (float64, bool) {
+	if t.SafeShare == nil {
+		return 0, false
+	}
+	if t.SafePrev != nil {
+		return min(*t.SafePrev, *t.SafeShare), true
+	}
+	return *t.SafeShare, true
+}
+
+// Pending reports whether a safe-share change is pending.
+func (t Tuning) Pending() bool { return t.SafeShare != nil && t.SafePrev != nil }
 
 // Over returns t with every field it leaves unset taken from base.
 func (t Tuning) Over(base Tuning) Tuning {
@@ -303,15 +343,48 @@ func (t Tuning) check(p *problems) {
 	if t.Weight != 0 && !(t.Weight >= MinWeight && t.Weight <= MaxWeight) {
 		p.addf("weight %v must be in [%g, %g]", t.Weight, float64(MinWeight), float64(MaxWeight))
 	}
+	if t.SafeShare != nil {
+		p.amount("safe_share", *t.SafeShare)
+		if t.Region == "" {
+			p.addf("safe_share is per region: region must not be empty")
+		}
+	}
+	if t.SafePrev != nil {
+		p.amount("safe_prev", *t.SafePrev)
+		if t.SafeShare == nil {
+			p.addf("safe_prev without safe_share")
+		}
+	}
 }
 
 // Tune sets (or, with Clear, removes) the tuning of Tuning.Rule and
-// Tuning.Region, replacing the whole record.
+// Tuning.Region, replacing the whole record except its safe share: a Tune
+// that leaves SafeShare nil (and Clear) keeps the record's SafeShare and
+// SafePrev. With Safe "":
+//
+//   - SafeShare set: it becomes the target. The value it replaces is the
+//     record's SafeShare, or Tuning.SafePrev (the rules file's value, given
+//     by the coordinator) when the record has none; if that differs, it is
+//     kept as SafePrev (pending). Refused while a change is pending.
+//
+// With Safe "settle" (the global group's leader): if the record's
+// SafeShare equals Tuning.SafeShare, SafePrev is cleared (the change has
+// taken effect); otherwise nothing happens. Nothing else changes.
+//
+// With Safe "learn" (a regional group's leader): the record's SafeShare
+// becomes Tuning.SafeShare, SafePrev nil; nothing else changes.
 type Tune struct {
 	Now    int64  `json:"now"`
 	Tuning Tuning `json:"tuning"`
 	Clear  bool   `json:"clear,omitempty"`
+	Safe   string `json:"safe,omitempty"`
 }
+
+// The values of Tune.Safe.
+const (
+	SafeSettle = "settle"
+	SafeLearn  = "learn"
+)
 
 // RenewItem renews one lease within a Renew.
 type RenewItem struct {
@@ -520,6 +593,15 @@ func (c Tune) validate() error {
 	var p problems
 	p.time("now", c.Now)
 	c.Tuning.check(&p)
+	switch c.Safe {
+	case "":
+	case SafeSettle, SafeLearn:
+		if c.Tuning.SafeShare == nil || c.Clear {
+			p.addf("safe %q needs safe_share and no clear", c.Safe)
+		}
+	default:
+		p.addf("safe %q must be empty, %q or %q", c.Safe, SafeSettle, SafeLearn)
+	}
 	if !c.Clear && c.Tuning.Empty() {
 		p.addf("nothing to set (use clear to remove a tuning)")
 	}

@@ -133,6 +133,14 @@
 // them when it builds commands. Per-lease Bounds (in Grant and RenewItem)
 // carry a region's own period and slice bounds into the water-filling.
 //
+// A tuning's SafeShare is kept apart from the other fields: only a Tune
+// that sets it changes it (others and Clear keep it). In the global group
+// a change is pending, with the value it replaces in SafePrev, until a
+// Tune "settle" for the current target clears SafePrev (a second change is
+// refused meanwhile); Counted and Allowed are max and min of the two. In a
+// regional group, Tune "learn" records the value the global group told.
+// The coordinator's safe.go holds the protocol and its argument.
+//
 // # Encoding
 //
 // EncodeCommand and DecodeCommand frame a command as a type byte, a version

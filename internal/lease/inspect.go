@@ -315,5 +315,13 @@ func (t Tuning) clone() Tuning {
 		v := *t.MaxSlice
 		t.MaxSlice = &v
 	}
+	if t.SafeShare != nil {
+		v := *t.SafeShare
+		t.SafeShare = &v
+	}
+	if t.SafePrev != nil {
+		v := *t.SafePrev
+		t.SafePrev = &v
+	}
 	return t
 }

@@ -178,13 +178,7 @@ func (s *State) Apply(cmd Command) (Result, error) {
 		if err := c.validate(); err != nil {
 			return Result{}, err
 		}
-		s.advance(c.Now)
-		if c.Clear {
-			delete(s.tunings, c.Tuning.Key())
-		} else {
-			s.tunings[c.Tuning.Key()] = c.Tuning
-		}
-		return Result{}, nil
+		return Result{}, s.tune(c)
 	}
 	return Result{}, fmt.Errorf("lease: apply %T: %w", cmd, ErrUnknownCommand)
 }
@@ -683,4 +677,55 @@ func (q *quota) targets(now int64, extra *lease) targetList {
 		out[l.pos] = target{cap: caps[i], rate: rates[i]}
 	}
 	return out
+}
+
+// tune applies a Tune (see Tune for the safe-share rules).
+func (s *State) tune(c Tune) error {
+	key := c.Tuning.Key()
+	old, had := s.tunings[key]
+	switch c.Safe {
+	case SafeSettle:
+		s.advance(c.Now)
+		if had && old.SafeShare != nil && *old.SafeShare == *c.Tuning.SafeShare {
+			old.SafePrev = nil
+			s.tunings[key] = old
+		}
+		return nil
+	case SafeLearn:
+		s.advance(c.Now)
+		if !had {
+			old = Tuning{Rule: c.Tuning.Rule, Region: c.Tuning.Region}
+		}
+		v := *c.Tuning.SafeShare
+		old.SafeShare, old.SafePrev = &v, nil
+		s.tunings[key] = old
+		return nil
+	}
+	t := c.Tuning.clone()
+	if c.Clear {
+		t = Tuning{Rule: c.Tuning.Rule, Region: c.Tuning.Region}
+	}
+	if t.SafeShare == nil || c.Clear {
+		t.SafeShare, t.SafePrev = old.SafeShare, old.SafePrev
+	} else {
+		if old.Pending() {
+			return fmt.Errorf("%w: tune %q region %q: safe_share: a change from %v to %v is pending", ErrInvalid, t.Rule, t.Region, *old.SafePrev, *old.SafeShare)
+		}
+		prev := t.SafePrev
+		if old.SafeShare != nil {
+			prev = old.SafeShare
+		}
+		t.SafePrev = nil
+		if prev != nil && *prev != *t.SafeShare {
+			v := *prev
+			t.SafePrev = &v
+		}
+	}
+	s.advance(c.Now)
+	if t.Empty() {
+		delete(s.tunings, key)
+	} else {
+		s.tunings[key] = t
+	}
+	return nil
 }

@@ -21,6 +21,9 @@
 //     safe share. The global group leases (B - sum safe bursts, r - sum safe
 //     rates), so while sum(safe) <= r the global bound holds for partitions
 //     of any length; beyond that Overshoot is the worst-case excess.
+//     Operators may change a region's safe share at run time on the global
+//     group, which then counts max(old, new) and lets the region use
+//     min(old, new) until the change is safe (internal/coordinator, safe.go).
 //
 // The package is pure: no I/O, no clock.
 package region

@@ -92,8 +92,12 @@ type RenewItem struct {
 	// The cap and rate the holder is now running at: confirms a shrink.
 	ConfirmedCap  float64 `protobuf:"fixed64,5,opt,name=confirmed_cap,json=confirmedCap,proto3" json:"confirmed_cap,omitempty"`
 	ConfirmedRate float64 `protobuf:"fixed64,6,opt,name=confirmed_rate,json=confirmedRate,proto3" json:"confirmed_rate,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// A regional group: the safe share (tokens/s) its quotas of this rule now
+	// run at, all of them within it plus their upstream leases. Confirms a
+	// lowered safe share to the global group.
+	ConfirmedSafeShare *float64 `protobuf:"fixed64,7,opt,name=confirmed_safe_share,json=confirmedSafeShare,proto3,oneof" json:"confirmed_safe_share,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RenewItem) Reset() {
@@ -164,6 +168,13 @@ func (x *RenewItem) GetConfirmedCap() float64 {
 func (x *RenewItem) GetConfirmedRate() float64 {
 	if x != nil {
 		return x.ConfirmedRate
+	}
+	return 0
+}
+
+func (x *RenewItem) GetConfirmedSafeShare() float64 {
+	if x != nil && x.ConfirmedSafeShare != nil {
+		return *x.ConfirmedSafeShare
 	}
 	return 0
 }
@@ -250,7 +261,11 @@ type Grant struct {
 	DurationUs int64 `protobuf:"varint,6,opt,name=duration_us,json=durationUs,proto3" json:"duration_us,omitempty"`
 	// Non-empty when this item was not granted (unknown quota, expired lease:
 	// retry with lease_id 0).
-	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	// To a region's holder, when the global group has a tuned safe share for
+	// the region: the safe share (tokens/s) the region may use, cut off or
+	// not. The region keeps it (replicated) until told another.
+	SafeShare     *float64 `protobuf:"fixed64,8,opt,name=safe_share,json=safeShare,proto3,oneof" json:"safe_share,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -332,6 +347,13 @@ func (x *Grant) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *Grant) GetSafeShare() float64 {
+	if x != nil && x.SafeShare != nil {
+		return *x.SafeShare
+	}
+	return 0
 }
 
 type RenewResponse struct {
@@ -488,8 +510,16 @@ type Tuning struct {
 	MinSlice      *float64               `protobuf:"fixed64,5,opt,name=min_slice,json=minSlice,proto3,oneof" json:"min_slice,omitempty"`                 // tokens/s
 	MaxSlice      *float64               `protobuf:"fixed64,6,opt,name=max_slice,json=maxSlice,proto3,oneof" json:"max_slice,omitempty"`                 // tokens/s, 0 = no maximum
 	Weight        *float64               `protobuf:"fixed64,7,opt,name=weight,proto3,oneof" json:"weight,omitempty"`                                     // region's fairness weight
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The region's safe share, tokens/s (global group: the target; a
+	// regional group: the value learned from the global group). Set it on
+	// the global group only; it is never cleared, only set to another value.
+	SafeShare *float64 `protobuf:"fixed64,8,opt,name=safe_share,json=safeShare,proto3,oneof" json:"safe_share,omitempty"`
+	// Set while a safe-share change is pending: the value it replaces. The
+	// global group counts max(this, safe_share) against what it leases and
+	// lets the region use min(this, safe_share) until the change settles.
+	SafeSharePendingFrom *float64 `protobuf:"fixed64,9,opt,name=safe_share_pending_from,json=safeSharePendingFrom,proto3,oneof" json:"safe_share_pending_from,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Tuning) Reset() {
@@ -571,12 +601,29 @@ func (x *Tuning) GetWeight() float64 {
 	return 0
 }
 
+func (x *Tuning) GetSafeShare() float64 {
+	if x != nil && x.SafeShare != nil {
+		return *x.SafeShare
+	}
+	return 0
+}
+
+func (x *Tuning) GetSafeSharePendingFrom() float64 {
+	if x != nil && x.SafeSharePendingFrom != nil {
+		return *x.SafeSharePendingFrom
+	}
+	return 0
+}
+
 type TuneRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tuning        *Tuning                `protobuf:"bytes,1,opt,name=tuning,proto3" json:"tuning,omitempty"`
-	Clear         bool                   `protobuf:"varint,2,opt,name=clear,proto3" json:"clear,omitempty"` // remove the tuning of (rule, region) instead
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tuning *Tuning                `protobuf:"bytes,1,opt,name=tuning,proto3" json:"tuning,omitempty"`
+	Clear  bool                   `protobuf:"varint,2,opt,name=clear,proto3" json:"clear,omitempty"` // remove the tuning of (rule, region) instead (its safe share stays)
+	// Accept a safe share that makes the rule's safe shares sum above its
+	// rate (regions cut off may then overshoot; logged and exported).
+	AllowOvershoot bool `protobuf:"varint,3,opt,name=allow_overshoot,json=allowOvershoot,proto3" json:"allow_overshoot,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TuneRequest) Reset() {
@@ -619,6 +666,13 @@ func (x *TuneRequest) GetTuning() *Tuning {
 func (x *TuneRequest) GetClear() bool {
 	if x != nil {
 		return x.Clear
+	}
+	return false
+}
+
+func (x *TuneRequest) GetAllowOvershoot() bool {
+	if x != nil {
+		return x.AllowOvershoot
 	}
 	return false
 }
@@ -1466,19 +1520,21 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\x1bration/v1/coordinator.proto\x12\tration.v1\"8\n" +
 	"\bQuotaRef\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x18\n" +
-	"\asubject\x18\x02 \x01(\tR\asubject\"\xcd\x01\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\"\x9d\x02\n" +
 	"\tRenewItem\x12)\n" +
 	"\x05quota\x18\x01 \x01(\v2\x13.ration.v1.QuotaRefR\x05quota\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x04R\aleaseId\x12\x16\n" +
 	"\x06unused\x18\x03 \x01(\x01R\x06unused\x12\x16\n" +
 	"\x06demand\x18\x04 \x01(\x01R\x06demand\x12#\n" +
 	"\rconfirmed_cap\x18\x05 \x01(\x01R\fconfirmedCap\x12%\n" +
-	"\x0econfirmed_rate\x18\x06 \x01(\x01R\rconfirmedRate\"|\n" +
+	"\x0econfirmed_rate\x18\x06 \x01(\x01R\rconfirmedRate\x125\n" +
+	"\x14confirmed_safe_share\x18\a \x01(\x01H\x00R\x12confirmedSafeShare\x88\x01\x01B\x17\n" +
+	"\x15_confirmed_safe_share\"|\n" +
 	"\fRenewRequest\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12*\n" +
 	"\x05items\x18\x03 \x03(\v2\x14.ration.v1.RenewItemR\x05items\x12\x16\n" +
-	"\x06region\x18\x04 \x01(\tR\x06region\"\xc4\x01\n" +
+	"\x06region\x18\x04 \x01(\tR\x06region\"\xf7\x01\n" +
 	"\x05Grant\x12)\n" +
 	"\x05quota\x18\x01 \x01(\v2\x13.ration.v1.QuotaRefR\x05quota\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x04R\aleaseId\x12\x18\n" +
@@ -1487,14 +1543,17 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\x04rate\x18\x05 \x01(\x01R\x04rate\x12\x1f\n" +
 	"\vduration_us\x18\x06 \x01(\x03R\n" +
 	"durationUs\x12\x14\n" +
-	"\x05error\x18\a \x01(\tR\x05error\"9\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12\"\n" +
+	"\n" +
+	"safe_share\x18\b \x01(\x01H\x00R\tsafeShare\x88\x01\x01B\r\n" +
+	"\v_safe_share\"9\n" +
 	"\rRenewResponse\x12(\n" +
 	"\x06grants\x18\x01 \x03(\v2\x10.ration.v1.GrantR\x06grants\"f\n" +
 	"\x0eReleaseRequest\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12*\n" +
 	"\x05items\x18\x03 \x03(\v2\x14.ration.v1.RenewItemR\x05items\"\x11\n" +
-	"\x0fReleaseResponse\"\xaa\x02\n" +
+	"\x0fReleaseResponse\"\xb5\x03\n" +
 	"\x06Tuning\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12+\n" +
@@ -1502,17 +1561,23 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\brenew_at\x18\x04 \x01(\x01H\x01R\arenewAt\x88\x01\x01\x12 \n" +
 	"\tmin_slice\x18\x05 \x01(\x01H\x02R\bminSlice\x88\x01\x01\x12 \n" +
 	"\tmax_slice\x18\x06 \x01(\x01H\x03R\bmaxSlice\x88\x01\x01\x12\x1b\n" +
-	"\x06weight\x18\a \x01(\x01H\x04R\x06weight\x88\x01\x01B\x12\n" +
+	"\x06weight\x18\a \x01(\x01H\x04R\x06weight\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"safe_share\x18\b \x01(\x01H\x05R\tsafeShare\x88\x01\x01\x12:\n" +
+	"\x17safe_share_pending_from\x18\t \x01(\x01H\x06R\x14safeSharePendingFrom\x88\x01\x01B\x12\n" +
 	"\x10_lease_period_msB\v\n" +
 	"\t_renew_atB\f\n" +
 	"\n" +
 	"_min_sliceB\f\n" +
 	"\n" +
 	"_max_sliceB\t\n" +
-	"\a_weight\"N\n" +
+	"\a_weightB\r\n" +
+	"\v_safe_shareB\x1a\n" +
+	"\x18_safe_share_pending_from\"w\n" +
 	"\vTuneRequest\x12)\n" +
 	"\x06tuning\x18\x01 \x01(\v2\x11.ration.v1.TuningR\x06tuning\x12\x14\n" +
-	"\x05clear\x18\x02 \x01(\bR\x05clear\"9\n" +
+	"\x05clear\x18\x02 \x01(\bR\x05clear\x12'\n" +
+	"\x0fallow_overshoot\x18\x03 \x01(\bR\x0eallowOvershoot\"9\n" +
 	"\fTuneResponse\x12)\n" +
 	"\x06tuning\x18\x01 \x01(\v2\x11.ration.v1.TuningR\x06tuning\"\x14\n" +
 	"\x12ListTuningsRequest\"B\n" +
@@ -1664,6 +1729,8 @@ func file_ration_v1_coordinator_proto_init() {
 	if File_ration_v1_coordinator_proto != nil {
 		return
 	}
+	file_ration_v1_coordinator_proto_msgTypes[1].OneofWrappers = []any{}
+	file_ration_v1_coordinator_proto_msgTypes[3].OneofWrappers = []any{}
 	file_ration_v1_coordinator_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
