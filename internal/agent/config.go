@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ration-dev/ration/internal/breaker"
+	"github.com/ration-dev/ration/internal/envflag"
 )
 
 // Config is everything the gateway-agent process needs. Layers, in order:
@@ -62,85 +62,36 @@ func DevConfig() Config {
 // envPrefix is the prefix of every environment variable the agent reads.
 const envPrefix = "RATION_"
 
+// settings is the one table of the agent's flags and RATION_* variables.
+func (c *Config) settings() []envflag.Setting {
+	return []envflag.Setting{
+		{Flag: "rules", Env: "RULES", Usage: "rules YAML file; reloaded on change and on SIGHUP", Value: &c.RulesFile},
+		{Flag: "coordinators", Env: "COORDINATORS", Usage: "coordinator gRPC addresses, comma separated (any members of the region's group), for mode: leased rules", Value: &c.Coordinators},
+		{Flag: "redis", Env: "REDIS", Usage: "Redis: host:port, redis://[user:pass@]host:port[/db], redis-sentinel://h:p[,h:p]/master, redis-cluster://h:p[,h:p]", Value: &c.Redis},
+		{Flag: "http", Env: "HTTP", Usage: "HTTP listen address (/v1/allow, /v1/check, /metrics, /healthz, /readyz)", Value: &c.HTTPAddr},
+		{Flag: "grpc", Env: "GRPC", Usage: "gRPC listen address (ration.v1.RateLimiter, Envoy's rate-limit service, grpc.health.v1)", Value: &c.GRPCAddr},
+		{Flag: "region", Env: "REGION", Usage: "region name this agent runs in", Value: &c.Region},
+		{Flag: "id", Env: "AGENT_ID", Usage: "agent id, unique per agent (default: host name)", Value: &c.AgentID},
+		{Flag: "decision-timeout", Env: "DECISION_TIMEOUT", Usage: "longest a decision waits on the store before the rule's failure policy applies", Value: &c.DecisionTimeout},
+		{Flag: "reload-interval", Env: "RELOAD_INTERVAL", Usage: "how often the rules file is checked for changes", Value: &c.ReloadInterval},
+		{Flag: "breaker-threshold", Env: "BREAKER_THRESHOLD", Usage: "consecutive store failures that open the circuit breaker", Value: &c.Breaker.Threshold},
+		{Flag: "breaker-probe-interval", Env: "BREAKER_PROBE_INTERVAL", Usage: "pause between store probes while the breaker is open", Value: &c.Breaker.ProbeInterval},
+		{Flag: "shutdown-timeout", Env: "SHUTDOWN_TIMEOUT", Usage: "graceful shutdown limit", Value: &c.ShutdownTimeout},
+		{Flag: "log-level", Env: "LOG_LEVEL", Usage: "debug, info, warn or error", Value: &c.LogLevel},
+		{Flag: "record", Env: "RECORD", Usage: "append every decision to this admission log (for cmd/ration-check); off when empty", Value: &c.Record},
+		{Flag: "dev", Env: "DEV", Usage: "development mode: in-memory store and sample rules, no other process needed", Value: &c.Dev},
+		{Flag: "validate", Usage: "check the -rules file, print every problem and exit (non-zero if invalid)", Value: &c.Validate},
+	}
+}
+
 // BindFlags registers every flag on fs, with defaults taken from c (which
 // already holds the environment layer). Usage text names the variable.
-func (c *Config) BindFlags(fs *flag.FlagSet) {
-	str := func(p *string, name, env, usage string) {
-		fs.StringVar(p, name, *p, fmt.Sprintf("%s (env %s%s)", usage, envPrefix, env))
-	}
-	dur := func(p *time.Duration, name, env, usage string) {
-		fs.DurationVar(p, name, *p, fmt.Sprintf("%s (env %s%s)", usage, envPrefix, env))
-	}
-	str(&c.RulesFile, "rules", "RULES", "rules YAML file; reloaded on change and on SIGHUP")
-	str(&c.Coordinators, "coordinators", "COORDINATORS", "coordinator gRPC addresses, comma separated (any members of the region's group), for mode: leased rules")
-	str(&c.Redis, "redis", "REDIS", "Redis: host:port, redis://[user:pass@]host:port[/db], redis-sentinel://h:p[,h:p]/master, redis-cluster://h:p[,h:p]")
-	str(&c.HTTPAddr, "http", "HTTP", "HTTP listen address (/v1/allow, /v1/check, /metrics, /healthz, /readyz)")
-	str(&c.GRPCAddr, "grpc", "GRPC", "gRPC listen address (ration.v1.RateLimiter)")
-	str(&c.Region, "region", "REGION", "region name this agent runs in")
-	str(&c.AgentID, "id", "AGENT_ID", "agent id, unique per agent (default: host name)")
-	dur(&c.DecisionTimeout, "decision-timeout", "DECISION_TIMEOUT", "longest a decision waits on the store before the rule's failure policy applies")
-	dur(&c.ReloadInterval, "reload-interval", "RELOAD_INTERVAL", "how often the rules file is checked for changes")
-	fs.IntVar(&c.Breaker.Threshold, "breaker-threshold", c.Breaker.Threshold, "consecutive store failures that open the circuit breaker (env RATION_BREAKER_THRESHOLD)")
-	dur(&c.Breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", "pause between store probes while the breaker is open")
-	dur(&c.ShutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", "graceful shutdown limit")
-	str(&c.LogLevel, "log-level", "LOG_LEVEL", "debug, info, warn or error")
-	str(&c.Record, "record", "RECORD", "append every decision to this admission log (for cmd/ration-check); off when empty")
-	fs.BoolVar(&c.Dev, "dev", c.Dev, "development mode: in-memory store and sample rules, no other process needed")
-	fs.BoolVar(&c.Validate, "validate", c.Validate, "check the -rules file, print every problem and exit (non-zero if invalid)")
-}
+func (c *Config) BindFlags(fs *flag.FlagSet) { envflag.Bind(fs, envPrefix, c.settings()) }
 
 // LoadEnv applies RATION_* variables from lookup (os.LookupEnv in main).
 // Every malformed value is reported.
 func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
-	var errs []error
-	str := func(p *string, env string) {
-		if v, ok := lookup(envPrefix + env); ok {
-			*p = v
-		}
-	}
-	dur := func(p *time.Duration, env string) {
-		if v, ok := lookup(envPrefix + env); ok {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s%s=%q: %w", envPrefix, env, v, err))
-				return
-			}
-			*p = d
-		}
-	}
-	boolean := func(p *bool, env string) {
-		if v, ok := lookup(envPrefix + env); ok {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s%s=%q: not a boolean", envPrefix, env, v))
-				return
-			}
-			*p = b
-		}
-	}
-	str(&c.RulesFile, "RULES")
-	str(&c.Redis, "REDIS")
-	str(&c.Coordinators, "COORDINATORS")
-	str(&c.HTTPAddr, "HTTP")
-	str(&c.GRPCAddr, "GRPC")
-	str(&c.Region, "REGION")
-	str(&c.AgentID, "AGENT_ID")
-	dur(&c.DecisionTimeout, "DECISION_TIMEOUT")
-	dur(&c.ReloadInterval, "RELOAD_INTERVAL")
-	dur(&c.Breaker.ProbeInterval, "BREAKER_PROBE_INTERVAL")
-	dur(&c.ShutdownTimeout, "SHUTDOWN_TIMEOUT")
-	str(&c.LogLevel, "LOG_LEVEL")
-	str(&c.Record, "RECORD")
-	boolean(&c.Dev, "DEV")
-	if v, ok := lookup(envPrefix + "BREAKER_THRESHOLD"); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%sBREAKER_THRESHOLD=%q: not an integer", envPrefix, v))
-		} else {
-			c.Breaker.Threshold = n
-		}
-	}
-	return errors.Join(errs...)
+	return envflag.Load(envPrefix, c.settings(), lookup)
 }
 
 // Check reports every problem with the configuration at once.

@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/ration-dev/ration/internal/envflag"
 	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
 )
@@ -126,121 +126,50 @@ func DevConfig() Config {
 // reads.
 const envPrefix = "RATION_"
 
+// settings is the one table of the coordinator's flags and RATION_*
+// variables.
+func (c *Config) settings() []envflag.Setting {
+	return []envflag.Setting{
+		{Flag: "id", Env: "ID", Usage: "Raft server id, unique in the cluster and stable across restarts (default: host name)", Value: &c.ID},
+		{Flag: "raft", Env: "RAFT", Usage: "Raft TCP bind address (peers dial it unless -raft-advertise is set)", Value: &c.RaftAddr},
+		{Flag: "raft-advertise", Env: "RAFT_ADVERTISE", Usage: "Raft address peers dial, when it differs from -raft", Value: &c.RaftAdvertise},
+		{Flag: "grpc", Env: "GRPC", Usage: "gRPC listen address (ration.v1.Leases and ration.v1.Admin)", Value: &c.GRPCAddr},
+		{Flag: "grpc-advertise", Env: "GRPC_ADVERTISE", Usage: "gRPC address clients are redirected to, when it differs from -grpc", Value: &c.GRPCAdvertise},
+		{Flag: "http", Env: "HTTP", Usage: "HTTP listen address for /metrics, /healthz, /readyz (empty disables)", Value: &c.HTTPAddr},
+		{Flag: "data-dir", Env: "DATA_DIR", Usage: "directory for the Raft log (BoltDB) and snapshots", Value: &c.DataDir},
+		{Flag: "bootstrap", Env: "BOOTSTRAP", Usage: "form a new cluster with this node as its only voter (once, on the first node)", Value: &c.Bootstrap},
+		{Flag: "join", Env: "JOIN", Usage: "admin gRPC address of a cluster member to join through", Value: &c.Join},
+		{Flag: "rules", Env: "RULES", Usage: "rules YAML file giving every leased quota's burst, rate and lease settings", Value: &c.RulesFile},
+		{Flag: "region", Env: "REGION", Usage: "region this coordinator group serves (required with -upstream)", Value: &c.Region},
+		{Flag: "upstream", Env: "UPSTREAM", Usage: "gRPC addresses of the global coordinator group, comma separated: makes this a regional group that leases scope: global, mode: leased rules from it", Value: &c.Upstream},
+		{Flag: "upstream-renew-at", Env: "UPSTREAM_RENEW_AT", Usage: "renew point of upstream leases: fraction of their validity after which they are renewed, in (0, 1)", Value: &c.UpstreamRenewAt},
+		{Flag: "raft-heartbeat-timeout", Env: "RAFT_HEARTBEAT_TIMEOUT", Usage: "time without leader contact before a follower stands for election", Value: &c.HeartbeatTimeout},
+		{Flag: "raft-election-timeout", Env: "RAFT_ELECTION_TIMEOUT", Usage: "time a candidate waits before a new election", Value: &c.ElectionTimeout},
+		{Flag: "raft-leader-lease-timeout", Env: "RAFT_LEADER_LEASE_TIMEOUT", Usage: "time a leader stays leader without quorum contact", Value: &c.LeaderLeaseTimeout},
+		{Flag: "raft-commit-timeout", Env: "RAFT_COMMIT_TIMEOUT", Usage: "idle time before the leader sends a heartbeat carrying the commit index", Value: &c.CommitTimeout},
+		{Flag: "snapshot-interval", Env: "SNAPSHOT_INTERVAL", Usage: "how often to check whether a snapshot is due", Value: &c.SnapshotInterval},
+		{Flag: "snapshot-threshold", Env: "SNAPSHOT_THRESHOLD", Usage: "log entries since the last snapshot that make one due", Value: &c.SnapshotThreshold},
+		{Flag: "trailing-logs", Env: "TRAILING_LOGS", Usage: "log entries kept after a snapshot, so a slow follower catches up without one", Value: &c.TrailingLogs},
+		{Flag: "tick", Env: "TICK", Usage: "how often the leader commits a Tick (expiries, pool refill)", Value: &c.TickInterval},
+		{Flag: "batch-max", Env: "BATCH_MAX", Usage: "commands per Raft entry at most", Value: &c.BatchMax},
+		{Flag: "batch-wait", Env: "BATCH_WAIT", Usage: "longest a renewal waits for others to share its Raft entry", Value: &c.BatchWait},
+		{Flag: "apply-timeout", Env: "APPLY_TIMEOUT", Usage: "longest a proposal waits to be taken by Raft", Value: &c.ApplyTimeout},
+		{Flag: "safety-margin", Env: "SAFETY_MARGIN", Usage: "added to a lease's expiry before its tokens are reclaimed: covers clock drift and offset between coordinator nodes", Value: &c.SafetyMargin},
+		{Flag: "shutdown-timeout", Env: "SHUTDOWN_TIMEOUT", Usage: "graceful shutdown limit (leadership transfer, draining)", Value: &c.ShutdownTimeout},
+		{Flag: "log-level", Env: "LOG_LEVEL", Usage: "debug, info, warn or error", Value: &c.LogLevel},
+		{Flag: "dev", Env: "DEV", Usage: "development mode: one node, temporary data dir, bootstrap, sample rules", Value: &c.Dev},
+		{Flag: "validate", Usage: "check the configuration and the -rules file, print every problem and exit", Value: &c.ValidateOnly},
+	}
+}
+
 // BindFlags registers every flag on fs, with defaults taken from c (which
 // already holds the environment layer).
-func (c *Config) BindFlags(fs *flag.FlagSet) {
-	str := func(p *string, name, env, usage string) {
-		fs.StringVar(p, name, *p, fmt.Sprintf("%s (env %s%s)", usage, envPrefix, env))
-	}
-	dur := func(p *time.Duration, name, env, usage string) {
-		fs.DurationVar(p, name, *p, fmt.Sprintf("%s (env %s%s)", usage, envPrefix, env))
-	}
-	str(&c.ID, "id", "ID", "Raft server id, unique in the cluster and stable across restarts (default: host name)")
-	str(&c.RaftAddr, "raft", "RAFT", "Raft TCP bind address (peers dial it unless -raft-advertise is set)")
-	str(&c.RaftAdvertise, "raft-advertise", "RAFT_ADVERTISE", "Raft address peers dial, when it differs from -raft")
-	str(&c.GRPCAddr, "grpc", "GRPC", "gRPC listen address (ration.v1.Leases and ration.v1.Admin)")
-	str(&c.GRPCAdvertise, "grpc-advertise", "GRPC_ADVERTISE", "gRPC address clients are redirected to, when it differs from -grpc")
-	str(&c.HTTPAddr, "http", "HTTP", "HTTP listen address for /metrics, /healthz, /readyz (empty disables)")
-	str(&c.DataDir, "data-dir", "DATA_DIR", "directory for the Raft log (BoltDB) and snapshots")
-	fs.BoolVar(&c.Bootstrap, "bootstrap", c.Bootstrap, "form a new cluster with this node as its only voter (once, on the first node; env RATION_BOOTSTRAP)")
-	str(&c.Join, "join", "JOIN", "admin gRPC address of a cluster member to join through")
-	str(&c.RulesFile, "rules", "RULES", "rules YAML file giving every leased quota's burst, rate and lease settings")
-	str(&c.Region, "region", "REGION", "region this coordinator group serves (required with -upstream)")
-	str(&c.Upstream, "upstream", "UPSTREAM", "gRPC addresses of the global coordinator group, comma separated: makes this a regional group that leases scope: global, mode: leased rules from it")
-	fs.Float64Var(&c.UpstreamRenewAt, "upstream-renew-at", c.UpstreamRenewAt, "renew point of upstream leases: fraction of their validity after which they are renewed, in (0, 1)")
-	dur(&c.HeartbeatTimeout, "raft-heartbeat-timeout", "RAFT_HEARTBEAT_TIMEOUT", "time without leader contact before a follower stands for election")
-	dur(&c.ElectionTimeout, "raft-election-timeout", "RAFT_ELECTION_TIMEOUT", "time a candidate waits before a new election")
-	dur(&c.LeaderLeaseTimeout, "raft-leader-lease-timeout", "RAFT_LEADER_LEASE_TIMEOUT", "time a leader stays leader without quorum contact")
-	dur(&c.CommitTimeout, "raft-commit-timeout", "RAFT_COMMIT_TIMEOUT", "idle time before the leader sends a heartbeat carrying the commit index")
-	dur(&c.SnapshotInterval, "snapshot-interval", "SNAPSHOT_INTERVAL", "how often to check whether a snapshot is due")
-	fs.Uint64Var(&c.SnapshotThreshold, "snapshot-threshold", c.SnapshotThreshold, "log entries since the last snapshot that make one due (env RATION_SNAPSHOT_THRESHOLD)")
-	fs.Uint64Var(&c.TrailingLogs, "trailing-logs", c.TrailingLogs, "log entries kept after a snapshot, so a slow follower catches up without one (env RATION_TRAILING_LOGS)")
-	dur(&c.TickInterval, "tick", "TICK", "how often the leader commits a Tick (expiries, pool refill)")
-	fs.IntVar(&c.BatchMax, "batch-max", c.BatchMax, "commands per Raft entry at most (env RATION_BATCH_MAX)")
-	dur(&c.BatchWait, "batch-wait", "BATCH_WAIT", "longest a renewal waits for others to share its Raft entry")
-	dur(&c.ApplyTimeout, "apply-timeout", "APPLY_TIMEOUT", "longest a proposal waits to be taken by Raft")
-	dur(&c.SafetyMargin, "safety-margin", "SAFETY_MARGIN", "added to a lease's expiry before its tokens are reclaimed: covers clock drift and offset between coordinator nodes")
-	dur(&c.ShutdownTimeout, "shutdown-timeout", "SHUTDOWN_TIMEOUT", "graceful shutdown limit (leadership transfer, draining)")
-	str(&c.LogLevel, "log-level", "LOG_LEVEL", "debug, info, warn or error")
-	fs.BoolVar(&c.Dev, "dev", c.Dev, "development mode: one node, temporary data dir, bootstrap, sample rules (env RATION_DEV)")
-	fs.BoolVar(&c.ValidateOnly, "validate", c.ValidateOnly, "check the configuration and the -rules file, print every problem and exit")
-}
+func (c *Config) BindFlags(fs *flag.FlagSet) { envflag.Bind(fs, envPrefix, c.settings()) }
 
 // LoadEnv applies RATION_* variables from lookup (os.LookupEnv in main).
 // Every malformed value is reported.
 func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
-	var errs []error
-	get := func(env string) (string, bool) { return lookup(envPrefix + env) }
-	str := func(p *string, env string) {
-		if v, ok := get(env); ok {
-			*p = v
-		}
-	}
-	dur := func(p *time.Duration, env string) {
-		if v, ok := get(env); ok {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s%s=%q: %w", envPrefix, env, v, err))
-				return
-			}
-			*p = d
-		}
-	}
-	boolean := func(p *bool, env string) {
-		if v, ok := get(env); ok {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s%s=%q: not a boolean", envPrefix, env, v))
-				return
-			}
-			*p = b
-		}
-	}
-	u64 := func(p *uint64, env string) {
-		if v, ok := get(env); ok {
-			n, err := strconv.ParseUint(v, 10, 64)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s%s=%q: not a non-negative integer", envPrefix, env, v))
-				return
-			}
-			*p = n
-		}
-	}
-	str(&c.ID, "ID")
-	str(&c.RaftAddr, "RAFT")
-	str(&c.RaftAdvertise, "RAFT_ADVERTISE")
-	str(&c.GRPCAddr, "GRPC")
-	str(&c.GRPCAdvertise, "GRPC_ADVERTISE")
-	str(&c.HTTPAddr, "HTTP")
-	str(&c.DataDir, "DATA_DIR")
-	boolean(&c.Bootstrap, "BOOTSTRAP")
-	str(&c.Join, "JOIN")
-	str(&c.RulesFile, "RULES")
-	str(&c.Region, "REGION")
-	str(&c.Upstream, "UPSTREAM")
-	dur(&c.HeartbeatTimeout, "RAFT_HEARTBEAT_TIMEOUT")
-	dur(&c.ElectionTimeout, "RAFT_ELECTION_TIMEOUT")
-	dur(&c.LeaderLeaseTimeout, "RAFT_LEADER_LEASE_TIMEOUT")
-	dur(&c.CommitTimeout, "RAFT_COMMIT_TIMEOUT")
-	dur(&c.SnapshotInterval, "SNAPSHOT_INTERVAL")
-	u64(&c.SnapshotThreshold, "SNAPSHOT_THRESHOLD")
-	u64(&c.TrailingLogs, "TRAILING_LOGS")
-	dur(&c.TickInterval, "TICK")
-	if v, ok := get("BATCH_MAX"); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%sBATCH_MAX=%q: not an integer", envPrefix, v))
-		} else {
-			c.BatchMax = n
-		}
-	}
-	dur(&c.BatchWait, "BATCH_WAIT")
-	dur(&c.ApplyTimeout, "APPLY_TIMEOUT")
-	dur(&c.SafetyMargin, "SAFETY_MARGIN")
-	dur(&c.ShutdownTimeout, "SHUTDOWN_TIMEOUT")
-	str(&c.LogLevel, "LOG_LEVEL")
-	boolean(&c.Dev, "DEV")
-	return errors.Join(errs...)
+	return envflag.Load(envPrefix, c.settings(), lookup)
 }
 
 // maxBatch bounds -batch-max: raft's MaxAppendEntries is 64 entries per
