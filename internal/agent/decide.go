@@ -7,7 +7,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/ration-dev/ration/internal/breaker"
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/rules"
 )
@@ -471,4 +470,3 @@ func truncate(s string) string {
 	return s
 }
 
-var _ = breaker.Closed
