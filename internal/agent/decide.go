@@ -469,4 +469,3 @@ func truncate(s string) string {
 	}
 	return s
 }
-
