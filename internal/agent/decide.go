@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/lease"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -109,6 +110,15 @@ type step struct {
 	reason  Reason
 	charged bool // tokens were taken and must be refunded if the request is denied
 	item    int  // index of the request in its batch
+	// rid is the request's id (req.RequestID may be cleared for a local
+	// emergency bucket); the admission log carries it.
+	rid string
+	// replayed: answered from the agent's record of request ids (or a
+	// duplicate within the batch); nothing is charged.
+	replayed bool
+	// skip: not decided in this pass (another attempt of the same request
+	// is in flight; see resolveWaiting).
+	skip bool
 }
 
 // item is one request of a batch while it is being decided.
@@ -130,6 +140,12 @@ func (s *Service) Decide(ctx context.Context, req Request) (Response, error) {
 // DecideBatch answers many independent requests; all their Redis charges go
 // out in one pipelined round trip. out and errs must be as long as reqs.
 func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Response, errs []error) {
+	s.decideBatch(ctx, reqs, out, errs, 0)
+}
+
+// decideBatch is DecideBatch; round > 0 decides again requests that found
+// another attempt of themselves in flight (resolveWaiting).
+func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Response, errs []error, round int) {
 	start := time.Now()
 	var recStart int64
 	if s.rec != nil {
@@ -139,6 +155,7 @@ func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Respons
 	items := make([]item, len(reqs))
 	steps := make([]step, 0, len(reqs))
 	var matches []rules.Match
+	withID := false
 	for i := range reqs {
 		items[i].first = len(steps)
 		var err error
@@ -152,6 +169,14 @@ func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Respons
 			continue
 		}
 		items[i].n = len(steps) - items[i].first
+		withID = withID || (reqs[i].RequestID != "" && items[i].n > 0)
+	}
+
+	// Requests with an id consult the agent's record first (replay.go);
+	// the others never touch it.
+	var cs *claims
+	if withID && s.ids != nil {
+		cs = s.ids.claimBatch(s.ids.now(start), reqs, items, steps)
 	}
 
 	s.charge(ctx, steps)
@@ -164,13 +189,35 @@ func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Respons
 			s.metrics.invalid.Inc()
 			continue
 		}
+		if cs != nil {
+			switch c := &cs.c[i]; c.kind {
+			case claimReplay:
+				out[i] = c.resp
+				continue
+			case claimDup, claimWait:
+				continue // below, and in resolveWaiting
+			}
+		}
 		out[i] = s.combine(steps[it.first : it.first+it.n])
+	}
+	if cs != nil {
+		for i := range cs.c {
+			if c := &cs.c[i]; c.kind == claimDup {
+				out[i] = out[c.dup]
+			}
+		}
 	}
 	if s.rec != nil {
 		s.rec.batch(recStart, steps, out)
 	}
 	s.refund(ctx, steps, out)
+	if cs != nil {
+		s.ids.settle(cs, items, steps, out)
+	}
 	s.observe(steps, out, errs, time.Since(start))
+	if cs != nil && cs.waiting > 0 {
+		s.resolveWaiting(ctx, cs, reqs, items, steps, out, errs, round)
+	}
 }
 
 // match finds the rules a request is subject to, validating it first.
@@ -225,7 +272,16 @@ func (s *Service) prepare(steps []step, matches []rules.Match, req *Request, idx
 		if err := br.Validate(); err != nil {
 			return steps, fmt.Errorf("%w: rule %s: %w", ErrInvalidRequest, m.Rule.Name, err)
 		}
-		steps = append(steps, step{rule: m.Rule, subject: m.Subject, req: br, item: idx})
+		// The coordinator names a leased quota rule|subject and refuses
+		// longer names; such a request can never be granted, and sent on it
+		// would fail the renewal of every lease of this agent.
+		if m.Rule.Mode == rules.ModeLeased {
+			if n := len(m.Rule.Name) + 1 + len(m.Subject); n > lease.MaxNameLen {
+				return steps, fmt.Errorf("%w: rule %s is leased and its quota id (rule|subject) would be %d bytes, at most %d: shorten the descriptor values",
+					ErrInvalidRequest, m.Rule.Name, n, lease.MaxNameLen)
+			}
+		}
+		steps = append(steps, step{rule: m.Rule, subject: m.Subject, req: br, item: idx, rid: req.RequestID})
 	}
 	return steps, nil
 }
@@ -237,6 +293,9 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 	var leaseNow int64
 	for i := range steps {
 		st := &steps[i]
+		if st.replayed || st.skip {
+			continue // path stays pathNone: nothing is charged
+		}
 		if st.rule.Mode == rules.ModeLeased {
 			if s.leases != nil {
 				if leaseNow == 0 {

@@ -79,7 +79,10 @@ func (f *fallback) decide(ctx context.Context, st *step, down time.Duration) {
 		}
 		req := st.req
 		req.Limit = bucket.Limit{Burst: r.Emergency.Burst, Rate: r.Emergency.Rate}
-		req.RequestID = "" // emergency buckets are per agent and short-lived
+		// A retry with the same id is answered from the agent's record of
+		// request ids (replay.go) before it gets here; the local bucket
+		// keeps no record of its own.
+		req.RequestID = ""
 		if req.Cost > req.Limit.Burst {
 			st.allowed, st.reason = false, ReasonUnavailable
 			return

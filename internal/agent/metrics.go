@@ -24,6 +24,7 @@ type metrics struct {
 	rulesLoaded          prometheus.Gauge
 	rulesReloads         *prometheus.CounterVec // result
 	redisEvictionSafe    prometheus.Gauge
+	replays              *prometheus.CounterVec // rule
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -85,8 +86,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ration_redis_eviction_safe",
 			Help: "1 if Redis maxmemory-policy is noeviction (buckets are never evicted silently), 0 otherwise.",
 		}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_request_id_replays_total",
+			Help: "Per-rule answers replayed from this agent's record of request ids (a retry through the same agent): nothing charged, not counted in ration_decisions_total.",
+		}, []string{"rule"}),
 	}
-	reg.MustRegister(m.decisions, m.noRule, m.invalid, m.duration, m.storeErrors, m.breakerShortCircuits,
+	reg.MustRegister(m.replays, m.decisions, m.noRule, m.invalid, m.duration, m.storeErrors, m.breakerShortCircuits,
 		m.breakerOpen, m.fallbackActive, m.fallbackActivations, m.overshootBound, m.refunds,
 		m.rulesLoaded, m.rulesReloads, m.redisEvictionSafe)
 	return m

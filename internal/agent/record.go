@@ -42,7 +42,8 @@ func openRecorder(path, agent string) (*recorder, error) {
 
 // batch logs one batch's decisions: one line per step (a request matching
 // two rules charges two quotas), each with its request's final verdict,
-// since a step of a denied request is refunded.
+// since a step of a denied request is refunded. out[i] must be the final
+// verdict of request i: whether its charges stand.
 func (r *recorder) batch(start int64, steps []step, out []Response) {
 	if len(steps) == 0 {
 		return
@@ -52,6 +53,9 @@ func (r *recorder) batch(start int64, steps []step, out []Response) {
 	buf := (*bp)[:0]
 	for i := range steps {
 		st := &steps[i]
+		if st.skip {
+			continue // decided again later, and logged then
+		}
 		rec := admission.Record{
 			At:        time.Duration(end),
 			Latency:   time.Duration(end - start),
@@ -61,9 +65,15 @@ func (r *recorder) batch(start int64, steps []step, out []Response) {
 			Allowed:   out[st.item].Allowed,
 			Path:      st.path.String(),
 			Reason:    st.reason.String(),
-			RequestID: st.req.RequestID,
+			RequestID: st.rid,
 			Burst:     st.rule.Burst,
 			Rate:      st.rule.Rate,
+		}
+		if st.replayed {
+			// Answered from the agent's record of request ids: charged
+			// nothing. The id is the first attempt's, which the checker
+			// counts once.
+			rec.Path, rec.Reason = replayPath, out[st.item].Reason.String()
 		}
 		buf = admission.AppendLine(buf, &rec)
 	}

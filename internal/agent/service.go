@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ration-dev/ration/internal/breaker"
+	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -40,6 +41,13 @@ type Options struct {
 	// Region is where the agent runs: it picks the region's share of
 	// scope: global, mode: redis rules.
 	Region region.ID
+	// RequestRecords bounds how many requests with a request_id the agent
+	// remembers for replay on the leased and failure-policy paths (0:
+	// DefaultRequestRecords; negative: none, so those paths ignore ids).
+	RequestRecords int
+	// RequestRecordTTL is how long one is remembered (0: the Redis
+	// record's bucket.DefaultRequestIDTTL).
+	RequestRecordTTL time.Duration
 }
 
 // Service decides requests. It is safe for concurrent use.
@@ -52,7 +60,8 @@ type Service struct {
 	metrics  *metrics
 	breaker  *breaker.Breaker
 	fallback *fallback
-	rec      *recorder // nil unless recording (-record)
+	rec      *recorder      // nil unless recording (-record)
+	ids      *requestRecord // nil when Options.RequestRecords < 0
 }
 
 // New builds a Service. It does not contact the store; see Probe.
@@ -85,6 +94,19 @@ func New(o Options) (*Service, error) {
 	s := &Service{cfg: o, rules: o.Rules, store: o.Store, leases: o.Leases, logger: o.Logger}
 	s.metrics = newMetrics(o.Registry)
 	s.fallback = newFallback(o.Logger, s.metrics)
+	if o.RequestRecords >= 0 {
+		n, ttl := o.RequestRecords, o.RequestRecordTTL
+		if n == 0 {
+			n = DefaultRequestRecords
+		}
+		if ttl <= 0 {
+			ttl = bucket.DefaultRequestIDTTL
+		}
+		// A duplicate waits for its first attempt at most as long as that
+		// attempt can take: a store charge, a lease's cold start and a
+		// refund, each bounded by the decision timeout.
+		s.ids = newRequestRecord(n, ttl, 4*o.DecisionTimeout)
+	}
 	s.breaker = breaker.New(o.Breaker, func(t breaker.Transition) {
 		if t.To == breaker.Open {
 			s.metrics.breakerOpen.Set(1)
@@ -162,6 +184,13 @@ func (s *Service) observe(steps []step, out []Response, errs []error, d time.Dur
 	slowest := pathNone
 	for i := range steps {
 		st := &steps[i]
+		if st.skip {
+			continue
+		}
+		if st.replayed {
+			s.metrics.replays.WithLabelValues(st.rule.Name).Inc()
+			continue
+		}
 		s.metrics.decision(st.rule.Name, st.path, st.allowed, st.reason).Inc()
 		if st.path == pathRedis || slowest == pathNone {
 			slowest = st.path
