@@ -245,8 +245,15 @@ func envoyRetryAfter(out []Response) time.Duration {
 // is denied, every token any of them took is refunded, so a rejected request
 // costs nothing. An invalid request fails the whole call before any bucket
 // is touched. out must be as long as reqs.
+//
+// Envoy requests carry no request id, so the agent's record of request ids
+// is not consulted. Every decision is logged to -record like Allow's.
 func (s *Service) decideAll(ctx context.Context, reqs []Request, out []Response) error {
 	start := time.Now()
+	var recStart int64
+	if s.rec != nil {
+		recStart = monoNow()
+	}
 	set := s.rules.Current()
 	items := make([]item, len(reqs))
 	steps := make([]step, 0, len(reqs))
@@ -273,11 +280,17 @@ func (s *Service) decideAll(ctx context.Context, reqs []Request, out []Response)
 		out[i] = s.combine(steps[it.first : it.first+it.n])
 		denied = denied || !out[i].Allowed
 	}
+	// final says whether each request's charges stand: none do once any is
+	// denied (refund gives back the charges of requests marked denied).
+	final := out
 	if denied {
-		// refund gives back the charges of requests marked denied: mark
-		// them all.
-		all := make([]Response, len(out))
-		s.refund(ctx, steps, all)
+		final = make([]Response, len(out))
+	}
+	if s.rec != nil {
+		s.rec.batch(recStart, steps, final)
+	}
+	if denied {
+		s.refund(ctx, steps, final)
 	}
 	s.observe(steps, out, make([]error, len(out)), time.Since(start))
 	return nil

@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"maps"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/header"
 )
@@ -309,4 +312,48 @@ func TestEnvoyStoreDownPolicies(t *testing.T) {
 	}
 	// With Redis back the agent shuts down at once at cleanup.
 	a.redis.Restart()
+}
+
+// ShouldRateLimit decisions go to -record like Allow's: one line per
+// descriptor and rule, and when the call is over limit every line of it
+// says not admitted (its other descriptors' charges were refunded).
+func TestEnvoyDecisionsRecorded(t *testing.T) {
+	logPath := filepath.Join(t.TempDir(), "adm.log")
+	a := startAgent(t, envoyRules, func(cfg *agent.Config) { cfg.Record = logPath; cfg.AgentID = "envoy-rec" })
+	c := envoyClient(t, a)
+	// edge-search (burst 2) and per-user (burst 10) in one call: two
+	// calls admitted, the third over limit on edge-search.
+	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		descriptor("generic_key", "search"), descriptor("user", "carol"),
+	}}
+	want := []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT}
+	for i, w := range want {
+		if resp := shouldRateLimit(t, c, req); resp.OverallCode != w {
+			t.Fatalf("call %d = %v, want %v", i, resp.OverallCode, w)
+		}
+	}
+	recs := readLog(t, logPath)
+	admitted := map[string]int{}
+	denied := map[string]int{}
+	for _, r := range recs {
+		if r.Agent != "envoy-rec" || r.Path != "store" {
+			t.Errorf("record %+v: want agent envoy-rec, path store", r)
+		}
+		if r.Allowed {
+			admitted[r.Quota]++
+		} else {
+			denied[r.Quota]++
+		}
+	}
+	wantAdmitted := map[string]int{"edge-search|": 2, "per-user|user=carol": 2}
+	wantDenied := map[string]int{"edge-search|": 1, "per-user|user=carol": 1}
+	if len(recs) != 6 || !maps.Equal(admitted, wantAdmitted) || !maps.Equal(denied, wantDenied) {
+		t.Fatalf("recorded %d lines, admitted %v denied %v; want 6 lines, admitted %v denied %v", len(recs), admitted, denied, wantAdmitted, wantDenied)
+	}
+	reps := admission.CheckAll(recs)
+	for _, rep := range reps {
+		if rep.Overshoot > 0 {
+			t.Errorf("%s: overshoot %v", rep.Quota, rep.Overshoot)
+		}
+	}
 }
