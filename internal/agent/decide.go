@@ -277,7 +277,7 @@ func (s *Service) prepare(steps []step, matches []rules.Match, req *Request, idx
 		// would fail the renewal of every lease of this agent.
 		if m.Rule.Mode == rules.ModeLeased {
 			if n := len(m.Rule.Name) + 1 + len(m.Subject); n > lease.MaxNameLen {
-				return steps, fmt.Errorf("%w: rule %s is leased and its quota id (rule|subject) would be %d bytes, at most %d: shorten the descriptor values",
+				return steps, fmt.Errorf("%w: rule %s is leased and its quota id (rule|subject) would be %d bytes, at most %d: use a shorter subject (descriptor values)",
 					ErrInvalidRequest, m.Rule.Name, n, lease.MaxNameLen)
 			}
 		}

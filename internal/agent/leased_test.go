@@ -1,9 +1,18 @@
 package agent_test
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/harness"
@@ -91,4 +100,110 @@ func agentResponse(r *rationv1.AllowResponse) agent.Response {
 		rationv1.Reason_REASON_UNAVAILABLE: agent.ReasonUnavailable, rationv1.Reason_REASON_EMERGENCY: agent.ReasonEmergency,
 	}
 	return agent.Response{Allowed: r.Allowed, Reason: reasons[r.Reason]}
+}
+
+// A leased quota is named rule|subject at the coordinator, which refuses
+// names over lease.MaxNameLen bytes, and refuses the WHOLE renewal that
+// carries one. So the agent answers such a request at once as invalid
+// (400, INVALID_ARGUMENT) naming the rule and the limit, before the
+// holder ever sees it; its other leased quotas keep their leases.
+func TestLeasedQuotaIDTooLong(t *testing.T) {
+	rulesYAML := leasedAgentRules + `
+  - name: long-leased
+    match: {lhot: "*"}
+    burst: 1000
+    rate: 1000
+    mode: leased
+    lease: {period: 1s}
+`
+	c := harness.StartCoordinators(t, 1, rulesYAML)
+	a := startAgent(t, rulesYAML, func(cfg *agent.Config) {
+		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
+	})
+	good := &rationv1.AllowRequest{Descriptors: map[string]string{"hot": "closed"}}
+	if resp := a.allow(t, good); !resp.Allowed || resp.Reason != rationv1.Reason_REASON_OK {
+		t.Fatalf("good leased quota = %v, want ok", resp)
+	}
+
+	v250, v1k := strings.Repeat("v", 250), strings.Repeat("k", 1024)
+	// "long-leased|lhot=" + 250 bytes = 267 > 256; the subject form is
+	// "long-leased|" + 250 = 262.
+	tests := []struct {
+		name     string
+		desc     map[string]string
+		rule     string
+		subject  string
+		mentions []string
+	}{
+		{"descriptor 250 bytes", map[string]string{"lhot": v250}, "", "", []string{"long-leased", "267 bytes", "at most 256"}},
+		{"subject 250 bytes", nil, "long-leased", v250, []string{"long-leased", "262 bytes", "at most 256"}},
+		{"descriptor 1 KiB", map[string]string{"lhot": v1k}, "", "", []string{"1024 bytes", "at most 256"}},
+		{"subject 1 KiB", nil, "long-leased", v1k, []string{"1 to 256 bytes", "got 1024"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// gRPC
+			_, err := a.rl.Allow(context.Background(), &rationv1.AllowRequest{Descriptors: tt.desc, Rule: tt.rule, Subject: tt.subject})
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("gRPC Allow = %v, want INVALID_ARGUMENT", err)
+			}
+			for _, m := range tt.mentions {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("gRPC error %q does not mention %q", err, m)
+				}
+			}
+			// HTTP /v1/allow
+			body, _ := json.Marshal(map[string]any{"descriptors": tt.desc, "rule": tt.rule, "subject": tt.subject})
+			resp, err := http.Post(a.base+"/v1/allow", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("POST /v1/allow = %d %s, want 400", resp.StatusCode, msg)
+			}
+			for _, m := range tt.mentions {
+				if !strings.Contains(string(msg), m) {
+					t.Errorf("HTTP error %s does not mention %q", msg, m)
+				}
+			}
+			// HTTP /v1/check, descriptors only
+			if tt.desc != nil {
+				q := url.Values{}
+				for k, v := range tt.desc {
+					q.Set(k, v)
+				}
+				resp, err := http.Get(a.base + "/v1/check?" + q.Encode())
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusBadRequest {
+					t.Fatalf("GET /v1/check = %d, want 400", resp.StatusCode)
+				}
+			}
+		})
+	}
+
+	// The holder never saw them: one quota, no refused renewal. And the
+	// good quota keeps its lease over several periods: every decision is
+	// admitted on the lease (a refused renewal would let it lapse to
+	// fail_closed's 503 within one period).
+	if n := metricValue(t, a.srv.Registry, "ration_agent_leased_quotas", nil); n != 1 {
+		t.Fatalf("holder has %v leased quotas, want 1 (the long ones must not reach it)", n)
+	}
+	start := time.Now()
+	for i := 0; i < 300 && time.Since(start) < 3*time.Second; i++ {
+		if resp := a.allow(t, good); !resp.Allowed || resp.Reason != rationv1.Reason_REASON_OK {
+			t.Fatalf("good leased quota after %v = %v, want ok on its lease", time.Since(start).Round(time.Millisecond), resp)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if errs := metricValue(t, a.srv.Registry, "ration_agent_lease_renewals_total", map[string]string{"result": "error"}); errs != 0 {
+		t.Fatalf("%v lease renewals failed, want 0", errs)
+	}
+	if ok := metricValue(t, a.srv.Registry, "ration_agent_lease_renewals_total", map[string]string{"result": "ok"}); ok < 3 {
+		t.Fatalf("%v lease renewals succeeded over 3 lease periods, want at least 3", ok)
+	}
 }
