@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -25,6 +26,8 @@ type Agent struct {
 	HTTP   string
 	Record string // its admission log
 	Client rationv1.RateLimiterClient
+	// RLS is Envoy's rate-limit service on the same gRPC port.
+	RLS rlsv3.RateLimitServiceClient
 }
 
 // AgentOptions configure StartAgent.
@@ -64,6 +67,7 @@ func StartAgent(t testing.TB, o AgentOptions) *Agent {
 	}
 	t.Cleanup(func() { conn.Close() })
 	a.Client = rationv1.NewRateLimiterClient(conn)
+	a.RLS = rlsv3.NewRateLimitServiceClient(conn)
 	a.WaitReady(t)
 	return a
 }

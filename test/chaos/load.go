@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"golang.org/x/sys/unix"
 
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -30,6 +32,12 @@ type Target struct {
 	Rate    float64 // requests per second offered
 	// RequestIDs gives every request a unique request_id.
 	RequestIDs bool
+	// Envoy sends the request through Envoy's rate-limit service
+	// (ShouldRateLimit) instead of Allow: one descriptor with these
+	// entries (key, value, key, value...) in domain EnvoyDomain. Rule and
+	// Subject then only label the calls.
+	Envoy       []string
+	EnvoyDomain string
 }
 
 // Call is one answered (or failed) call, timed on the client.
@@ -101,6 +109,10 @@ func StartLoad(targets []Target) *Load {
 }
 
 func (l *Load) call(ctx context.Context, ti int, tg Target, n int64) {
+	if tg.Envoy != nil {
+		l.callEnvoy(ctx, ti, tg)
+		return
+	}
 	req := &rationv1.AllowRequest{Rule: tg.Rule, Subject: tg.Subject}
 	if tg.RequestIDs {
 		req.RequestId = fmt.Sprintf("%s-%s-%d", tg.Agent.ID, tg.Subject, n)
@@ -117,6 +129,36 @@ func (l *Load) call(ctx context.Context, ti int, tg Target, n int64) {
 		c.Err = err
 	} else {
 		c.Allowed, c.Reason = resp.Allowed, resp.Reason
+	}
+	l.mu.Lock()
+	l.calls = append(l.calls, c)
+	l.mu.Unlock()
+}
+
+// callEnvoy makes one ShouldRateLimit call, as Envoy's rate-limit filter
+// does. OK is an admission, OVER_LIMIT a denial (REASON_OVER_LIMIT); an
+// error (UNAVAILABLE for a fail_closed rule) is recorded as such.
+func (l *Load) callEnvoy(ctx context.Context, ti int, tg Target) {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(tg.Envoy); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: tg.Envoy[i], Value: tg.Envoy[i+1]})
+	}
+	req := &rlsv3.RateLimitRequest{Domain: tg.EnvoyDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c := Call{Target: ti, Start: mono(), AgentID: tg.Agent.ID, Rule: tg.Rule, Subj: tg.Subject}
+	resp, err := tg.Agent.RLS.ShouldRateLimit(cctx, req)
+	c.End = mono()
+	if ctx.Err() != nil {
+		return // stopping: not an answer
+	}
+	switch {
+	case err != nil:
+		c.Err = err
+	case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+		c.Allowed, c.Reason = true, rationv1.Reason_REASON_OK
+	default:
+		c.Reason = rationv1.Reason_REASON_OVER_LIMIT
 	}
 	l.mu.Lock()
 	l.calls = append(l.calls, c)

@@ -1,0 +1,140 @@
+package chaos
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/harness"
+)
+
+// observed is the client's side of a quota: one record per admission it
+// received, stamped when the answer arrived, with the call's whole time
+// (from its first send) as latency, so the checker's slack covers when
+// the charge really happened. The agents' logs can miss nothing the
+// client saw, and this history is judged on its own: the bound must hold
+// for what gateways actually let through.
+type observation struct {
+	ID           string
+	Start, End   time.Duration // the first send; the admitting answer
+	Allowed      bool
+	Cost         float64
+	Quota        string
+	Burst, Rate  float64
+	AgentID      string
+	AttemptCount int
+}
+
+func observedRecords(obs []observation) []admission.Record {
+	var recs []admission.Record
+	for _, o := range obs {
+		if !o.Allowed {
+			continue
+		}
+		recs = append(recs, admission.Record{At: o.End, Latency: o.End - o.Start, Agent: "client/" + o.AgentID,
+			Quota: o.Quota, Cost: o.Cost, Allowed: true, Path: "client", RequestID: o.ID, Burst: o.Burst, Rate: o.Rate})
+	}
+	admission.Sort(recs)
+	return recs
+}
+
+// callsObserved turns a load's answered calls into observations of quota q.
+func callsObserved(calls []Call, q string) []observation {
+	obs := make([]observation, 0, len(calls))
+	for _, c := range calls {
+		if c.Err != nil {
+			continue
+		}
+		obs = append(obs, observation{Start: c.Start, End: c.End, Allowed: c.Allowed, Cost: 1, Quota: q,
+			Burst: burst, Rate: rate, AgentID: c.AgentID, AttemptCount: 1})
+	}
+	return obs
+}
+
+const s14Rules = `
+rules:
+  - name: s14
+    match: {domain: edge, s14: leased}
+    burst: 20
+    rate: 100
+    mode: leased
+    lease: {period: 1s}
+`
+
+// S14: Envoy's rate-limit service (ShouldRateLimit, through
+// go-control-plane's client, as Envoy's filter calls it) on a leased rule,
+// two agents, the Raft leader SIGKILLed under load and restarted. The
+// bound B + r T holds twice: over the agents' logs (every RLS decision is
+// recorded), and over what the clients saw admitted, stamped when each
+// answer arrived. Every admission a client saw is in the logs, and leases
+// are granted again after the election.
+//
+// Protection off (RATION_CHAOS_BREAK=S14): the second agent leases from
+// its own coordinator group (a split brain); both checks must fail.
+func TestS14EnvoyLeaderKilled(t *testing.T) {
+	smoke(t)
+	r := rng(t)
+	coords := StartCoordinatorProcs(t, 3, s14Rules)
+	redis := harness.StartRedis(t)
+	var agents []*Agent
+	for i := range 2 {
+		coordAddrs := joinAddrs(coords.GRPC)
+		if broken("S14") && i > 0 {
+			t.Log("chaos: S14 protection removed: the second agent has its own coordinator")
+			coordAddrs = joinAddrs(harness.StartCoordinators(t, 1, s14Rules).GRPCAddrs())
+		}
+		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s14a%d", i), Rules: s14Rules,
+			Redis: redis.Addr, Coordinators: coordAddrs}))
+	}
+	var targets []Target
+	for _, a := range agents {
+		targets = append(targets, Target{Agent: a, Rule: "s14", Rate: offered / float64(len(agents)),
+			Envoy: []string{"s14", "leased"}, EnvoyDomain: "edge"})
+	}
+	l := StartLoad(targets)
+	time.Sleep(2*time.Second + time.Duration(r.Int64N(int64(500*time.Millisecond))))
+	i := coords.Leader(t)
+	kill := mono()
+	coords.Procs[i].Kill()
+	coords.Leader(t)
+	elected := mono()
+	time.Sleep(2 * time.Second)
+	coords.Procs[i].Start()
+	time.Sleep(time.Second)
+	calls := l.Stop()
+	recs := readRecords(t, agents...)
+
+	q := quota("s14", "")
+	v := judge(recs, q, 0)
+	obs := callsObserved(calls, q)
+	client := observedRecords(obs)
+	vc := admission.Judge(admission.Check(client, q, burst, rate), 0)
+	logged := admittedIn(recs, q, "", "", 0, math.MaxInt64)
+	after := admittedIn(recs, q, "", "leased", kill+leasePeriod+200*time.Millisecond, kill+2*time.Second)
+	var errs int
+	for _, c := range calls {
+		if c.Err != nil {
+			errs++
+		}
+	}
+	ok := v.Pass && vc.Pass && logged >= vc.Admitted && vc.Admitted > 0 && after > 0
+	addRow(t, Row{Scenario: "S14", Fault: "Envoy RLS, leased rule, Raft leader SIGKILLed", Bound: "0 in the logs and as the clients saw it",
+		Overshoot: math.Max(v.Overshoot, vc.Overshoot), Util: v.Utilisation, Pass: ok,
+		Note: fmt.Sprintf("logs: %s, overshoot %.2f; clients: admitted %.0f, overshoot %.2f, slack %.2f; %d calls, %d errors (UNAVAILABLE: fail_closed); election %v; admitted in [D+0.2s, 2s] after the kill: %.0f",
+			verdictNote(v), v.Overshoot, vc.Admitted, vc.Overshoot, vc.Slack, len(calls), errs, (elected - kill).Round(time.Millisecond), after)})
+	if !v.Pass {
+		t.Errorf("logs: overshoot %.3f (slack %.3f, bound 0), window [%v, %v] after the first admission", v.Overshoot, v.Slack, v.From-v.First, v.To-v.First)
+	}
+	if !vc.Pass {
+		t.Errorf("clients: overshoot %.3f (slack %.3f, bound 0) over the admissions they received, window [%v, %v] after the first",
+			vc.Overshoot, vc.Slack, vc.From-vc.First, vc.To-vc.First)
+	}
+	if logged < vc.Admitted || vc.Admitted == 0 {
+		t.Errorf("the logs hold %.0f admissions, the clients received %.0f: every RLS admission must be logged", logged, vc.Admitted)
+	}
+	if after == 0 {
+		t.Errorf("no leased admission between D+200ms and 2s after the kill: leases not granted after the election")
+	}
+}
