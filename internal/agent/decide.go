@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/lease"
@@ -279,6 +280,9 @@ func (s *Service) prepare(steps []step, matches []rules.Match, req *Request, idx
 			if n := len(m.Rule.Name) + 1 + len(m.Subject); n > lease.MaxNameLen {
 				return steps, fmt.Errorf("%w: rule %s is leased and its quota id (rule|subject) would be %d bytes, at most %d: use a shorter subject (descriptor values)",
 					ErrInvalidRequest, m.Rule.Name, n, lease.MaxNameLen)
+			}
+			if !utf8.ValidString(m.Subject) {
+				return steps, fmt.Errorf("%w: rule %s is leased and its subject is not valid UTF-8", ErrInvalidRequest, m.Rule.Name)
 			}
 		}
 		steps = append(steps, step{rule: m.Rule, subject: m.Subject, req: br, item: idx, rid: req.RequestID})
