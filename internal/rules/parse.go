@@ -424,6 +424,19 @@ func (p *parser) number(v *yaml.Node, field string) (float64, bool) {
 	return 0, false
 }
 
+// count reads a whole number. Its range is validate's: this only refuses
+// what is not a whole number, or does not fit an int.
+func (p *parser) count(v *yaml.Node, field string) (int, bool) {
+	if v.Kind == yaml.ScalarNode && v.ShortTag() == "!!int" {
+		var n int
+		if err := v.Decode(&n); err == nil {
+			return n, true
+		}
+	}
+	p.at(v, field, "must be a whole number, got %s", describe(v))
+	return 0, false
+}
+
 var rateUnits = map[string]float64{"s": 1, "m": 60, "h": 3600}
 
 // rate reads tokens per second: a number, or "N/s", "N/m", "N/h".
@@ -686,7 +699,7 @@ func (p *parser) lease(src *ruleSrc, v *yaml.Node) bool {
 	field := src.field + ".lease"
 	l := &src.rule.Lease
 	l.Period = DefaultLeasePeriod
-	return p.fields(v, field, "lease", []string{"period", "min_slice", "max_slice"}, func(name string, _, v *yaml.Node) {
+	return p.fields(v, field, "lease", []string{"period", "min_slice", "max_slice", "max_subjects"}, func(name string, _, v *yaml.Node) {
 		rel := "lease." + name
 		src.pos[rel] = v
 		var ok bool
@@ -697,6 +710,8 @@ func (p *parser) lease(src *ruleSrc, v *yaml.Node) bool {
 			l.MinSlice, ok = p.number(v, field+"."+name)
 		case "max_slice":
 			l.MaxSlice, ok = p.number(v, field+"."+name)
+		case "max_subjects":
+			l.MaxSubjects, ok = p.count(v, field+"."+name)
 		}
 		if !ok {
 			src.bad[rel] = true

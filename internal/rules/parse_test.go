@@ -125,7 +125,7 @@ func TestRoundTrip(t *testing.T) {
 			fmt.Fprintf(&b, "  emergency: {burst: %v, rate: %v, max_duration: %v}\n", r.Emergency.Burst, r.Emergency.Rate, r.Emergency.MaxDuration)
 		}
 		if r.Mode == ModeLeased {
-			fmt.Fprintf(&b, "  lease: {period: %v, min_slice: %v, max_slice: %v}\n", r.Lease.Period, r.Lease.MinSlice, r.Lease.MaxSlice)
+			fmt.Fprintf(&b, "  lease: {period: %v, min_slice: %v, max_slice: %v, max_subjects: %d}\n", r.Lease.Period, r.Lease.MinSlice, r.Lease.MaxSlice, r.Lease.MaxSubjects)
 		}
 	}
 	again := mustParse(t, b.String())
@@ -168,6 +168,7 @@ func TestParseValid(t *testing.T) {
 		{"leased default lease", head + "  rate: 1\n  mode: leased\n", leaseIs(Lease{Period: DefaultLeasePeriod})},
 		{"leased partial lease", head + "  rate: 1\n  mode: leased\n  lease: {min_slice: 2}\n", leaseIs(Lease{Period: DefaultLeasePeriod, MinSlice: 2})},
 		{"leased uncapped", head + "  rate: 1\n  mode: leased\n  lease: {period: 1m, min_slice: 10, max_slice: 0}\n", leaseIs(Lease{Period: time.Minute, MinSlice: 10})},
+		{"leased max subjects", head + "  rate: 1\n  mode: leased\n  lease: {max_subjects: 50000}\n", leaseIs(Lease{Period: DefaultLeasePeriod, MaxSubjects: 50000})},
 		{"fail open", head + "  rate: 1\n  on_failure: fail_open\n", func(r *Rule) string {
 			if r.OnFailure != FailOpen {
 				return fmt.Sprintf("OnFailure = %v", r.OnFailure)
@@ -353,6 +354,18 @@ func TestParseInvalid(t *testing.T) {
 		}},
 		{"lease min slice above burst", rule("  mode: leased\n  lease: {min_slice: 11}\n"), []want{
 			{"f.yaml:7:22: rules[0].lease.min_slice: ", "11 exceeds burst 10"},
+		}},
+		{"lease max subjects negative", rule("  mode: leased\n  lease: {max_subjects: -1}\n"), []want{
+			{"f.yaml:7:25: rules[0].lease.max_subjects: ", "must be in [0, 1000000000] (0 means no bound), got -1"},
+		}},
+		{"lease max subjects too large", rule("  mode: leased\n  lease: {max_subjects: 1000000001}\n"), []want{
+			{"f.yaml:7:25: rules[0].lease.max_subjects: ", "got 1000000001"},
+		}},
+		{"lease max subjects not whole", rule("  mode: leased\n  lease: {max_subjects: 2.5}\n"), []want{
+			{"f.yaml:7:25: rules[0].lease.max_subjects: ", "must be a whole number, got"},
+		}},
+		{"lease max subjects text", rule("  mode: leased\n  lease: {max_subjects: many}\n"), []want{
+			{"f.yaml:7:25: rules[0].lease.max_subjects: ", "must be a whole number, got"},
 		}},
 		{"lease period bad", rule("  mode: leased\n  lease: {period: soon}\n"), []want{
 			{"f.yaml:7:19: rules[0].lease.period: ", `must be a duration with a unit, like 30s or 1m30s; got the string "soon"`},
@@ -554,6 +567,7 @@ func TestValidateRuleInCode(t *testing.T) {
 		{"emergency without policy", func(r *Rule) { r.Emergency.Burst = 1 }, "emergency"},
 		{"lease without mode", func(r *Rule) { r.Lease.Period = 1 }, "lease"},
 		{"leased without period", func(r *Rule) { r.Mode = ModeLeased }, "lease.period"},
+		{"max subjects negative", func(r *Rule) { r.Mode, r.Lease.Period, r.Lease.MaxSubjects = ModeLeased, 1, -1 }, "lease.max_subjects"},
 		{"invalid utf-8 key", func(r *Rule) { r.Match = map[string]string{"\xff": "v"} }, `match["\xff"]`},
 		{"invalid utf-8 value", func(r *Rule) { r.Match = map[string]string{"k": "\xff"} }, "match.k"},
 	}

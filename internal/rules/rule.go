@@ -34,6 +34,9 @@ const (
 	// Wildcard as a match value matches any value and gives every distinct
 	// value its own bucket.
 	Wildcard = "*"
+	// MaxSubjectsLimit bounds lease.max_subjects (the coordinator's own
+	// bound on it is the same).
+	MaxSubjectsLimit = 1_000_000_000
 )
 
 // Mode says where a rule's buckets live.
@@ -93,9 +96,12 @@ type EmergencyLimit struct {
 }
 
 // Lease tunes a leased rule's slices. MaxSlice 0 means no cap.
+// MaxSubjects bounds the rule's quotas (one per subject) the coordinator
+// holds at once; 0 means no bound.
 type Lease struct {
 	Period             time.Duration
 	MinSlice, MaxSlice float64
+	MaxSubjects        int
 }
 
 // Rule is one named limit. A Rule obtained from a Set is shared and must not
@@ -230,6 +236,9 @@ func (r *Rule) validate() []fieldProblem {
 			add("lease.max_slice", "%s", msg)
 		} else if l.MaxSlice != 0 && l.MaxSlice < l.MinSlice {
 			add("lease.max_slice", "%s is below min_slice %s (0 means no cap)", fmtFloat(l.MaxSlice), fmtFloat(l.MinSlice))
+		}
+		if l.MaxSubjects < 0 || l.MaxSubjects > MaxSubjectsLimit {
+			add("lease.max_subjects", "must be in [0, %d] (0 means no bound), got %d", MaxSubjectsLimit, l.MaxSubjects)
 		}
 	} else if r.Lease != (Lease{}) {
 		add("lease", "is set, but mode is %v: it would never be used; remove it or set mode: leased", r.Mode)
