@@ -74,3 +74,28 @@ func BenchmarkGrant(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTick measures a Tick over n quotas that each hold one live
+// lease (nothing to reclaim, nothing idle): its cost per live quota.
+func BenchmarkTick(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		b.Run(fmt.Sprintf("quotas=%d", n), func(b *testing.B) {
+			s := New()
+			cfg := &QuotaConfig{Burst: 100, Rate: 10, LeasePeriod: MaxPeriod, SafetyMargin: sec}
+			for i := range n {
+				if _, err := s.Apply(Grant{Holder: "agent", Seq: uint64(i + 1), Quota: fmt.Sprintf("q%d", i), Demand: 1, Config: cfg}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			tick := Tick{}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				tick.Now += 1000
+				if _, err := s.Apply(tick); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

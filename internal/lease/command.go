@@ -29,6 +29,8 @@ const (
 	MaxNameLen = 256
 	// MaxItems bounds the items of one Renew.
 	MaxItems = 10000
+	// MaxSubjectsLimit bounds QuotaConfig.MaxSubjects.
+	MaxSubjectsLimit = 1_000_000_000
 )
 
 // Kind is a command's type, the first byte of its encoding. Values are part
@@ -105,13 +107,28 @@ type QuotaConfig struct {
 	// which may be 0), and Fund adds the upstream lease's cap and rate for
 	// as long as that lease is valid. See Fund.
 	Funded bool `json:"funded,omitempty"`
+	// Rule names the group of quotas (the coordinator's rule) the quota
+	// belongs to, for MaxSubjects; "" belongs to none.
+	Rule string `json:"rule,omitempty"`
+	// MaxSubjects, when > 0, bounds the quotas of Rule that may exist at
+	// once: a command that would create one more is refused with
+	// ErrTooManySubjects. [0, MaxSubjectsLimit]; > 0 needs Rule. The
+	// quotas that exist count, idle ones included until Tick removes them;
+	// lowering it removes nothing.
+	MaxSubjects int `json:"max_subjects,omitempty"`
 }
 
 // ConfigureQuota creates a quota, or updates it in place. A new quota's pool
 // starts full (P = B). Lowering B or r below what is leased never revokes
 // anything: the pool gives up tokens first, and leases shrink at their next
 // renewal; until they have, the quota is held to the larger of the old
-// reservations and the new limits (see QuotaInfo.CeilBurst).
+// reservations and the new limits (see QuotaInfo.CeilBurst). Creating a
+// quota past its rule's MaxSubjects is refused (ErrTooManySubjects).
+//
+// A quota may be removed by Tick once idle (doc.go, "Bounded state"), so a
+// quota configured earlier may not exist any more: Grant carries its own
+// Config and recreates it. ConfigureQuota is for changing the shape of a
+// quota that exists.
 type ConfigureQuota struct {
 	Now          int64   `json:"now"`
 	Quota        string  `json:"quota"`
@@ -122,6 +139,8 @@ type ConfigureQuota struct {
 	MaxSlice     float64 `json:"max_slice"`
 	SafetyMargin int64   `json:"safety_margin"`
 	Funded       bool    `json:"funded,omitempty"`
+	Rule         string  `json:"rule,omitempty"`
+	MaxSubjects  int     `json:"max_subjects,omitempty"`
 }
 
 // Config returns the quota shape c sets.
@@ -129,7 +148,7 @@ func (c ConfigureQuota) Config() QuotaConfig {
 	return QuotaConfig{
 		Burst: c.Burst, Rate: c.Rate, LeasePeriod: c.LeasePeriod,
 		MinSlice: c.MinSlice, MaxSlice: c.MaxSlice, SafetyMargin: c.SafetyMargin,
-		Funded: c.Funded,
+		Funded: c.Funded, Rule: c.Rule, MaxSubjects: c.MaxSubjects,
 	}
 }
 
@@ -178,6 +197,12 @@ type Fund struct {
 // lease per quota: a Grant for a quota the holder already leases renews
 // that lease (same ID while it is live, a new ID once it has expired), with
 // nothing returned and nothing confirmed.
+//
+// A Grant with Config creates the quota at that shape (full, as
+// ConfigureQuota would) when it does not exist, so a grant never depends on
+// an earlier ConfigureQuota still being there: Tick removes idle quotas.
+// Config is ignored when the quota exists. A creation past the rule's
+// MaxSubjects is answered ErrTooManySubjects, recorded like any answer.
 type Grant struct {
 	Now    int64  `json:"now"`
 	Holder string `json:"holder"`
@@ -193,6 +218,9 @@ type Grant struct {
 	// Bounds, when set, replace the quota's lease period and slice bounds
 	// for this holder's lease (an operator's per-region tuning).
 	Bounds *Bounds `json:"bounds,omitempty"`
+	// Config, when set, is the quota's shape, to create it with if it does
+	// not exist. It is new in command version 2.
+	Config *QuotaConfig `json:"config,omitempty"`
 }
 
 // Bounds are one lease's own lease period (µs; 0: the quota's) and rate
@@ -546,6 +574,15 @@ func (c QuotaConfig) check(p *problems) {
 	if c.MaxSlice != 0 && c.MaxSlice < c.MinSlice {
 		p.addf("max_slice %v < min_slice %v (0 means no maximum)", c.MaxSlice, c.MinSlice)
 	}
+	if c.Rule != "" {
+		p.name("rule", c.Rule)
+	}
+	switch {
+	case c.MaxSubjects < 0 || c.MaxSubjects > MaxSubjectsLimit:
+		p.addf("max_subjects %d must be in [0, %d]", c.MaxSubjects, MaxSubjectsLimit)
+	case c.MaxSubjects > 0 && c.Rule == "":
+		p.addf("max_subjects %d needs a rule to count the quotas of", c.MaxSubjects)
+	}
 }
 
 // Validate reports every problem of the configuration at once.
@@ -586,6 +623,13 @@ func (c Grant) validate() error {
 	p.amount("demand", c.Demand)
 	p.weight("weight", c.Weight)
 	c.Bounds.check(&p, "")
+	if c.Config != nil {
+		var cp problems
+		c.Config.check(&cp)
+		for _, msg := range cp {
+			p.addf("config.%s", msg)
+		}
+	}
 	return p.err(fmt.Sprintf("grant %q to %q", c.Quota, c.Holder))
 }
 

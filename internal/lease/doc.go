@@ -64,6 +64,11 @@
 //   - Expiry: a lease not renewed is reclaimed at Tick once expiry + safety
 //     margin has passed; what it held is lost, never credited (the holder
 //     may have spent it).
+//   - Removal: Tick removes a quota that is idle, exactly what a new quota
+//     of its shape is: no lease, no funding, P = B (its whole room), the
+//     ceilings at B and r. A Grant with Config (or a ConfigureQuota)
+//     creates it again, full; a new shape for an idle quota starts it
+//     afresh the same way, whether or not Tick has removed it yet.
 //
 // Why this conserves: view the pool and each holder's bucket as sub-buckets
 // with capacities B - sum(reserved b_i) and b_i <= reserved b_i, and refill
@@ -78,7 +83,13 @@
 // them (until it confirms the new ones, or its old term has ended on every
 // clock, which the safety margin and the new-leader rule guarantee). So over
 // any interval [t0, t1] the tokens held at t0 plus all refills bound what can
-// be spent: total spend <= B + r*(t1 - t0). This holds for holders that keep
+// be spent: total spend <= B + r*(t1 - t0). Removal changes none of this: a
+// quota is removed only as a single full sub-bucket with nothing leased, and
+// comes back as exactly that, so over an interval that spans its removal
+// the same tokens are held at every moment as if it had stayed. (An idle
+// quota given a larger shape comes back full at it, as a new quota would:
+// full and with nothing leased, it owed nothing, and the bound holds from
+// then on at the new shape.) This holds for holders that keep
 // the rules of Holding; a holder that reports tokens it already spent can
 // mint at most its bound per report, and no holder can make the coordinator
 // exceed its own accounting: tokens handed out minus tokens credited never
@@ -125,6 +136,22 @@
 // its own part: conservation at the upper level carries down
 // (hierarchy_test.go checks it with lost and reordered replies and cuts).
 //
+// # Bounded state
+//
+// The state holds the quotas in use, not every quota ever seen: Tick
+// removes idle ones (see Removal above), so memory, snapshots and Tick's
+// work follow the quotas with leases or refilling pools. Since a quota may
+// be gone, a Grant carries its quota's shape (Config) and creates it; a
+// renewal item of a quota that is gone is answered ErrLeaseExpired (it
+// cannot have a live lease), so its holder grants again. Tick visits the
+// quotas in map order: each quota's step touches only that quota, its
+// leases and the sum of each holder's leases, and the reclaimed ids are
+// sorted, so the order reaches neither the state nor the answer.
+//
+// QuotaConfig.MaxSubjects bounds the quotas of one rule (QuotaConfig.Rule)
+// that exist at once: a command that would create one more is refused with
+// ErrTooManySubjects (a Grant's refusal is an answer, recorded for replay).
+//
 // # Tuning
 //
 // Tune keeps operators' overrides of a rule's lease settings (per region or
@@ -145,6 +172,8 @@
 //
 // EncodeCommand and DecodeCommand frame a command as a type byte, a version
 // byte and strict JSON; an unknown type or version is ErrUnknownCommand, on
-// which the FSM must stop. MarshalBinary and UnmarshalBinary encode the
+// which the FSM must stop. A command is written at the lowest version that
+// has its fields (version 2 adds Grant.Config and ConfigureQuota's Rule and
+// MaxSubjects), so entries without them read as before on every replica. MarshalBinary and UnmarshalBinary encode the
 // whole state deterministically, for Raft snapshots; Clone is a deep copy.
 package lease

@@ -9,13 +9,41 @@ import (
 	"slices"
 )
 
-// commandVersion is the encoding version of every command kind. A change to
-// a command's fields that an older replica would misread bumps it; older
-// replicas then stop with ErrUnknownCommand instead of diverging.
-const commandVersion = 1
+// Command encoding versions. A change to a command's fields that an older
+// replica would misread bumps the version of the commands that use it;
+// older replicas then stop with ErrUnknownCommand instead of diverging.
+//
+//   - 1: every kind as first released.
+//   - 2: adds Grant.Config and ConfigureQuota's Rule and MaxSubjects.
+//
+// A command is encoded at the lowest version that has every field it sets
+// (commandVersionOf), so a command that sets no new field encodes exactly
+// as before and older replicas still apply it; only a command that needs a
+// newer field stops them.
+const (
+	commandVersion    = 1
+	maxCommandVersion = 2
+)
+
+// commandVersionOf is the version c is encoded at: the lowest one that has
+// every field c sets. v must be value(c).
+func commandVersionOf(v Command) byte {
+	switch c := v.(type) {
+	case Grant:
+		if c.Config != nil {
+			return 2
+		}
+	case ConfigureQuota:
+		if c.Rule != "" || c.MaxSubjects != 0 {
+			return 2
+		}
+	}
+	return commandVersion
+}
 
 // EncodeCommand encodes a command for the replicated log: one type byte (its
-// Kind), one version byte, then the command as JSON. It is deterministic.
+// Kind), one version byte (commandVersionOf), then the command as JSON. It
+// is deterministic.
 // A command holding a NaN or infinity cannot be encoded (ErrInvalid).
 func EncodeCommand(c Command) ([]byte, error) {
 	v := value(c)
@@ -27,7 +55,7 @@ func EncodeCommand(c Command) ([]byte, error) {
 		return nil, fmt.Errorf("lease: encode %s: %w: %v", v.Kind(), ErrInvalid, err)
 	}
 	out := make([]byte, 0, 2+len(body))
-	out = append(out, byte(v.Kind()), commandVersion)
+	out = append(out, byte(v.Kind()), commandVersionOf(v))
 	return append(out, body...), nil
 }
 
@@ -42,8 +70,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		return nil, fmt.Errorf("lease: decode command: %d bytes, need at least 2: %w", len(b), ErrCorrupt)
 	}
 	kind, version, body := Kind(b[0]), b[1], b[2:]
-	if version != commandVersion {
-		return nil, fmt.Errorf("lease: decode %s: version %d, know %d: %w", kind, version, commandVersion, ErrUnknownCommand)
+	if version < commandVersion || version > maxCommandVersion {
+		return nil, fmt.Errorf("lease: decode %s: version %d, know %d to %d: %w", kind, version, commandVersion, maxCommandVersion, ErrUnknownCommand)
 	}
 	var (
 		c   Command
@@ -72,6 +100,11 @@ func DecodeCommand(b []byte) (Command, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lease: decode %s: %w: %v", kind, ErrCorrupt, err)
 	}
+	// One encoding per command: a field the version does not have, or a
+	// newer version than the command needs, is not what EncodeCommand wrote.
+	if want := commandVersionOf(c); want != version {
+		return nil, fmt.Errorf("lease: decode %s: %w: version %d, but its fields are those of version %d", kind, ErrCorrupt, version, want)
+	}
 	return c, nil
 }
 
@@ -89,8 +122,29 @@ func decodeStrict[T any](b []byte) (T, error) {
 	return v, nil
 }
 
-// snapshotVersion is the version of the state encoding.
-const snapshotVersion = 1
+// Snapshot versions: 2 adds QuotaConfig's Rule and MaxSubjects and the
+// answer code of ErrTooManySubjects. A state that uses none of them is
+// written as version 1, byte for byte as before, so an older replica can
+// still restore it; UnmarshalBinary reads both.
+const (
+	snapshotVersion    = 1
+	maxSnapshotVersion = 2
+)
+
+// snapshotVersionOf is the lowest version that can hold s.
+func (s *State) snapshotVersionOf() int {
+	for _, q := range s.quotas {
+		if q.base.Rule != "" || q.base.MaxSubjects != 0 {
+			return 2
+		}
+	}
+	for _, h := range s.holders {
+		if h.answer.Code == codeTooManySubjects {
+			return 2
+		}
+	}
+	return snapshotVersion
+}
 
 type snapshot struct {
 	Version int            `json:"version"`
@@ -126,7 +180,7 @@ type holderRecord struct {
 // give equal bytes (quotas and holders sorted by name, leases in the
 // state's order, floats in their shortest exact form).
 func (s *State) MarshalBinary() ([]byte, error) {
-	snap := snapshot{Version: snapshotVersion, Now: s.now, NextID: s.nextID,
+	snap := snapshot{Version: s.snapshotVersionOf(), Now: s.now, NextID: s.nextID,
 		Quotas: []quotaRecord{}, Holders: []holderRecord{}}
 	for _, name := range s.Quotas() {
 		q := s.quotas[name]
@@ -163,8 +217,8 @@ func (s *State) UnmarshalBinary(b []byte) error {
 	if err != nil {
 		return fmt.Errorf("lease: unmarshal state: %w: %v", ErrCorrupt, err)
 	}
-	if snap.Version != snapshotVersion {
-		return fmt.Errorf("lease: unmarshal state: version %d, know %d: %w", snap.Version, snapshotVersion, ErrCorrupt)
+	if snap.Version < snapshotVersion || snap.Version > maxSnapshotVersion {
+		return fmt.Errorf("lease: unmarshal state: version %d, know %d to %d: %w", snap.Version, snapshotVersion, maxSnapshotVersion, ErrCorrupt)
 	}
 	n := New()
 	n.now, n.nextID = snap.Now, snap.NextID
@@ -207,9 +261,13 @@ func (s *State) UnmarshalBinary(b []byte) error {
 			q.leases = append(q.leases, l)
 		}
 		n.quotas[r.Name] = q
+		n.count(q.base.Rule, 1)
 	}
 	if err := n.CheckInvariants(); err != nil {
 		return fmt.Errorf("lease: unmarshal state: %w: %v", ErrCorrupt, err)
+	}
+	if v := n.snapshotVersionOf(); v != snap.Version {
+		return fmt.Errorf("lease: unmarshal state: version %d, but its contents are those of version %d: %w", snap.Version, v, ErrCorrupt)
 	}
 	*s = *n
 	return nil

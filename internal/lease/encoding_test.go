@@ -24,6 +24,9 @@ func sampleCommands() []Command {
 		LeaderElected{Now: MaxTime},
 		Renew{Holder: "h", Seq: 1, Items: []RenewItem{}},
 		Renew{Holder: "h", Seq: 1},
+		ConfigureQuota{Now: 6, Quota: "per-tenant|acme", Burst: 5, Rate: 1, LeasePeriod: sec, Rule: "per-tenant", MaxSubjects: 1000},
+		Grant{Now: 7, Holder: "h", Seq: 4, Quota: "per-tenant|acme", Demand: 1,
+			Config: &QuotaConfig{Burst: 5, Rate: 1, LeasePeriod: sec, Funded: true, Rule: "per-tenant", MaxSubjects: 1000}},
 	}
 }
 
@@ -34,8 +37,8 @@ func TestEncodeDecodeCommand(t *testing.T) {
 			if err != nil {
 				t.Fatalf("EncodeCommand(%+v) = %v", c, err)
 			}
-			if b[0] != byte(c.Kind()) || b[1] != commandVersion {
-				t.Errorf("header = %v, want [%d %d]", b[:2], c.Kind(), commandVersion)
+			if b[0] != byte(c.Kind()) || b[1] != commandVersionOf(c) {
+				t.Errorf("header = %v, want [%d %d]", b[:2], c.Kind(), commandVersionOf(c))
 			}
 			got, err := DecodeCommand(b)
 			if err != nil {
@@ -47,6 +50,50 @@ func TestEncodeDecodeCommand(t *testing.T) {
 			again, _ := EncodeCommand(got)
 			if !bytes.Equal(again, b) {
 				t.Errorf("encoding is not deterministic: %q then %q", b, again)
+			}
+		})
+	}
+}
+
+// TestCommandVersions: a command that sets none of version 2's fields is
+// encoded exactly as version 1 was (older replicas still apply it, and
+// entries already in logs decode as before); one that sets them is version
+// 2, which an older replica refuses as unknown rather than misreads.
+func TestCommandVersions(t *testing.T) {
+	tests := []struct {
+		name    string
+		cmd     Command
+		version byte
+		// v1 is the encoding of the first release, where there is one.
+		v1 string
+	}{
+		{"grant", Grant{Now: 2, Holder: "a", Seq: 1, Quota: "q", Demand: 1.5}, 1,
+			`{"now":2,"holder":"a","seq":1,"quota":"q","demand":1.5}`},
+		{"configure", ConfigureQuota{Now: 1, Quota: "q", Burst: 100, Rate: 10, LeasePeriod: 10 * sec, SafetyMargin: sec}, 1,
+			`{"now":1,"quota":"q","burst":100,"rate":10,"lease_period":10000000,"min_slice":0,"max_slice":0,"safety_margin":1000000}`},
+		{"grant with config", Grant{Holder: "a", Seq: 1, Quota: "q", Config: &QuotaConfig{Burst: 1, LeasePeriod: sec}}, 2, ""},
+		{"configure with rule", ConfigureQuota{Quota: "q", Burst: 1, LeasePeriod: sec, Rule: "r"}, 2, ""},
+		{"configure with max_subjects", ConfigureQuota{Quota: "q", Burst: 1, LeasePeriod: sec, Rule: "r", MaxSubjects: 2}, 2, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := EncodeCommand(tt.cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b[1] != tt.version {
+				t.Errorf("version %d, want %d", b[1], tt.version)
+			}
+			if tt.v1 == "" {
+				return
+			}
+			if got := string(b[2:]); got != tt.v1 {
+				t.Errorf("encoding %s, want version 1's %s", got, tt.v1)
+			}
+			old := append([]byte{byte(tt.cmd.Kind()), 1}, tt.v1...)
+			c, err := DecodeCommand(old)
+			if err != nil || !reflect.DeepEqual(c, tt.cmd) {
+				t.Errorf("DecodeCommand(version 1 %s) = %+v, %v; want %+v", tt.v1, c, err, tt.cmd)
 			}
 		})
 	}
@@ -93,7 +140,11 @@ func TestDecodeCommandErrors(t *testing.T) {
 		{"one byte", []byte{byte(KindTick)}, ErrCorrupt},
 		{"unknown type", []byte{0, 1, '{', '}'}, ErrUnknownCommand},
 		{"unknown high type", []byte{0x87, 1, '{', '}'}, ErrUnknownCommand},
-		{"unknown version", []byte{byte(KindTick), 2, '{', '}'}, ErrUnknownCommand},
+		{"unknown version", []byte{byte(KindTick), maxCommandVersion + 1, '{', '}'}, ErrUnknownCommand},
+		{"version 2 without its fields", []byte{byte(KindTick), 2, '{', '}'}, ErrCorrupt},
+		{"grant version 2 without config", append([]byte{byte(KindGrant), 2}, `{"holder":"h","seq":1,"quota":"q"}`...), ErrCorrupt},
+		{"grant version 1 with config", append([]byte{byte(KindGrant), 1}, `{"config":{"burst":1}}`...), ErrCorrupt},
+		{"configure version 1 with max_subjects", append([]byte{byte(KindConfigureQuota), 1}, `{"quota":"q","max_subjects":3}`...), ErrCorrupt},
 		{"version zero", []byte{byte(KindTick), 0, '{', '}'}, ErrUnknownCommand},
 		{"no body", []byte{byte(KindTick), 1}, ErrCorrupt},
 		{"unknown field", append([]byte{byte(KindTick), 1}, `{"now":1,"term":2}`...), ErrCorrupt},

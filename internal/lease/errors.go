@@ -12,9 +12,15 @@ var (
 	// negative, out of range), an empty or oversized name, a zero sequence
 	// number, duplicate renew items. Nothing was applied.
 	ErrInvalid = errors.New("invalid lease command")
-	// ErrUnknownQuota marks a command naming a quota that was never
-	// configured. Nothing was applied (for a renew item: that item only).
+	// ErrUnknownQuota marks a command naming a quota that does not exist:
+	// never configured, or removed once idle (see doc.go, "Bounded state"),
+	// by a command that cannot create it (a Fund, or a Grant without
+	// Config). Nothing was applied.
 	ErrUnknownQuota = errors.New("unknown quota")
+	// ErrTooManySubjects marks a command that would create a quota of a
+	// rule that already has QuotaConfig.MaxSubjects quotas. Nothing was
+	// applied to any quota; a Grant's answer is recorded against its Seq.
+	ErrTooManySubjects = errors.New("too many subjects")
 	// ErrLeaseExpired marks a renew or release of a lease that is not live
 	// for this holder: expired, reclaimed, released, or never granted to it.
 	// The holder must stop spending it and ask for a new grant. Its
@@ -41,6 +47,7 @@ const (
 	codeOK code = iota
 	codeLeaseExpired
 	codeUnknownQuota
+	codeTooManySubjects
 	codeLimit // first invalid value, for snapshot validation
 )
 
@@ -53,6 +60,8 @@ func (c code) err(context string) error {
 		return fmt.Errorf("lease: %s: %w", context, ErrLeaseExpired)
 	case codeUnknownQuota:
 		return fmt.Errorf("lease: %s: %w", context, ErrUnknownQuota)
+	case codeTooManySubjects:
+		return fmt.Errorf("lease: %s: %w", context, ErrTooManySubjects)
 	}
 	return fmt.Errorf("lease: %s: answer code %d: %w", context, c, ErrCorrupt)
 }

@@ -57,6 +57,9 @@ type hier struct {
 	demand       []float64
 	replies      []hierReply
 	rec          []admission.Record
+	// cfg is each state's quota shape, which grants carry (Tick removes
+	// an idle quota; the grant recreates it).
+	cfg map[*State]QuotaConfig
 }
 
 // Share2 is a (burst, rate) pair (region.Share, without the import).
@@ -74,9 +77,12 @@ func newHier(t *rapid.T) *hier {
 			h.own.Rate = 0
 		}
 	}
-	h.apply(h.up, ConfigureQuota{Now: h.now, Quota: "g", Burst: h.burst, Rate: h.rate, LeasePeriod: h.period, SafetyMargin: h.marg})
-	h.apply(h.low, ConfigureQuota{Now: h.now, Quota: "g", Burst: h.own.Burst, Rate: h.own.Rate,
-		LeasePeriod: rapid.Int64Range(sec/4, 3*sec).Draw(t, "sub period"), SafetyMargin: h.marg, Funded: true})
+	up := ConfigureQuota{Now: h.now, Quota: "g", Burst: h.burst, Rate: h.rate, LeasePeriod: h.period, SafetyMargin: h.marg}
+	low := ConfigureQuota{Now: h.now, Quota: "g", Burst: h.own.Burst, Rate: h.own.Rate,
+		LeasePeriod: rapid.Int64Range(sec/4, 3*sec).Draw(t, "sub period"), SafetyMargin: h.marg, Funded: true}
+	h.cfg = map[*State]QuotaConfig{h.up: up.Config(), h.low: low.Config()}
+	h.apply(h.up, up)
+	h.apply(h.low, low)
 	h.region = Holding{Quota: "g"}
 	h.regionSeq = 1
 	for i := range rapid.IntRange(1, 4).Draw(t, "agents") {
@@ -121,6 +127,11 @@ func (h *hier) deliver(rp hierReply) {
 	if rate < MinRate {
 		rate = 0
 	}
+	if _, ok := h.low.Quota("g"); !ok {
+		// Removed while idle (its funding had dropped): the coordinator's
+		// Fund is refused then, and a sublease grant recreates the quota.
+		return
+	}
 	h.apply(h.low, Fund{Now: h.now, Quota: "g", Burst: rp.l.Cap, Rate: rate, Deposit: rp.l.Balance, NotAfter: h.region.ValidUntil})
 }
 
@@ -163,6 +174,7 @@ func (h *hier) step() {
 			h.region.Drop()
 			h.confCap, h.confRate = 0, 0
 			g := h.region.Grant(h.now, "region", seq, demand)
+			g.Config = ptrTo(h.cfg[h.up])
 			h.send(-1, func() *Lease { g.Now = h.now; return h.apply(h.up, g).Lease }, seq)
 			return
 		}
@@ -198,6 +210,7 @@ func (h *hier) step() {
 		if !a.Valid(h.now) {
 			a.Drop()
 			g := a.Grant(h.now, name, seq, h.demand[i])
+			g.Config = ptrTo(h.cfg[st])
 			h.send(i, func() *Lease { g.Now = h.now; return h.apply(st, g).Lease }, seq)
 			return
 		}
@@ -227,3 +240,5 @@ func (h *hier) check() {
 			rep.Overshoot, rep.From, rep.To, h.burst, h.rate, h.own)
 	}
 }
+
+func ptrTo[T any](v T) *T { return &v }

@@ -83,6 +83,13 @@ func (s *State) Tuning(rule, region string) (Tuning, bool) {
 // Quotas lists the quota names, sorted.
 func (s *State) Quotas() []string { return slices.Sorted(maps.Keys(s.quotas)) }
 
+// NumQuotas is the number of quotas the state holds.
+func (s *State) NumQuotas() int { return len(s.quotas) }
+
+// Subjects is the number of quotas of rule (QuotaConfig.Rule) the state
+// holds: what MaxSubjects bounds.
+func (s *State) Subjects(rule string) int { return s.subjects[rule] }
+
 // Quota describes one quota.
 func (s *State) Quota(name string) (QuotaInfo, bool) {
 	q := s.quotas[name]
@@ -145,10 +152,11 @@ func (l *lease) info() LeaseInfo {
 func (s *State) Clone() *State {
 	c := &State{
 		now: s.now, nextID: s.nextID,
-		quotas:  make(map[string]*quota, len(s.quotas)),
-		leases:  make(map[uint64]*lease, len(s.leases)),
-		holders: make(map[string]*holder, len(s.holders)),
-		tunings: make(map[string]Tuning, len(s.tunings)),
+		quotas:   make(map[string]*quota, len(s.quotas)),
+		leases:   make(map[uint64]*lease, len(s.leases)),
+		holders:  make(map[string]*holder, len(s.holders)),
+		tunings:  make(map[string]Tuning, len(s.tunings)),
+		subjects: maps.Clone(s.subjects),
 	}
 	for k, t := range s.tunings {
 		c.tunings[k] = t.clone()
@@ -201,6 +209,7 @@ func (s *State) CheckInvariants() error {
 		bad("now %d out of range", s.now)
 	}
 	counted := map[string]int{}
+	subjects := map[string]int{}
 	nLeases := 0
 	for _, name := range s.Quotas() {
 		q := s.quotas[name]
@@ -209,6 +218,9 @@ func (s *State) CheckInvariants() error {
 		}
 		if err := q.cfg.Validate(); err != nil {
 			bad("quota %q: %v", name, err)
+		}
+		if q.base.Rule != "" {
+			subjects[q.base.Rule]++
 		}
 		if q.cfg != q.effective() || !q.base.Funded && q.fund != (Funding{}) {
 			bad("quota %q: shape %+v is not its configuration %+v plus its funding %+v", name, q.cfg, q.base, q.fund)
@@ -246,6 +258,9 @@ func (s *State) CheckInvariants() error {
 	}
 	if nLeases != len(s.leases) {
 		bad("%d leases in quotas, %d by id", nLeases, len(s.leases))
+	}
+	if !maps.Equal(subjects, s.subjects) {
+		bad("quotas per rule are %v, counted %v", subjects, s.subjects)
 	}
 	for name, h := range s.holders {
 		if h.leases != counted[name] {

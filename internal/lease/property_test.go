@@ -28,11 +28,21 @@ import (
 //     tokens handed to it plus its possible refill;
 //   - with honest agents: the tokens they actually spent in any window of
 //     real time [t0, t1] are <= B + r*(t1 - t0);
+//   - removal of idle quotas loses nothing: a shadow state that keeps every
+//     quota (keepIdle) gets the same commands and must give the same
+//     answers, hold the same quotas (but for the time of a full pool), and
+//     hold every quota the state removed idle, exactly as a new one; grants
+//     carry their quota's config, so a removed quota comes back at the next
+//     grant, and only Tick removes;
+//   - with max_subjects (the shadow is off then: it would count more
+//     quotas), no creation takes the rule past it, and a refusal changes no
+//     quota;
 //
 // and at the end, that replaying the command log on a fresh state, and
 // through a snapshot (MarshalBinary/UnmarshalBinary) or a Clone taken
 // midway, gives the same answers and byte-identical state.
 func TestStateMachineProperties(t *testing.T) {
+	var removed, runs int
 	rapid.Check(t, func(rt *rapid.T) {
 		w := newWorld(rt)
 		steps := rapid.IntRange(50, 800).Draw(rt, "steps")
@@ -40,7 +50,10 @@ func TestStateMachineProperties(t *testing.T) {
 			w.step()
 		}
 		w.checkReplay()
+		removed += w.removed
+		runs++
 	})
+	t.Logf("%d runs removed %d idle quotas", runs, removed)
 }
 
 type simAgent struct {
@@ -94,6 +107,13 @@ type world struct {
 	honest    bool
 	byQuota   map[string]*ledger
 	byLease   map[string]*ledger // holder + "|" + quota
+	// maxSubjects is every quota's MaxSubjects (rule "r"); 0: no limit.
+	maxSubjects int
+	// shadow keeps idle quotas (nil with maxSubjects).
+	shadow  *State
+	removed int // quotas removed so far, for the coverage log
+	// shape is each quota's shape when last seen.
+	shape map[string]QuotaConfig
 }
 
 func newWorld(t *rapid.T) *world {
@@ -102,9 +122,17 @@ func newWorld(t *rapid.T) *world {
 		cfgs: map[string]ConfigureQuota{}, maxB: map[string]float64{}, maxR: map[string]float64{},
 		t0: map[string]int64{}, spends: map[string][]spent{},
 		byQuota: map[string]*ledger{}, byLease: map[string]*ledger{},
+		shape: map[string]QuotaConfig{},
 	}
 	w.margin = rapid.Int64Range(sec/10, 2*sec).Draw(t, "margin")
-	for i := range rapid.IntRange(1, 2).Draw(t, "quotas") {
+	nq := rapid.IntRange(1, 3).Draw(t, "quotas")
+	if nq > 1 && rapid.IntRange(0, 3).Draw(t, "max subjects?") == 0 {
+		w.maxSubjects = rapid.IntRange(1, nq-1).Draw(t, "max subjects")
+	} else {
+		w.shadow = New()
+		w.shadow.keepIdle = true
+	}
+	for i := range nq {
 		name := fmt.Sprintf("q%d", i)
 		w.quotas = append(w.quotas, name)
 		w.byQuota[name] = &ledger{}
@@ -144,6 +172,9 @@ func (w *world) configure(name string) {
 		LeasePeriod:  rapid.Int64Range(sec, 20*sec).Draw(t, "period"),
 		SafetyMargin: w.margin,
 	}
+	if w.maxSubjects > 0 {
+		c.Rule, c.MaxSubjects = "r", w.maxSubjects
+	}
 	if rapid.IntRange(0, 4).Draw(t, "rate kind") > 0 {
 		c.Rate = rapid.Float64Range(0.5, 100).Draw(t, "rate")
 	}
@@ -162,7 +193,7 @@ func (w *world) configure(name string) {
 	w.maxB[name] = max(w.maxB[name], c.Burst)
 	w.maxR[name] = max(w.maxR[name], c.Rate)
 	w.maxTerm = max(w.maxTerm, c.LeasePeriod)
-	if _, err := w.apply(c); err != nil {
+	if _, err := w.apply(c); err != nil && !errors.Is(err, ErrTooManySubjects) {
 		t.Fatalf("configure %+v: %v", c, err)
 	}
 }
@@ -172,7 +203,31 @@ func (w *world) step() {
 	switch rapid.SampledFrom([]string{
 		"deliver", "spend all", "grant", "wait", "renew", "deliver", "spend", "deliver", "spend all",
 		"grant", "renew", "wait", "tick", "duplicate", "release", "leader", "tick", "leader", "configure", "reply",
+		"quiet",
 	}).Draw(t, "action") {
+	case "quiet":
+		// Every agent releases everything, and time passes with ticks: the
+		// quotas go idle and are removed, to be recreated by later grants.
+		for _, a := range w.agents {
+			for _, q := range w.quotas {
+				if h := a.holds[q]; h != nil && h.Lease.ID != 0 {
+					a.seq++
+					w.inflight = append(w.inflight, flight{agent: a, cmd: h.Release(w.real, a.name, a.seq), seq: a.seq, sentAt: w.real})
+				}
+				delete(a.holds, q)
+			}
+		}
+		for len(w.inflight) > 0 {
+			f := w.inflight[0]
+			w.inflight = w.inflight[1:]
+			r, err := w.applyHolder(f)
+			w.sent = append(w.sent, f)
+			w.reply(f, r, err)
+		}
+		for range 3 {
+			w.real += 2*w.maxTerm + w.margin
+			w.apply(Tick{Now: w.stamp()})
+		}
 	case "wait":
 		if rapid.IntRange(0, 4).Draw(t, "long wait") == 0 {
 			w.real += rapid.Int64Range(0, 2*w.maxTerm).Draw(t, "wait")
@@ -194,6 +249,10 @@ func (w *world) step() {
 		}
 		a.seq++
 		g := h.Grant(w.real, a.name, a.seq, w.demand())
+		// As the coordinator does: the grant carries the quota's shape,
+		// and recreates the quota if it was removed.
+		cfg := w.cfgs[q].Config()
+		g.Config = &cfg
 		w.inflight = append(w.inflight, flight{agent: a, cmd: g, seq: a.seq, sentAt: w.real})
 	case "renew":
 		a := rapid.SampledFrom(w.agents).Draw(t, "agent")
@@ -400,16 +459,26 @@ func (w *world) apply(c Command) (Result, error) {
 		}
 	}
 
+	existed, idle := map[string]bool{}, map[string]bool{}
+	for _, q := range w.quotas {
+		_, existed[q] = w.s.Quota(q)
+		qq := w.s.quotas[q]
+		idle[q] = qq == nil || qq.idleAt(max(w.s.Now(), nowOf(c)))
+	}
+	subjectsBefore := w.s.Subjects("r")
+
 	r, err := w.s.Apply(c)
 	w.log = append(w.log, c)
 	w.answers = append(w.answers, r)
 	w.errs = append(w.errs, errString(err))
-	if err != nil && !errors.Is(err, ErrStale) && !errors.Is(err, ErrLeaseExpired) {
+	if err != nil && !errors.Is(err, ErrStale) && !errors.Is(err, ErrLeaseExpired) && !errors.Is(err, ErrTooManySubjects) {
 		t.Fatalf("Apply(%+v) = %v", c, err)
 	}
 	if err := w.s.CheckInvariants(); err != nil {
 		t.Fatalf("after %+v: %v", c, err)
 	}
+	w.checkSubjects(c, r, err, existed, subjectsBefore)
+	w.checkShadow(c, r, err)
 
 	// Ledgers: reserved rates held since the previous step accrue.
 	dt := float64(w.s.Now()-prevNow) / 1e6
@@ -417,12 +486,30 @@ func (w *world) apply(c Command) (Result, error) {
 		w.lease(key).accrued += rate * dt
 		w.byQuota[quotaOf(key)].accrued += rate * dt
 	}
+	fresh := map[string]bool{}
+	for _, q := range w.quotas {
+		info, ok := w.s.Quota(q)
+		fresh[q] = ok && idle[q] && info.QuotaConfig != w.shape[q]
+		if fresh[q] {
+			// An idle quota given a new shape starts afresh, as a new
+			// quota: full at the new B whether or not Tick had removed
+			// it. It owed nothing (full, no lease, no agent may spend), so
+			// the bounds start again from here at the new shape.
+			w.t0[q] = w.s.Now()
+			w.byQuota[q] = &ledger{}
+			w.spends[q] = nil
+			w.maxB[q], w.maxR[q] = info.Burst, info.Rate
+		}
+		if ok {
+			w.shape[q] = info.QuotaConfig
+		}
+	}
 	if !r.Replayed {
 		w.account(c, r, releasedQuota)
 	}
 	for _, q := range w.quotas {
 		info, _ := w.s.Quota(q)
-		if _, ok := c.(ConfigureQuota); !ok {
+		if _, ok := c.(ConfigureQuota); !ok && existed[q] && !fresh[q] {
 			tol := tolerance(info.CeilBurst, info.Leases)
 			if info.CeilBurst > ceil[q].CeilBurst+tol || info.CeilRate > ceil[q].CeilRate+tol {
 				t.Fatalf("%+v raised %s's ceilings from (%v, %v) to (%v, %v)", c, q,
@@ -551,6 +638,94 @@ func (w *world) recordSpend(q string, cost float64) {
 			w.t.Fatalf("quota %s: %v spent in [%d, %d], more than B + r*T = %v", q, sum, s[k].at, w.real, limit)
 		}
 	}
+}
+
+// checkSubjects: only Tick removes a quota; a quota is created only within
+// max_subjects; a refused creation creates nothing.
+func (w *world) checkSubjects(c Command, r Result, err error, existed map[string]bool, before int) {
+	t := w.t
+	for _, q := range w.quotas {
+		_, now := w.s.Quota(q)
+		switch {
+		case existed[q] && !now:
+			if _, ok := c.(Tick); !ok {
+				t.Fatalf("%+v removed quota %s: only Tick removes", c, q)
+			}
+			w.removed++
+		case !existed[q] && now && w.maxSubjects > 0 && w.s.Subjects("r") > w.maxSubjects:
+			t.Fatalf("%+v created %s: rule r has %d quotas, max_subjects %d", c, q, w.s.Subjects("r"), w.maxSubjects)
+		}
+	}
+	if errors.Is(err, ErrTooManySubjects) && !r.Replayed {
+		if before < w.maxSubjects {
+			t.Fatalf("%+v refused with %d of %d subjects", c, before, w.maxSubjects)
+		}
+		if w.s.Subjects("r") != before {
+			t.Fatalf("refused %+v changed the quotas of rule r from %d to %d", c, before, w.s.Subjects("r"))
+		}
+	}
+}
+
+// checkShadow applies c to the shadow, which keeps idle quotas: answers
+// must be the same, quotas in both the same (but for when a full pool was
+// last refilled), and a quota only the shadow holds exactly what a new
+// quota of its shape is.
+func (w *world) checkShadow(c Command, r Result, err error) {
+	if w.shadow == nil {
+		return
+	}
+	t := w.t
+	sr, serr := w.shadow.Apply(c)
+	if errString(serr) != errString(err) || !sameResult(sr, r) {
+		t.Fatalf("%+v: answered %+v, %v; the shadow that keeps idle quotas answered %+v, %v", c, r, err, sr, serr)
+	}
+	for _, q := range w.quotas {
+		got, ok := w.s.Quota(q)
+		want, sok := w.shadow.Quota(q)
+		switch {
+		case ok && !sok:
+			t.Fatalf("quota %s exists, but not in the shadow", q)
+		case ok:
+			got.PoolAt, want.PoolAt = 0, 0
+			if got != want {
+				t.Fatalf("after %+v, quota %s is %+v; in the shadow %+v", c, q, got, want)
+			}
+			gl, sl := w.s.Leases(q), w.shadow.Leases(q)
+			if len(gl) != len(sl) {
+				t.Fatalf("quota %s has %d leases; %d in the shadow", q, len(gl), len(sl))
+			}
+			for i := range gl {
+				if gl[i] != sl[i] {
+					t.Fatalf("quota %s lease %d is %+v; in the shadow %+v", q, i, gl[i], sl[i])
+				}
+			}
+		case sok:
+			// Removed: the shadow's must be a new quota of its shape.
+			if want.Leases != 0 || want.Fund != (Funding{}) || want.Pool != want.Burst ||
+				want.CeilBurst != want.Burst || want.CeilRate != want.Rate {
+				t.Fatalf("after %+v, quota %s is gone, but the shadow's is not idle: %+v", c, q, want)
+			}
+		}
+	}
+}
+
+// nowOf is the time a command carries.
+func nowOf(c Command) int64 {
+	switch c := c.(type) {
+	case ConfigureQuota:
+		return c.Now
+	case Grant:
+		return c.Now
+	case Renew:
+		return c.Now
+	case Release:
+		return c.Now
+	case Tick:
+		return c.Now
+	case LeaderElected:
+		return c.Now
+	}
+	return 0
 }
 
 // checkReplay: the log replayed on a fresh state, and through a snapshot and

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 )
 
@@ -24,6 +23,15 @@ type State struct {
 	leases  map[uint64]*lease
 	holders map[string]*holder
 	tunings map[string]Tuning // by Tuning.Key
+	// subjects counts the quotas of each QuotaConfig.Rule, for MaxSubjects;
+	// derived, rebuilt from the quotas.
+	subjects map[string]int
+	// peak is the largest size each map has had since it was last rebuilt
+	// (see compact); not state.
+	peak struct{ quotas, leases, holders int }
+	// keepIdle disables the removal of idle quotas: the property test's
+	// model, which removal must not be distinguishable from. Tests only.
+	keepIdle bool
 }
 
 // quota is one quota's pool and leases.
@@ -92,11 +100,12 @@ type holder struct {
 // New returns an empty state.
 func New() *State {
 	return &State{
-		nextID:  1,
-		quotas:  map[string]*quota{},
-		leases:  map[uint64]*lease{},
-		holders: map[string]*holder{},
-		tunings: map[string]Tuning{},
+		nextID:   1,
+		quotas:   map[string]*quota{},
+		leases:   map[uint64]*lease{},
+		holders:  map[string]*holder{},
+		tunings:  map[string]Tuning{},
+		subjects: map[string]int{},
 	}
 }
 
@@ -133,7 +142,9 @@ type ItemResult struct {
 	// Credited is the part of the item's Unused that went back into the
 	// pool (see doc.go for why it can be less).
 	Credited float64
-	// Err is nil, or wraps ErrLeaseExpired or ErrUnknownQuota.
+	// Err is nil, or wraps ErrLeaseExpired (a quota that does not exist has
+	// no live lease). Answers recorded by older versions may wrap
+	// ErrUnknownQuota instead.
 	Err error
 }
 
@@ -195,21 +206,22 @@ func (s *State) configure(c ConfigureQuota) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
-	s.advance(c.Now)
 	q := s.quotas[c.Quota]
-	if q == nil {
-		// A new bucket starts full; a funded one holds only its own part
-		// until an upstream lease funds it.
-		s.quotas[c.Quota] = &quota{
-			name: c.Quota, cfg: c.Config(), base: c.Config(),
-			pool: c.Burst, poolAt: s.now,
-			ceilBurst: c.Burst, ceilRate: c.Rate,
-			byHolder: map[string]*lease{},
+	if q == nil || q.base != c.Config() && q.idleAt(max(s.now, c.Now)) {
+		// New, or idle: an idle quota is a new one of its old shape, which
+		// Tick may or may not have removed yet (see renewed).
+		if err := s.admits(c.Quota, c.Config(), q); err != nil {
+			return fmt.Errorf("lease: configure %q: %w", c.Quota, err)
 		}
+		s.advance(c.Now)
+		s.renewed(q, c.Quota, c.Config())
 		return nil
 	}
+	s.advance(c.Now)
 	q.refill(s.now) // up to now under the old shape
+	s.count(q.base.Rule, -1)
 	q.base = c.Config()
+	s.count(q.base.Rule, 1)
 	if !q.base.Funded {
 		q.fund = Funding{}
 	}
@@ -240,6 +252,121 @@ func (s *State) fundQuota(c Fund) error {
 	}
 	q.settle()
 	return nil
+}
+
+// newQuota creates quota name with shape cfg at now. A new bucket starts
+// full; a funded one holds only its own part until an upstream lease funds
+// it. This is also exactly the state in which Tick removes a quota (see
+// idle), so removing and recreating one loses and mints nothing.
+func (s *State) newQuota(name string, cfg QuotaConfig) *quota {
+	q := &quota{
+		name: name, cfg: cfg, base: cfg,
+		pool: cfg.Burst, poolAt: s.now,
+		ceilBurst: cfg.Burst, ceilRate: cfg.Rate,
+		byHolder: map[string]*lease{},
+	}
+	s.quotas[name] = q
+	s.peak.quotas = max(s.peak.quotas, len(s.quotas))
+	s.count(cfg.Rule, 1)
+	return q
+}
+
+// renewed creates quota name at shape cfg in place of old (nil, or an idle
+// quota). An idle quota is exactly a new one of its shape, and Tick removes
+// it: so that a shape change means the same whether or not a Tick has run
+// since the quota went idle, a new shape for an idle quota starts it
+// afresh, as a new quota (full at the new B), where a quota in use only
+// gets room (raising B adds room, not tokens).
+func (s *State) renewed(old *quota, name string, cfg QuotaConfig) *quota {
+	if old != nil {
+		s.removeQuota(old)
+	}
+	return s.newQuota(name, cfg)
+}
+
+// admits reports (as an error wrapping ErrTooManySubjects) whether quota
+// name of shape cfg may not be created in place of old (nil, or an idle
+// quota it replaces): its rule has MaxSubjects quotas without old.
+func (s *State) admits(name string, cfg QuotaConfig, old *quota) error {
+	n := s.subjects[cfg.Rule]
+	if old != nil && old.base.Rule == cfg.Rule && cfg.Rule != "" {
+		n--
+	}
+	if cfg.MaxSubjects > 0 && n >= cfg.MaxSubjects {
+		return fmt.Errorf("quota %q: rule %q has %d quotas, max_subjects %d: %w",
+			name, cfg.Rule, n, cfg.MaxSubjects, ErrTooManySubjects)
+	}
+	return nil
+}
+
+// count adds d to the quotas counted for rule.
+func (s *State) count(rule string, d int) {
+	if rule == "" {
+		return
+	}
+	if n := s.subjects[rule] + d; n > 0 {
+		s.subjects[rule] = n
+	} else {
+		delete(s.subjects, rule)
+	}
+}
+
+// idle reports whether q is exactly what newQuota would create from its
+// shape: no lease, no funding, the pool full (P = B, its whole room) and
+// the ceilings back at B and r. Only the time of the pool differs, and a
+// full pool stays full. q must be refilled to now and settled.
+func (q *quota) idle() bool {
+	return len(q.leases) == 0 && q.fund == (Funding{}) && q.pool >= q.cfg.Burst &&
+		q.ceilBurst == q.cfg.Burst && q.ceilRate == q.cfg.Rate
+}
+
+// idleAt reports whether q would be idle at now (see idle), as Tick would
+// find it, without changing q: it refills and settles a copy (which shares
+// only the leases, read, of which there are none).
+func (q *quota) idleAt(now int64) bool {
+	if len(q.leases) > 0 {
+		return false
+	}
+	c := *q
+	c.refill(now)
+	c.settle()
+	return c.idle()
+}
+
+// removeQuota forgets an idle quota.
+func (s *State) removeQuota(q *quota) {
+	delete(s.quotas, q.name)
+	s.count(q.base.Rule, -1)
+}
+
+// compact rebuilds a map that has shrunk to a quarter of its peak size: a
+// Go map keeps the memory of its largest size, and ranging over it costs
+// that size, so without this a burst of a million subjects would cost
+// memory and Tick time long after they were removed. It changes no state.
+func (s *State) compact() {
+	const floor = 1024
+	if p := s.peak.quotas; p >= floor && len(s.quotas) <= p/4 {
+		s.quotas = rebuilt(s.quotas)
+		s.peak.quotas = len(s.quotas)
+	}
+	if p := s.peak.leases; p >= floor && len(s.leases) <= p/4 {
+		s.leases = rebuilt(s.leases)
+		s.peak.leases = len(s.leases)
+	}
+	if p := s.peak.holders; p >= floor && len(s.holders) <= p/4 {
+		s.holders = rebuilt(s.holders)
+		s.peak.holders = len(s.holders)
+	}
+}
+
+// rebuilt copies m into a map sized for what it holds (maps.Clone would
+// copy its tables, at their old size).
+func rebuilt[K comparable, V any](m map[K]V) map[K]V {
+	n := make(map[K]V, len(m))
+	for k, v := range m {
+		n[k] = v
+	}
+	return n
 }
 
 // effective is the shape conservation is held to: base, plus the funding.
@@ -277,6 +404,7 @@ func (s *State) holderCommand(name string, seq uint64, now int64, kind Kind, app
 	if h == nil {
 		h = &holder{}
 		s.holders[name] = h
+		s.peak.holders = max(s.peak.holders, len(s.holders))
 	}
 	ans := apply()
 	h.seq, h.at, h.answer = seq, s.now, ans
@@ -287,11 +415,19 @@ func (s *State) grant(c Grant) (Result, error) {
 	if err := c.validate(); err != nil {
 		return Result{}, err
 	}
-	q := s.quotas[c.Quota]
-	if q == nil {
+	if s.quotas[c.Quota] == nil && c.Config == nil && !s.replay(c.Holder, c.Seq) {
 		return Result{}, fmt.Errorf("lease: grant %q to %q: %w", c.Quota, c.Holder, ErrUnknownQuota)
 	}
 	return s.holderCommand(c.Holder, c.Seq, c.Now, KindGrant, func() answer {
+		q := s.quotas[c.Quota]
+		// c.Config is set when q is nil: without it, the command was
+		// refused above (holderCommand only applies what is not a replay).
+		if q == nil || c.Config != nil && q.base != *c.Config && q.idleAt(s.now) {
+			if s.admits(c.Quota, *c.Config, q) != nil {
+				return answer{Kind: KindGrant, Code: codeTooManySubjects}
+			}
+			q = s.renewed(q, c.Quota, *c.Config)
+		}
 		q.refill(s.now)
 		l := q.byHolder[c.Holder]
 		switch {
@@ -313,6 +449,13 @@ func (s *State) grant(c Grant) (Result, error) {
 	})
 }
 
+// replay reports whether a holder command with seq is answered from the
+// record or refused as stale, without being applied.
+func (s *State) replay(holder string, seq uint64) bool {
+	h := s.holders[holder]
+	return h != nil && seq <= h.seq
+}
+
 func (s *State) renew(c Renew) (Result, error) {
 	if err := c.validate(); err != nil {
 		return Result{}, err
@@ -324,12 +467,11 @@ func (s *State) renew(c Renew) (Result, error) {
 		// the items of this command all see the same demands.
 		for i, it := range c.Items {
 			items[i] = itemAnswer{LeaseID: it.LeaseID, Quota: it.Quota}
-			if s.quotas[it.Quota] == nil {
-				items[i].Code = codeUnknownQuota
-				continue
-			}
+			// A quota that does not exist has no live lease: it was never
+			// created, or removed once idle. Either way the holder must
+			// ask for a new grant, which recreates it.
 			l := s.leases[it.LeaseID]
-			if l == nil || l.Holder != c.Holder || l.Quota != it.Quota || s.now > l.Expiry {
+			if s.quotas[it.Quota] == nil || l == nil || l.Holder != c.Holder || l.Quota != it.Quota || s.now > l.Expiry {
 				items[i].Code = codeLeaseExpired
 				continue
 			}
@@ -396,10 +538,17 @@ func (s *State) tick(c Tick) (Result, error) {
 	}
 	s.advance(c.Now)
 	var reclaimed []uint64
-	for _, name := range slices.Sorted(maps.Keys(s.quotas)) {
-		q := s.quotas[name]
+	// Each quota's step reads and writes that quota, its leases and the
+	// holders' lease counts (a sum) only, and reclaimed is sorted below:
+	// the order of the map cannot reach the state or the answer, so no
+	// sort of every name is needed, and the walk costs the quotas there
+	// are, which idle ones leave.
+	for _, q := range s.quotas {
 		q.refill(s.now)
-		for _, l := range slices.Clone(q.leases) {
+		// Backwards, so that removing a lease leaves the ones still to
+		// visit in place (each lease's step is its own).
+		for i := len(q.leases) - 1; i >= 0; i-- {
+			l := q.leases[i]
 			switch {
 			case l.ReclaimAt < s.now:
 				// Its unreturned tokens are lost, not credited: the holder
@@ -412,12 +561,16 @@ func (s *State) tick(c Tick) (Result, error) {
 			}
 		}
 		q.settle()
+		if q.idle() && !s.keepIdle {
+			s.removeQuota(q)
+		}
 	}
 	for name, h := range s.holders {
 		if h.leases == 0 && s.now-h.at > RecordTTL {
 			delete(s.holders, name)
 		}
 	}
+	s.compact()
 	slices.Sort(reclaimed)
 	return Result{Reclaimed: reclaimed}, nil
 }
@@ -462,6 +615,7 @@ func (s *State) addLease(q *quota, name string) *lease {
 	l := &lease{ID: s.nextID, Holder: name, Quota: q.name, BoundAt: s.now, Weight: 1}
 	s.nextID++
 	s.leases[l.ID] = l
+	s.peak.leases = max(s.peak.leases, len(s.leases))
 	q.leases = append(q.leases, l)
 	q.byHolder[name] = l
 	s.holders[name].leases++

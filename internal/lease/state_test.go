@@ -160,6 +160,15 @@ func wantResUntil(id uint64, at int64) check {
 	}
 }
 
+func wantGone(quota string) check {
+	return func(t *testing.T, s *State, _ Result) {
+		t.Helper()
+		if q, ok := s.Quota(quota); ok {
+			t.Errorf("quota %q exists (%+v), want it removed", quota, q)
+		}
+	}
+}
+
 func wantLeases(quota string, n int) check {
 	return func(t *testing.T, s *State, _ Result) {
 		t.Helper()
@@ -259,10 +268,23 @@ func TestConfigureQuota(t *testing.T) {
 		}},
 		{"raising B adds room, not tokens: the pool refills into it", []step{
 			{cmd: quotaQ(0)},
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}, want: []check{wantPool("q", 80)}}, // cap 20, rate 2
 			{cmd: ConfigureQuota{Quota: "q", Burst: 200, Rate: 10, LeasePeriod: 10 * sec, SafetyMargin: sec},
-				want: []check{wantPool("q", 100), wantCeil("q", 200, 10)}},
-			{cmd: Tick{Now: 5 * sec}, want: []check{wantPool("q", 150)}},
-			{cmd: Tick{Now: 50 * sec}, want: []check{wantPool("q", 200)}},
+				want: []check{wantPool("q", 80), wantCeil("q", 200, 10)}},
+			{cmd: Tick{Now: 5 * sec}, want: []check{wantPool("q", 120)}}, // at 10 - 2
+			{cmd: Release{Now: 5 * sec, Holder: "a", Seq: 2, LeaseID: 1}, want: []check{wantPool("q", 120)}},
+			// Full at its new size, with no lease: idle, removed.
+			{cmd: Tick{Now: 13*sec - 1}, want: []check{wantPool("q", 200-0.00001)}},
+			{cmd: Tick{Now: 13 * sec}, want: []check{wantGone("q")}},
+		}},
+		{"a new shape for an idle quota starts it afresh, as if Tick had removed it", []step{
+			{cmd: quotaQ(0)},
+			{cmd: ConfigureQuota{Quota: "q", Burst: 200, Rate: 10, LeasePeriod: 10 * sec, SafetyMargin: sec},
+				want: []check{wantPool("q", 200), wantCeil("q", 200, 10)}},
+			{cmd: ConfigureQuota{Now: sec, Quota: "q", Burst: 50, Rate: 0, LeasePeriod: 10 * sec, SafetyMargin: sec},
+				want: []check{wantPool("q", 50), wantCeil("q", 50, 0)}},
+			{cmd: Grant{Now: sec, Holder: "a", Seq: 1, Quota: "q", Demand: 1, Config: &QuotaConfig{Burst: 70, Rate: 1, LeasePeriod: 10 * sec}},
+				want: []check{wantGranted(1, 70, 70, 1, 11*sec), wantPool("q", 0)}},
 		}},
 		{"lowering r below what is leased stops the pool refilling", []step{
 			{cmd: quotaQ(0)},
@@ -429,6 +451,8 @@ func TestRenew(t *testing.T) {
 			step{cmd: Grant{Now: 3 * sec, Holder: "a", Seq: 5, Quota: "q", Demand: 1}, err: ErrStale}, // same seq, other command
 		)},
 		{"renew of expired, unknown, foreign or unknown-quota leases is answered per item", with(
+			// A quota that does not exist (never created, or removed once
+			// idle) has no live lease: the holder must grant again.
 			step{cmd: ConfigureQuota{Quota: "other", Burst: 1, Rate: 1, LeasePeriod: sec}},
 			step{cmd: Renew{Now: 2 * sec, Holder: "a", Seq: 3, Items: []RenewItem{
 				{LeaseID: 99, Quota: "q"},
@@ -438,7 +462,7 @@ func TestRenew(t *testing.T) {
 			}}, want: []check{
 				wantItem(0, ErrLeaseExpired, 0, 0, 0, 0),
 				wantItem(1, ErrLeaseExpired, 0, 0, 0, 0),
-				wantItem(2, ErrUnknownQuota, 0, 0, 0, 0),
+				wantItem(2, ErrLeaseExpired, 0, 0, 0, 0),
 				wantItem(3, nil, 0, 50, 5, 0),
 			}},
 			// A lease renewed under another quota's name is not that lease.
@@ -553,7 +577,9 @@ func TestTick(t *testing.T) {
 			{cmd: Tick{Now: 2*RecordTTL + 2}},
 			{cmd: Grant{Now: 2*RecordTTL + 2, Holder: "a", Seq: 4, Quota: "q", Demand: 1}, err: ErrStale},
 			{cmd: Tick{Now: 2*RecordTTL + 3}},
-			{cmd: Grant{Now: 2*RecordTTL + 3, Holder: "a", Seq: 4, Quota: "q", Demand: 1}, want: []check{wantReplayed(false), wantLeases("q", 1)}},
+			// The quota went idle long ago: the grant recreates it.
+			{cmd: Grant{Now: 2*RecordTTL + 3, Holder: "a", Seq: 4, Quota: "q", Demand: 1, Config: &QuotaConfig{Burst: 10, Rate: 1, LeasePeriod: 2 * RecordTTL}},
+				want: []check{wantReplayed(false), wantLeases("q", 1)}},
 		}},
 	}
 	for _, tt := range tests {
