@@ -12,6 +12,20 @@ import (
 // raceEnabled is set by race_test.go under -race.
 var raceEnabled bool
 
+// quotaS is quotaQ with MaxSlice 1: a holder's share is at most 1 token/s
+// and 10 tokens, however the rest of the quota is shared, so the pool's
+// arithmetic below does not depend on the sharing policy.
+func quotaS(now int64) ConfigureQuota {
+	c := quotaQ(now)
+	c.MaxSlice = 1
+	return c
+}
+
+func cfgS() *QuotaConfig {
+	c := quotaS(0).Config()
+	return &c
+}
+
 // cfgQ is quotaQ's shape, as a grant carries it.
 func cfgQ() *QuotaConfig {
 	c := quotaQ(0).Config()
@@ -66,9 +80,9 @@ func TestRemoval(t *testing.T) {
 		steps []step
 	}{
 		{"a quota whose lease is given back whole is removed at the next tick", []step{
-			{cmd: quotaQ(0)},
-			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}, want: []check{wantPool("q", 80)}},
-			{cmd: Release{Holder: "a", Seq: 2, LeaseID: 1, Unused: 20}, want: []check{wantPool("q", 100), wantExists("q")}},
+			{cmd: quotaS(0)},
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 1}, want: []check{wantPool("q", 90)}},
+			{cmd: Release{Holder: "a", Seq: 2, LeaseID: 1, Unused: 10}, want: []check{wantPool("q", 100), wantExists("q")}},
 			{cmd: Tick{Now: 0}, want: []check{wantGone("q")}},
 		}},
 		{"a live lease keeps its quota", []step{
@@ -85,7 +99,7 @@ func TestRemoval(t *testing.T) {
 			{cmd: Tick{Now: 21*sec + 1}, want: []check{wantGone("q")}},
 		}},
 		{"a fixed allowance (rate 0) that was spent is never removed", []step{
-			{cmd: ConfigureQuota{Quota: "z", Burst: 5, LeasePeriod: sec}},
+			{cmd: ConfigureQuota{Quota: "z", Burst: 5, LeasePeriod: sec, MaxSlice: 1}},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "z", Demand: 1}},
 			{cmd: Release{Holder: "a", Seq: 2, LeaseID: 1, Unused: 0}},
 			{cmd: Tick{Now: 1000 * sec}, want: []check{wantExists("z"), wantPool("z", 4)}},
@@ -108,7 +122,7 @@ func TestRemoval(t *testing.T) {
 			{cmd: Grant{Now: sec, Holder: "a", Seq: 1, Quota: "q", Demand: 1}, err: ErrUnknownQuota},
 		}},
 		{"a renewal of a lease whose quota is gone is told to grant again", []step{
-			{cmd: quotaQ(0)},
+			{cmd: quotaS(0)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 1}},
 			// Reclaimed after the pool's refill: the tick after removes it.
 			{cmd: Tick{Now: 30 * sec}, want: []check{wantReclaimed(1), wantExists("q")}},
@@ -116,10 +130,10 @@ func TestRemoval(t *testing.T) {
 			{cmd: renew1(31*sec, "a", 2, 1, 0, 1, 10, 1), want: []check{wantItem(0, ErrLeaseExpired, 0, 0, 0, 0)}},
 		}},
 		{"a retried grant whose quota was removed since is replayed, nothing recreated", []step{
-			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 1, Config: cfgQ()}},
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 1, Config: cfgS()}},
 			{cmd: Tick{Now: 30 * sec}, want: []check{wantReclaimed(1)}},
 			{cmd: Tick{Now: 31 * sec}, want: []check{wantGone("q")}},
-			{cmd: Grant{Now: 31 * sec, Holder: "a", Seq: 1, Quota: "q", Demand: 1, Config: cfgQ()},
+			{cmd: Grant{Now: 31 * sec, Holder: "a", Seq: 1, Quota: "q", Demand: 1, Config: cfgS()},
 				want: []check{wantReplayed(true), wantGone("q")}},
 			{cmd: Grant{Now: 31 * sec, Holder: "a", Seq: 1, Quota: "q", Demand: 1},
 				want: []check{wantReplayed(true), wantGone("q")}},
