@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -62,6 +63,14 @@ func (o ClientOptions) withDefaults() ClientOptions {
 	if o.DialOptions == nil {
 		o.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
+	// gRPC's default reconnect backoff grows to two minutes: a coordinator
+	// restarted after a few failed dials would then stay unreachable to
+	// this client for far longer than a lease lives. Reconnect within a
+	// second instead (a dial is cheap next to a lease lapsing).
+	o.DialOptions = append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+		MinConnectTimeout: time.Second,
+	})}, o.DialOptions...)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -303,4 +312,97 @@ func (c *Client) RemoveServer(ctx context.Context, req *rationv1.RemoveServerReq
 		return err
 	})
 	return resp, err
+}
+
+// watchCheck is how often Watch checks that its stream is still on the
+// leader the unary calls use: a stream to a node that was deposed (or
+// paused) stays silent rather than fail, and the renewals find the new
+// leader first.
+const watchCheck = 500 * time.Millisecond
+
+// Watch keeps holder's nudge stream (Leases.Watch) open to the leader until
+// ctx is done, and calls fn with the quotas of every nudge, from one
+// goroutine; fn must not block. It follows the leader as the unary calls
+// do: a trailer naming the leader, else the next member after a jittered
+// backoff; and it moves to the leader the unary calls found when that
+// differs. When a stream is (re)established fn is called with no quotas:
+// nudges sent while there was none are lost, and the holder may renew
+// what it holds to catch up. It returns ctx's error.
+func (c *Client) Watch(ctx context.Context, holder string, fn func([]*rationv1.QuotaRef)) error {
+	backoff := c.opts.BackoffMin
+	for ctx.Err() == nil {
+		target := c.first()
+		if target == "" {
+			return fmt.Errorf("coordinator client: watch: no addresses: %w", ErrInvalidRequest)
+		}
+		hint, got, err := c.watchOnce(ctx, target, holder, fn)
+		if ctx.Err() != nil {
+			break
+		}
+		c.opts.Logger.Debug("lease watch stream ended", "addr", target, "leader_hint", hint, "err", err)
+		switch {
+		case hint != "" && hint != target:
+			c.setLeader(hint)
+			backoff = c.opts.BackoffMin
+			continue
+		case got:
+			backoff = c.opts.BackoffMin
+		case hint == "" && status.Code(err) == codes.Unavailable:
+			c.rotate(target)
+		}
+		pause := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(2*backoff, c.opts.BackoffMax)
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+	return ctx.Err()
+}
+
+// watchOnce runs one stream to target until it ends, or until the unary
+// calls have moved to another leader. got reports that the stream was
+// established.
+func (c *Client) watchOnce(ctx context.Context, target, holder string, fn func([]*rationv1.QuotaRef)) (hint string, got bool, err error) {
+	cc, err := c.conn(target)
+	if err != nil {
+		return "", false, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := rationv1.NewLeasesClient(cc).Watch(sctx, &rationv1.WatchRequest{Holder: holder})
+	if err != nil {
+		return "", false, err
+	}
+	go func() {
+		t := time.NewTicker(watchCheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+				if l := c.Leader(); l != "" && l != target {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			if v := stream.Trailer().Get(LeaderTrailer); len(v) > 0 {
+				hint = v[0]
+			}
+			return hint, got, err
+		}
+		if !got {
+			got = true
+			c.setLeader(target)
+		}
+		fn(msg.GetQuotas())
+	}
 }

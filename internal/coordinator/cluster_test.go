@@ -650,43 +650,84 @@ func TestRenewSemantics(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	bad := []struct {
+	// Problems of the request itself refuse it whole; problems of one item
+	// refuse that item alone (ItemErrInvalid). Neither changes the state.
+	badRequests := []struct {
 		name string
 		req  *rationv1.RenewRequest
 	}{
 		{"no holder", &rationv1.RenewRequest{Seq: 100, Items: []*rationv1.RenewItem{{Quota: testQuotas[0]}}}},
 		{"seq 0", &rationv1.RenewRequest{Holder: "z", Items: []*rationv1.RenewItem{{Quota: testQuotas[0]}}}},
 		{"no items", &rationv1.RenewRequest{Holder: "z", Seq: 1}},
-		{"null item", &rationv1.RenewRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{nil}}},
-		{"no quota", &rationv1.RenewRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{{}}}},
-		{"NaN demand", &rationv1.RenewRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{{Quota: testQuotas[0], Demand: math.NaN()}}}},
-		{"negative unused", &rationv1.RenewRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{{Quota: testQuotas[0], LeaseId: 5, Unused: -1}}}},
-		{"infinite cap", &rationv1.RenewRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{{Quota: testQuotas[0], ConfirmedCap: math.Inf(1)}}}},
-		{"same quota twice", &rationv1.RenewRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{{Quota: testQuotas[0]}, {Quota: testQuotas[0]}}}},
-		{"same lease twice", &rationv1.RenewRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{{Quota: testQuotas[0], LeaseId: 3}, {Quota: testQuotas[1], LeaseId: 3}}}},
-		{"subject too long", &rationv1.RenewRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{{Quota: &rationv1.QuotaRef{Rule: "hot", Subject: strings.Repeat("s", 300)}}}}},
 		{"seq overflows", &rationv1.RenewRequest{Holder: "z", Seq: math.MaxUint64, Items: []*rationv1.RenewItem{{Quota: testQuotas[0]}}}},
+	}
+	badItems := []struct {
+		name string
+		item *rationv1.RenewItem
+	}{
+		{"null item", nil},
+		{"no quota", &rationv1.RenewItem{}},
+		{"NaN demand", &rationv1.RenewItem{Quota: testQuotas[0], Demand: math.NaN()}},
+		{"negative unused", &rationv1.RenewItem{Quota: testQuotas[0], LeaseId: 5, Unused: -1}},
+		{"infinite cap", &rationv1.RenewItem{Quota: testQuotas[0], ConfirmedCap: math.Inf(1)}},
+		{"subject too long", &rationv1.RenewItem{Quota: &rationv1.QuotaRef{Rule: "hot", Subject: strings.Repeat("s", 300)}}},
 	}
 	before, idx, err := ln.FSM().StateBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range bad {
+	for _, tc := range badRequests {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := cl.Renew(ctx, tc.req); status.Code(err) != codes.InvalidArgument {
 				t.Errorf("Renew(%s) = %v, want INVALID_ARGUMENT", tc.name, err)
 			}
 		})
 	}
-	if _, err := cl.Release(ctx, &rationv1.ReleaseRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{{LeaseId: 0}}}); status.Code(err) != codes.InvalidArgument {
-		t.Errorf("Release of lease 0 = %v, want INVALID_ARGUMENT", err)
+	for _, tc := range badItems {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := cl.Renew(ctx, &rationv1.RenewRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{tc.item}})
+			if err != nil || len(resp.Grants) != 1 || !strings.HasPrefix(resp.Grants[0].Error, coordinator.ItemErrInvalid) {
+				t.Errorf("Renew(%s) = %v, %v; want one grant with error %q", tc.name, resp, err, coordinator.ItemErrInvalid)
+			}
+		})
+	}
+	rel, err := cl.Release(ctx, &rationv1.ReleaseRequest{Holder: "z", Seq: 1, Items: []*rationv1.RenewItem{{LeaseId: 0}}})
+	if err != nil || len(rel.Errors) != 1 || !strings.HasPrefix(rel.Errors[0], coordinator.ItemErrInvalid) {
+		t.Errorf("Release of lease 0 = %v, %v; want its item refused with %q", rel, err, coordinator.ItemErrInvalid)
 	}
 	after, idx2, err := ln.FSM().StateBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if idx2 != idx || string(after) != string(before) {
-		t.Errorf("rejected requests changed the state (index %d -> %d)", idx, idx2)
+		t.Errorf("refused requests and items changed the state (index %d -> %d)", idx, idx2)
+	}
+
+	// One bad item among good ones fails alone: the others are granted.
+	mixed := []struct {
+		name  string
+		items []*rationv1.RenewItem
+		bad   int
+	}{
+		{"a subject past the limit", []*rationv1.RenewItem{{Quota: testQuotas[0]}, {Quota: &rationv1.QuotaRef{Rule: "hot", Subject: strings.Repeat("v", 1024)}}, {Quota: testQuotas[1]}}, 1},
+		{"same quota twice", []*rationv1.RenewItem{{Quota: testQuotas[0]}, {Quota: testQuotas[0]}}, 1},
+		{"a NaN demand", []*rationv1.RenewItem{{Quota: testQuotas[0], Demand: math.NaN()}, {Quota: testQuotas[1]}}, 0},
+	}
+	for k, tc := range mixed {
+		t.Run("mixed "+tc.name, func(t *testing.T) {
+			resp, err := cl.Renew(ctx, &rationv1.RenewRequest{Holder: fmt.Sprintf("mixed-%d", k), Seq: 1, Items: tc.items})
+			if err != nil || len(resp.Grants) != len(tc.items) {
+				t.Fatalf("Renew = %v, %v; want %d grants", resp, err, len(tc.items))
+			}
+			for i, g := range resp.Grants {
+				switch {
+				case i == tc.bad && !strings.HasPrefix(g.Error, coordinator.ItemErrInvalid):
+					t.Errorf("item %d (bad) = %v, want error %q", i, g, coordinator.ItemErrInvalid)
+				case i != tc.bad && (g.Error != "" || g.LeaseId == 0):
+					t.Errorf("item %d (good) = %v, want a lease", i, g)
+				}
+			}
+		})
 	}
 }
 

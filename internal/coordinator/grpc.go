@@ -29,11 +29,20 @@ const (
 	// ItemErrUnknownQuota: the coordinator's rules have no leased rule of
 	// that name (or the quota could not be configured).
 	ItemErrUnknownQuota = "unknown quota"
+	// ItemErrInvalid: the item itself is malformed (a quota name past the
+	// limit, a value out of range, a duplicate): it was refused alone and
+	// asking again unchanged is refused again.
+	ItemErrInvalid = "invalid item"
 	// ItemErrRetryGrant: the request was a retry of one already applied,
 	// and only its last command's answer is kept, so this grant's answer is
 	// lost. The lease exists; ask again with lease_id 0 and a new seq to
 	// get its terms (its first balance is forfeit).
 	ItemErrRetryGrant = "grant answer lost on retry"
+	// ItemErrTooManySubjects: the rule's lease.max_subjects quotas exist
+	// already, so this subject gets none: the rule's failure policy
+	// applies. Ask again later (with lease_id 0): a quota goes once its
+	// subject is idle (no lease, pool refilled), which makes room.
+	ItemErrTooManySubjects = "too many subjects"
 )
 
 // QuotaID names the quota of rule applied to subject, as the state machine
@@ -60,10 +69,13 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	if err := n.servable(); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
-	if err := checkHolderRequest(req.GetHolder(), req.GetSeq(), req.GetItems(), n.cfg.MaxItems, true); err != nil {
+	if err := checkHolderRequest(req.GetHolder(), req.GetSeq(), len(req.GetItems()), n.cfg.MaxItems); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
+	n.seenHolder(ctx, req.Holder)
 	set := n.rules.Load()
+	items := newItemChecker(true)
+	var touched []string // quota ids proposed, for rebalance
 	grants := make([]*rationv1.Grant, len(req.Items))
 	p := &proposal{kind: kindRenew}
 	var renew lease.Renew
@@ -75,16 +87,21 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	// comes after all of them.
 	seq := req.Seq
 	for i, it := range req.Items {
-		grants[i] = &rationv1.Grant{Quota: it.Quota, LeaseId: it.LeaseId}
+		grants[i] = &rationv1.Grant{Quota: it.GetQuota(), LeaseId: it.GetLeaseId()}
 		grantSeq := seq
-		if it.LeaseId == 0 {
+		if it.GetLeaseId() == 0 {
 			seq++
+		}
+		if msg := items.check(i, it); msg != "" {
+			grants[i].Error = msg
+			continue
 		}
 		qid, cfg, weight, bounds, msg := n.quotaFor(set, it.Quota, req.Holder)
 		if msg != "" {
 			grants[i].Error = msg
 			continue
 		}
+		touched = append(touched, qid)
 		p.configs = append(p.configs, cfg)
 		if it.LeaseId == 0 {
 			p.ops = append(p.ops, pendingOp{cmd: lease.Grant{
@@ -161,6 +178,9 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	if id, isRegion := region.FromHolder(req.Holder); isRegion && n.cfg.Upstream == "" {
 		n.settleSafe(ctx, set, id, req.Items, grants)
 	}
+	if !replayed {
+		n.rebalance(touched, req.Holder)
+	}
 	return &rationv1.RenewResponse{Grants: grants}, nil
 }
 
@@ -169,15 +189,34 @@ func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest
 	if err := n.servable(); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
-	if err := checkHolderRequest(req.GetHolder(), req.GetSeq(), req.GetItems(), n.cfg.MaxItems, false); err != nil {
+	if err := checkHolderRequest(req.GetHolder(), req.GetSeq(), len(req.GetItems()), n.cfg.MaxItems); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
+	n.seenHolder(ctx, req.Holder)
+	resp := &rationv1.ReleaseResponse{Errors: make([]string, len(req.Items))}
+	items := newItemChecker(false)
 	p := &proposal{kind: kindRelease}
 	for i, it := range req.Items {
+		// A refused item keeps its number: a retry maps to the same commands.
+		if msg := items.check(i, it); msg != "" {
+			resp.Errors[i] = msg
+			continue
+		}
 		p.ops = append(p.ops, pendingOp{cmd: lease.Release{
 			Holder: req.Holder, Seq: req.Seq + uint64(i), LeaseID: it.LeaseId, Unused: it.Unused,
 		}})
 	}
+	if len(p.ops) == 0 {
+		return resp, nil
+	}
+	var released []string
+	n.fsm.read(func(s *lease.State) {
+		for _, o := range p.ops {
+			if l, ok := s.LeaseByID(o.cmd.(lease.Release).LeaseID); ok && l.Holder == req.Holder {
+				released = append(released, l.Quota)
+			}
+		}
+	})
 	results, err := n.propose(ctx, p)
 	if err != nil {
 		return nil, n.rpcError(ctx, err)
@@ -187,8 +226,12 @@ func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest
 	// stale request (older than the holder's last) is reported.
 	if last := results[len(results)-1]; errors.Is(last.Err, lease.ErrStale) {
 		return nil, n.rpcError(ctx, last.Err)
+	} else if !last.Result.Replayed {
+		// What the releases freed may be wanted at once by the other
+		// holders of those quotas.
+		n.rebalance(released, "")
 	}
-	return &rationv1.ReleaseResponse{}, nil
+	return resp, nil
 }
 
 // errSeqReused: the state machine answered from its record for this seq,
@@ -217,6 +260,8 @@ func itemError(err error) string {
 		return ItemErrLeaseExpired
 	case errors.Is(err, lease.ErrUnknownQuota):
 		return ItemErrUnknownQuota
+	case errors.Is(err, lease.ErrTooManySubjects):
+		return ItemErrTooManySubjects
 	}
 	return ""
 }
@@ -255,6 +300,11 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 		MinSlice:     r.Lease.MinSlice,
 		MaxSlice:     r.Lease.MaxSlice,
 		SafetyMargin: cfg.SafetyMargin.Microseconds(),
+	}
+	if r.Lease.MaxSubjects > 0 {
+		// Only then: a rule without it keeps the shape (and the encoding)
+		// it had before max_subjects existed.
+		c.Rule, c.MaxSubjects = r.Name, r.Lease.MaxSubjects
 	}
 	tuneQuota(&c, n.tuningOf(r.Name, cfg.Region))
 	var weight float64
@@ -296,77 +346,93 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 	return id, c, weight, bounds, ""
 }
 
-// checkHolderRequest rejects a malformed Renew or Release before anything
-// is proposed, naming every problem: the state machine would reject it too,
-// but after it had cost a Raft entry, and some problems (NaN) cannot even
-// be encoded.
-func checkHolderRequest(holder string, seq uint64, items []*rationv1.RenewItem, maxItems int, renew bool) error {
+// checkHolderRequest rejects a malformed Renew or Release as a whole
+// before anything is proposed, naming every problem of the request itself
+// (holder, seq, item count). Problems of single items are checkItem's: they
+// fail that item alone.
+func checkHolderRequest(holder string, seq uint64, items int, maxItems int) error {
 	var ps []string
 	bad := func(format string, args ...any) { ps = append(ps, fmt.Sprintf(format, args...)) }
-	switch {
-	case holder == "":
-		bad("holder is empty")
-	case len(holder) > lease.MaxNameLen:
-		bad("holder is %d bytes, at most %d", len(holder), lease.MaxNameLen)
-	case !utf8.ValidString(holder):
+	if msg := checkHolderName(holder); msg != "" {
+		bad("%s", msg)
+	} else if !utf8.ValidString(holder) {
 		bad("holder is not valid UTF-8")
 	}
 	if seq == 0 {
 		bad("seq must be > 0")
 	}
 	switch {
-	case len(items) == 0:
+	case items == 0:
 		bad("no items")
-	case len(items) > min(maxItems, lease.MaxItems):
-		bad("%d items, at most %d", len(items), min(maxItems, lease.MaxItems))
-	case seq > math.MaxUint64-uint64(len(items)):
-		bad("seq %d leaves no room for %d items (a request uses seq .. seq+len(items)-1)", seq, len(items))
-	}
-	leaseIDs := map[uint64]bool{}
-	quotas := map[string]bool{}
-	for i, it := range items {
-		f := func(name string) string { return fmt.Sprintf("items[%d].%s", i, name) }
-		if it == nil {
-			bad("items[%d] is null", i)
-			continue
-		}
-		if !renew && it.LeaseId == 0 {
-			bad("%s must be > 0", f("lease_id"))
-		}
-		if it.LeaseId != 0 {
-			if leaseIDs[it.LeaseId] {
-				bad("%s %d appears twice", f("lease_id"), it.LeaseId)
-			}
-			leaseIDs[it.LeaseId] = true
-		}
-		if renew {
-			q := it.GetQuota()
-			switch id := QuotaID(q.GetRule(), q.GetSubject()); {
-			case q == nil || q.Rule == "":
-				bad("%s is empty", f("quota.rule"))
-			case len(id) > lease.MaxNameLen:
-				bad("%s: rule and subject are %d bytes together, at most %d", f("quota"), len(id)-1, lease.MaxNameLen-1)
-			case !utf8.ValidString(id):
-				bad("%s is not valid UTF-8", f("quota"))
-			case quotas[id]:
-				bad("%s %q appears twice (a holder has one lease per quota)", f("quota"), id)
-			default:
-				quotas[id] = true
-			}
-		}
-		for _, v := range []struct {
-			name string
-			v    float64
-		}{{"unused", it.Unused}, {"demand", it.Demand}, {"confirmed_cap", it.ConfirmedCap}, {"confirmed_rate", it.ConfirmedRate}} {
-			if !(v.v >= 0 && v.v <= lease.MaxValue) {
-				bad("%s %v must be in [0, %g]", f(v.name), v.v, float64(lease.MaxValue))
-			}
-		}
+	case items > min(maxItems, lease.MaxItems):
+		bad("%d items, at most %d (split the request)", items, min(maxItems, lease.MaxItems))
+	case seq > math.MaxUint64-uint64(items):
+		bad("seq %d leaves no room for %d items (a request uses seq .. seq+len(items)-1)", seq, items)
 	}
 	if len(ps) == 0 {
 		return nil
 	}
 	return fmt.Errorf("%w: %s", ErrInvalidRequest, strings.Join(ps, "; "))
+}
+
+// itemChecker finds the problems of single items of one Renew or Release:
+// the state machine would refuse them too, but after they had cost a Raft
+// entry (and a NaN cannot even be encoded). An item with a problem is
+// answered ItemErrInvalid and left out; the others go on.
+type itemChecker struct {
+	renew    bool
+	leaseIDs map[uint64]bool
+	quotas   map[string]bool
+}
+
+func newItemChecker(renew bool) *itemChecker {
+	return &itemChecker{renew: renew, leaseIDs: map[uint64]bool{}, quotas: map[string]bool{}}
+}
+
+// check returns the item's Grant.error ("" when it is fine).
+func (c *itemChecker) check(i int, it *rationv1.RenewItem) string {
+	var ps []string
+	bad := func(format string, args ...any) { ps = append(ps, fmt.Sprintf(format, args...)) }
+	f := func(name string) string { return fmt.Sprintf("items[%d].%s", i, name) }
+	if it == nil {
+		return fmt.Sprintf("%s: items[%d] is null", ItemErrInvalid, i)
+	}
+	if !c.renew && it.LeaseId == 0 {
+		bad("%s must be > 0", f("lease_id"))
+	}
+	if it.LeaseId != 0 {
+		if c.leaseIDs[it.LeaseId] {
+			bad("%s %d appears twice", f("lease_id"), it.LeaseId)
+		}
+		c.leaseIDs[it.LeaseId] = true
+	}
+	if c.renew {
+		q := it.GetQuota()
+		switch id := QuotaID(q.GetRule(), q.GetSubject()); {
+		case q == nil || q.Rule == "":
+			bad("%s is empty", f("quota.rule"))
+		case len(id) > lease.MaxNameLen:
+			bad("%s: rule and subject are %d bytes together, at most %d", f("quota"), len(id)-1, lease.MaxNameLen-1)
+		case !utf8.ValidString(id):
+			bad("%s is not valid UTF-8", f("quota"))
+		case c.quotas[id]:
+			bad("%s %q appears twice (a holder has one lease per quota)", f("quota"), id)
+		default:
+			c.quotas[id] = true
+		}
+	}
+	for _, v := range []struct {
+		name string
+		v    float64
+	}{{"unused", it.Unused}, {"demand", it.Demand}, {"confirmed_cap", it.ConfirmedCap}, {"confirmed_rate", it.ConfirmedRate}} {
+		if !(v.v >= 0 && v.v <= lease.MaxValue) {
+			bad("%s %v must be in [0, %g]", f(v.name), v.v, float64(lease.MaxValue))
+		}
+	}
+	if len(ps) == 0 {
+		return ""
+	}
+	return ItemErrInvalid + ": " + strings.Join(ps, "; ")
 }
 
 // servable answers early, without queueing, when this node cannot serve.

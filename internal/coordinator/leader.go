@@ -47,8 +47,12 @@ const maxInflight = 16
 type proposal struct {
 	ops []pendingOp
 	// configs are ConfigureQuota commands (from the coordinator's rules)
-	// the ops need; the batcher adds those whose quota is not configured
-	// with that shape yet, before the ops, in the same entry.
+	// the ops need; the batcher adds those whose quota exists with another
+	// shape, before the ops, in the same entry, and gives each Grant its
+	// quota's shape (Grant.Config), which creates the quota if it does not
+	// exist: the state machine removes idle quotas, so a grant must not
+	// depend on an earlier ConfigureQuota (or on t.configured) still being
+	// true when it applies.
 	configs []lease.ConfigureQuota
 	done    chan proposalResult // buffered: the responder never blocks
 	kind    proposalKind
@@ -365,6 +369,12 @@ func (n *Node) build(t *term, props []*proposal) (*entryBuild, []*proposal) {
 				t.configured[c.Quota] = want
 				continue
 			}
+			if !exists {
+				// A grant creates it from its own Config; a renewal of a
+				// quota that is gone is answered lease expired, and the
+				// holder's next grant creates it.
+				continue
+			}
 			c.Now = now
 			data, err := lease.EncodeCommand(c)
 			if err != nil {
@@ -419,13 +429,31 @@ func encodeProposal(p *proposal, now int64) ([]op, error) {
 			ops[i] = memberOp(*o.member)
 			continue
 		}
-		data, err := lease.EncodeCommand(stampCommand(o.cmd, now))
+		data, err := lease.EncodeCommand(stampCommand(withConfig(o.cmd, p.configs), now))
 		if err != nil {
 			return nil, err
 		}
 		ops[i] = commandOp(data)
 	}
 	return ops, nil
+}
+
+// withConfig gives a Grant its quota's shape from configs, so that it
+// creates the quota if the state machine has removed it (idle) since the
+// shape was configured.
+func withConfig(c lease.Command, configs []lease.ConfigureQuota) lease.Command {
+	g, ok := c.(lease.Grant)
+	if !ok || g.Config != nil {
+		return c
+	}
+	for _, cq := range configs {
+		if cq.Quota == g.Quota {
+			cfg := cq.Config()
+			g.Config = &cfg
+			return g
+		}
+	}
+	return c
 }
 
 // stampCommand sets the leader's timestamp on a command.

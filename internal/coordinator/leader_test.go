@@ -43,12 +43,14 @@ func entryKinds(t *testing.T, b *entryBuild) []string {
 	return out
 }
 
-// TestBuildConfiguresOnce: a quota several queued requests need is
+// TestBuildConfiguresOnce: a quota several queued requests need reshaped is
 // configured once per entry and once per term; one already configured with
-// the same shape is not configured again; a changed shape is.
+// the same shape is not configured again; a changed shape is; one that does
+// not exist is not configured (a grant creates it from its own shape).
 func TestBuildConfiguresOnce(t *testing.T) {
 	n, tm := newBuildNode(t)
 	n.fsm.Apply(entryLog(1, commandOp(mustEncode(t, lease.ConfigureQuota{Now: 1, Quota: "old|", Burst: 5, Rate: 1, LeasePeriod: 2e6}))))
+	n.fsm.Apply(entryLog(2, commandOp(mustEncode(t, lease.ConfigureQuota{Now: 1, Quota: "new|", Burst: 9, Rate: 1, LeasePeriod: 2e6}))))
 	steps := []struct {
 		props []*proposal
 		want  string
@@ -59,6 +61,7 @@ func TestBuildConfiguresOnce(t *testing.T) {
 		}, "[configure renew renew]"},
 		{[]*proposal{renewProposal("c", 1, configure("new|", 10))}, "[renew]"},
 		{[]*proposal{renewProposal("d", 1, configure("old|", 7))}, "[configure renew]"},
+		{[]*proposal{renewProposal("e", 1, configure("gone|", 3))}, "[renew]"},
 	}
 	for i, s := range steps {
 		b, rest := n.build(tm, s.props)
@@ -77,6 +80,34 @@ func TestBuildConfiguresOnce(t *testing.T) {
 	b, _ := n.build(tm, []*proposal{renewProposal("e", 1, configure("new|", 10))})
 	if got := fmt.Sprint(entryKinds(t, b)); got != "[configure renew]" {
 		t.Errorf("after a failed entry: %s, want [configure renew]", got)
+	}
+}
+
+// TestBuildGivesGrantsTheirShape: every Grant carries its quota's shape
+// from the proposal's configs, so that it creates the quota if the state
+// machine removed it (idle) after the leader cached it as configured.
+func TestBuildGivesGrantsTheirShape(t *testing.T) {
+	n, tm := newBuildNode(t)
+	cfg := configure("t|a", 10)
+	cfg.Rule, cfg.MaxSubjects = "t", 5
+	tm.configured["t|a"] = cfg.Config() // believed configured this term
+	p := &proposal{ops: []pendingOp{
+		{cmd: lease.Grant{Holder: "h", Seq: 1, Quota: "t|a", Demand: 1}},
+		{cmd: lease.Grant{Holder: "h", Seq: 2, Quota: "t|none", Demand: 1}},
+	}, configs: []lease.ConfigureQuota{cfg}, done: make(chan proposalResult, 1)}
+	b, _ := n.build(tm, []*proposal{p})
+	var got []*lease.QuotaConfig
+	for _, o := range b.ops {
+		c, err := lease.DecodeCommand(o.data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g, ok := c.(lease.Grant); ok {
+			got = append(got, g.Config)
+		}
+	}
+	if len(got) != 2 || got[0] == nil || *got[0] != cfg.Config() || got[1] != nil {
+		t.Fatalf("grants carry %v, want [%+v <nil>]", got, cfg.Config())
 	}
 }
 

@@ -29,6 +29,10 @@ type metrics struct {
 	// upstreamRenewals counts a regional leader's renewals of its upstream
 	// leases, by result (ok, error).
 	upstreamRenewals *prometheus.CounterVec
+	// nudges counts quotas this leader told holders to renew at once;
+	// duplicateHolders pairs of live agent processes seen with one id.
+	nudges           prometheus.Counter
+	duplicateHolders prometheus.Counter
 	state            *stateCollector
 
 	all []prometheus.Collector
@@ -83,11 +87,20 @@ func newMetrics(n *Node) *metrics {
 			Name: "ration_coordinator_upstream_renewals_total",
 			Help: "Renewals of this regional leader's upstream leases from the global group, by result (ok, error).",
 		}, []string{"result"}),
+		nudges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_nudges_total",
+			Help: "Quotas this node, as leader, told their holders to renew at once over their Watch streams (a share to shrink or to take).",
+		}),
+		duplicateHolders: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_duplicate_agent_ids_total",
+			Help: "Times this leader saw two live agent processes (incarnations) with the same configured agent id; each is still its own holder.",
+		}),
 		state: &stateCollector{n: n},
 	}
 	m.all = []prometheus.Collector{
 		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.leaderChanges,
-		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals, m.state,
+		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals,
+		m.nudges, m.duplicateHolders, m.state,
 	}
 	return m
 }

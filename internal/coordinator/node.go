@@ -56,12 +56,20 @@ type Node struct {
 	// upClient talks to the global group (-upstream); nil otherwise.
 	upClient *Client
 	term     atomic.Pointer[term] // the current leadership term; nil when not leader
-	lastNow  atomic.Int64         // the last timestamp this node stamped, µs
+	// watch holds the holders' Watch streams (nudge.go); incs the agent
+	// incarnations seen, for duplicate-id detection.
+	watch   watchers
+	incs    incarnations
+	lastNow atomic.Int64 // the last timestamp this node stamped, µs
 
 	notify   chan bool
 	observer *raft.Observer
 	done     chan struct{}
-	wg       sync.WaitGroup
+	// drain is closed when the node starts to stop: long-lived streams
+	// (Watch) end, so that a graceful stop does not wait for them.
+	drain     chan struct{}
+	drainOnce sync.Once
+	wg        sync.WaitGroup
 
 	closeOnce sync.Once
 	closeErr  error
@@ -100,6 +108,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, reg *prometheus
 		reg:    reg,
 		notify: make(chan bool, 16),
 		done:   make(chan struct{}),
+		drain:  make(chan struct{}),
 	}
 	n.rules.Store(set)
 	n.checkSafeShares(set)
@@ -404,6 +413,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			}
 		}
 	}
+	n.drainStreams()
 	if n.grpcServer != nil {
 		stopped := make(chan struct{})
 		go func() { n.grpcServer.GracefulStop(); close(stopped) }()
@@ -416,6 +426,8 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	return n.close()
 }
 
+func (n *Node) drainStreams() { n.drainOnce.Do(func() { close(n.drain) }) }
+
 // Close stops the node at once: no leadership transfer, connections cut.
 // It is what a crash looks like to the rest of the cluster (the harness's
 // Kill), minus the lost fsync.
@@ -423,6 +435,7 @@ func (n *Node) Close() error { return n.close() }
 
 func (n *Node) close() error {
 	n.closeOnce.Do(func() {
+		n.drainStreams()
 		close(n.done)
 		if t := n.term.Swap(nil); t != nil {
 			t.cancel()

@@ -41,6 +41,8 @@ type hierarchy struct {
 	rec     *admission.Recorder
 	// origin is when the last drive started, on rec's clock.
 	origin time.Duration
+	// quit ends a drive early once closed.
+	quit chan struct{}
 }
 
 type regionAgent struct {
@@ -59,7 +61,7 @@ func startHierarchy(t *testing.T, yaml string, globalN, regionN, agentsPer int, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	hr := &hierarchy{t: t, set: set, regions: map[string]*harness.Coordinators{}, proxies: map[string]*proxy{}, rec: admission.NewRecorder()}
+	hr := &hierarchy{t: t, set: set, regions: map[string]*harness.Coordinators{}, proxies: map[string]*proxy{}, rec: admission.NewRecorder(), quit: make(chan struct{})}
 	hr.global = harness.StartCoordinators(t, globalN, yaml)
 	for _, r := range regions {
 		var ups []string
@@ -122,6 +124,11 @@ func (hr *hierarchy) drive(rule, subject string, d time.Duration, offer func(a *
 				el := time.Since(start)
 				if el >= d {
 					return
+				}
+				select {
+				case <-hr.quit:
+					return
+				default:
 				}
 				rate := offer(a, el)
 				if rate <= 0 {
@@ -522,7 +529,9 @@ func TestTuningTakesEffectAndSurvivesRestart(t *testing.T) {
 	driveDone := make(chan struct{})
 	go func() {
 		defer close(driveDone)
-		hr.drive("g", "x", 9*time.Second, func(*regionAgent, time.Duration) float64 { return 80 })
+		// Until quit: the regions want their shares through the restarts
+		// (an idle regional quota is removed, and holds no upstream lease).
+		hr.drive("g", "x", time.Minute, func(*regionAgent, time.Duration) float64 { return 80 })
 	}()
 	time.Sleep(2 * period) // both regions leased: about 30 each
 	li, leader := hr.global.Leader(t)
@@ -582,6 +591,7 @@ func TestTuningTakesEffectAndSurvivesRestart(t *testing.T) {
 	if !(us.Rate > 0 && us.Rate <= 10+1e-9 && eu.Rate > 40 && eu.Term == 2e6) {
 		t.Errorf("after the restart: eu rate %.1f term %d µs, us rate %.1f; want us <= 10, eu > 40 with a 2s term", eu.Rate, eu.Term, us.Rate)
 	}
+	close(hr.quit)
 	<-driveDone
 	if rep := admission.Check(hr.rec.Records(), "g|x", 40, 60); rep.Overshoot > 1e-6 {
 		t.Fatalf("overshoot %.3f tokens in [%v, %v] across tuning and restarts", rep.Overshoot, rep.From, rep.To)

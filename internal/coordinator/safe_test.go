@@ -152,7 +152,9 @@ func TestSafeShareChangeTakesEffectAndSurvivesRestart(t *testing.T) {
 	driveDone := make(chan struct{})
 	go func() {
 		defer close(driveDone)
-		hr.drive("g", "x", 10*time.Second, func(*regionAgent, time.Duration) float64 { return 60 })
+		// Until quit: the regions want their shares through the restarts
+		// (an idle regional quota is removed, and holds no upstream lease).
+		hr.drive("g", "x", time.Minute, func(*regionAgent, time.Duration) float64 { return 60 })
 	}()
 	time.Sleep(2 * period)
 	_, leader := hr.global.Leader(t)
@@ -235,6 +237,7 @@ func TestSafeShareChangeTakesEffectAndSurvivesRestart(t *testing.T) {
 	if took == 0 {
 		t.Errorf("after the restart: eu own rate %v, us %v, global %v; want 30, 10, 20", euR, usR, gR)
 	}
+	close(hr.quit)
 	<-driveDone
 	if rep := admission.Check(hr.rec.Records(), "g|x", 40, 60); rep.Overshoot > 1e-6 {
 		t.Fatalf("overshoot %.3f tokens in [%v, %v] across safe-share changes and restarts", rep.Overshoot, rep.From, rep.To)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ration-dev/ration/internal/lease"
@@ -36,6 +37,13 @@ const (
 	// upstreamRetryUnknown spaces out asking again for a quota the global
 	// group does not know.
 	upstreamRetryUnknown = 10 * time.Second
+	// upstreamEarly spaces out early renewals of one upstream lease: when
+	// the global group nudges it, or when the subleases want more than the
+	// quota has (demand flows up in round trips, not in lease periods).
+	upstreamEarly = 50 * time.Millisecond
+	// upstreamWant is how far the subleases' demand must exceed the quota's
+	// capacity before the region asks for more ahead of its renew point.
+	upstreamWant = 1.1
 )
 
 // upQuota is one funded quota's upstream lease.
@@ -46,6 +54,10 @@ type upQuota struct {
 	// what the next renewal confirms.
 	confCap, confRate float64
 	failedAt          int64 // when the global group refused it (0: never)
+	// earlyAt is the earliest next early renewal; earlyGap its spacing for
+	// demand-driven asks, doubled while they bring nothing.
+	earlyAt  int64
+	earlyGap int64
 }
 
 type upstream struct {
@@ -59,6 +71,26 @@ type upstream struct {
 	// sentSafe is the confirmable safe share per rule last sent and
 	// answered.
 	sentSafe map[string]float64
+	// nudged are the quotas the global leader asked to renew at once,
+	// filled by the Watch stream's goroutine.
+	nudgeMu sync.Mutex
+	nudged  map[string]bool
+}
+
+func (u *upstream) nudge(refs []*rationv1.QuotaRef) {
+	u.nudgeMu.Lock()
+	defer u.nudgeMu.Unlock()
+	for _, r := range refs {
+		u.nudged[QuotaID(r.GetRule(), r.GetSubject())] = true
+	}
+}
+
+func (u *upstream) takeNudged() map[string]bool {
+	u.nudgeMu.Lock()
+	defer u.nudgeMu.Unlock()
+	m := u.nudged
+	u.nudged = map[string]bool{}
+	return m
 }
 
 // termClock is the term's clock without the node's max(last stamp): the
@@ -78,7 +110,15 @@ func (n *Node) runUpstream(t *term) {
 		// used about one per request since its own, earlier, start).
 		seq:    uint64(max(time.Now().UnixMicro(), n.termClock(t))),
 		quotas: map[string]*upQuota{},
+		nudged: map[string]bool{},
 	}
+	// The global leader's nudges: shares between regions move in round
+	// trips. The stream ends with the term.
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		_ = n.upClient.Watch(t.ctx, u.holder, u.nudge)
+	}()
 	tk := time.NewTicker(upstreamTick)
 	defer tk.Stop()
 	for {
@@ -138,6 +178,7 @@ func (u *upstream) round() {
 	}
 	var grants, renews []*upQuota
 	anyDue := false
+	nudged := u.takeNudged()
 	for id, fi := range state {
 		q := u.quotas[id]
 		if q == nil {
@@ -174,6 +215,20 @@ func (u *upstream) round() {
 		validity := lease.AgentValidity(q.h.Lease.Term, upstreamDrift, 0)
 		if now >= q.h.ValidUntil-int64(float64(validity)*(1-renewAt)) {
 			anyDue = true
+		}
+		wants := fi.demand > upstreamWant*(fi.info.Rate+q.h.Lease.Rate)
+		switch {
+		case nudged[id] && now >= q.earlyAt:
+			anyDue = true
+			q.earlyAt = now + upstreamEarly.Microseconds()
+		case nudged[id]:
+			u.nudge([]*rationv1.QuotaRef{{Rule: q.rule, Subject: q.subject}}) // keep it for later
+		case wants && now >= q.earlyAt:
+			anyDue = true
+			q.earlyGap = min(max(2*q.earlyGap, upstreamEarly.Microseconds()), validity/2)
+			q.earlyAt = now + q.earlyGap
+		case !wants:
+			q.earlyGap = 0
 		}
 		renews = append(renews, q)
 	}
@@ -269,7 +324,7 @@ func (u *upstream) round() {
 					Quota: q.id, Burst: g.Cap, Rate: rateOr0(g.Rate), Deposit: g.Balance, NotAfter: q.h.ValidUntil,
 				}})
 			}
-		case strings.HasPrefix(e, ItemErrUnknownQuota):
+		case strings.HasPrefix(e, ItemErrUnknownQuota), strings.HasPrefix(e, ItemErrTooManySubjects):
 			q.h.Drop()
 			q.failedAt = recv
 			n.logger.Error("the global group does not lease this quota: only its safe share applies", "quota", q.id, "err", e)

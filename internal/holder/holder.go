@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/lease"
@@ -26,12 +29,20 @@ const (
 	itemErrLeaseExpired = "lease expired or unknown"
 	itemErrUnknownQuota = "unknown quota"
 	itemErrRetryGrant   = "grant answer lost on retry"
+	itemErrInvalid      = "invalid item"
 )
 
 // Client is what the holder needs of the coordinators (coordinator.Client).
 type Client interface {
 	Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error)
 	Release(ctx context.Context, req *rationv1.ReleaseRequest) (*rationv1.ReleaseResponse, error)
+}
+
+// Watcher is the optional part of a Client: the leader's stream of nudges
+// (coordinator.Client.Watch). With it, shares move in round trips: a quota
+// the leader nudges is renewed at once. Without it, at renew points only.
+type Watcher interface {
+	Watch(ctx context.Context, holder string, fn func([]*rationv1.QuotaRef)) error
 }
 
 const (
@@ -41,14 +52,30 @@ const (
 	// maxBackoff caps the pause between failed Renew rounds. Leases live for
 	// seconds, so a longer pause would let them lapse needlessly.
 	maxBackoff = time.Second
+	// demandWindow is the shortest window a demand is measured over: a
+	// renewal soon after the last one blends in the previous estimate for
+	// the rest of the window, so early renewals do not report noise.
+	demandWindow = 250 * time.Millisecond
+	// rescan bounds the time between two scans of every quota (idle
+	// detection); renew points, nudges, dry slices and new quotas trigger
+	// scans of their own.
+	rescan = time.Second
+	// itemBytes estimates one renew item's encoded size beyond its rule and
+	// subject, for splitting requests by size.
+	itemBytes = 64
 )
 
 // Options tune a Leases.
 type Options struct {
 	Client Client
-	// Holder is this agent's id, unique per agent process.
+	// Holder is this agent's configured id. The holder name on the wire is
+	// "<Holder>/<Incarnation>": one process is one holder, whatever ids
+	// operators give, so two processes never spend one lease.
 	Holder string
-	Region string
+	// Incarnation tells this process from every other one with the same
+	// Holder (default: 64 random bits in hex, drawn at New).
+	Incarnation string
+	Region      string
 	// Drift is rho, the bound on clock-rate drift between this host and the
 	// coordinators (default 0.001: 1000 ppm, ten times what NTP-disciplined
 	// clocks drift).
@@ -67,9 +94,16 @@ type Options struct {
 	// IdleAfter releases a quota unused for this long (default 1m).
 	IdleAfter time.Duration
 	// Tick is the renewal loop's resolution (default 20ms).
-	Tick     time.Duration
-	Logger   *slog.Logger
-	Registry prometheus.Registerer
+	Tick time.Duration
+	// EarlyGap is the shortest time between two early renewals of one
+	// quota (nudged, confirming a shrink, or run dry), default 50ms.
+	EarlyGap time.Duration
+	// MaxItems and MaxRequestBytes split one round into several requests
+	// (defaults 1000 items, 1 MiB), within what a coordinator accepts.
+	MaxItems        int
+	MaxRequestBytes int
+	Logger          *slog.Logger
+	Registry        prometheus.Registerer
 }
 
 func (o *Options) defaults() error {
@@ -100,6 +134,18 @@ func (o *Options) defaults() error {
 	if o.Tick == 0 {
 		o.Tick = 20 * time.Millisecond
 	}
+	if o.EarlyGap == 0 {
+		o.EarlyGap = 50 * time.Millisecond
+	}
+	if o.MaxItems == 0 {
+		o.MaxItems = 1000
+	}
+	if o.MaxRequestBytes == 0 {
+		o.MaxRequestBytes = 1 << 20
+	}
+	if o.Incarnation == "" {
+		o.Incarnation = fmt.Sprintf("%016x", rand.Uint64())
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -116,6 +162,15 @@ func (o *Options) defaults() error {
 	if !(o.RenewAt > 0 && o.RenewAt < 1) {
 		errs = append(errs, fmt.Errorf("holder: renew point %v must be in (0, 1)", o.RenewAt))
 	}
+	if strings.Contains(o.Holder, "/") || o.Holder == "region" {
+		errs = append(errs, fmt.Errorf("holder: id %q must not contain '/' nor be \"region\" (the wire name is <id>/<incarnation>)", o.Holder))
+	}
+	if n := len(o.Holder) + 1 + len(o.Incarnation); n > lease.MaxNameLen {
+		errs = append(errs, fmt.Errorf("holder: id %q is %d bytes with its incarnation, at most %d", o.Holder, n, lease.MaxNameLen))
+	}
+	if o.MaxItems < 1 || o.MaxItems > lease.MaxItems {
+		errs = append(errs, fmt.Errorf("holder: max items %d must be in [1, %d]", o.MaxItems, lease.MaxItems))
+	}
 	return errors.Join(errs...)
 }
 
@@ -130,17 +185,52 @@ type quota struct {
 	h         lease.Holding
 	requested float64 // tokens asked for since the last report (admitted or not)
 	lastUsed  int64
-	failed    string // an item error (unknown quota), logged once
+	// demand is the last reported demand (tokens/s) and reportedAt when.
+	demand     float64
+	reportedAt int64
+	// Reasons to renew before the renew point: the leader nudged it, the
+	// last answer shrank it (confirm at once, giving back the excess), or
+	// a request found the slice dry.
+	nudged, confirm, dry bool
+	// earlyAt is the earliest next early renewal; dryGap the current
+	// spacing of dry asks, doubled while they bring nothing.
+	earlyAt int64
+	dryGap  int64
+	dryAsk  bool   // the last request sent was a dry ask
+	failed  string // an item error (unknown quota, invalid), logged once
+	// failedAt is when; a quota the coordinator cannot ever accept
+	// (invalid) is never asked again.
 	failedAt  int64
+	invalid   bool
 	ready     chan struct{} // closed once the first answer (grant or error) arrived
 	readyOnce sync.Once
 }
 
 func (q *quota) markReady() { q.readyOnce.Do(func() { close(q.ready) }) }
 
+// demandAt estimates the demand at now from what was requested since the
+// last report, over at least demandWindow (the last estimate fills in the
+// rest of it). It changes nothing; q.mu held.
+func (q *quota) demandAt(now int64) float64 {
+	el := now - q.reportedAt
+	w := demandWindow.Microseconds()
+	if el >= w {
+		return q.requested / (float64(el) / 1e6)
+	}
+	return (q.requested + q.demand*float64(w-max(el, 0))/1e6) / (float64(w) / 1e6)
+}
+
+// report takes the demand to send at now and starts a new measurement.
+func (q *quota) report(now int64) float64 {
+	d := q.demandAt(now)
+	q.demand, q.reportedAt, q.requested = d, now, 0
+	return d
+}
+
 // Leases is the agent's set of leases. It implements agent.Leases.
 type Leases struct {
 	o     Options
+	name  string    // the holder name on the wire: <id>/<incarnation>
 	start time.Time // monotonic origin of Now
 	m     *metrics
 
@@ -150,9 +240,22 @@ type Leases struct {
 	mu     sync.Mutex
 	quotas atomic.Pointer[map[string]*sync.Map]
 	count  int
+	// fresh are quotas added since the loop last looked: their grants go
+	// first, even in the middle of a round split into several requests.
+	// early are quotas that may want an early renewal (nudged, shrunk, run
+	// dry): the loop looks at them without scanning every quota.
+	fresh []*quota
+	early []*quota
 
 	wake chan struct{}
-	seq  uint64 // next sequence number; only the loop touches it
+	// nextScan is when the loop next looks at every quota (the earliest
+	// renew point, or rescan); between scans it looks only at fresh and
+	// early quotas.
+	nextScan int64
+	seq      uint64 // next sequence number; only the loop touches it
+	// maxItems is MaxItems, halved each time a coordinator refuses a
+	// request as too large (its own limit is lower).
+	maxItems int
 	// retryAt delays the next round after a failed Renew (backoff), on Now.
 	retryAt int64
 	backoff time.Duration
@@ -168,16 +271,21 @@ func New(o Options) (*Leases, error) {
 	}
 	l := &Leases{
 		o:     o,
+		name:  o.Holder + "/" + o.Incarnation,
 		start: time.Now(),
 		wake:  make(chan struct{}, 1),
-		// Sequence numbers must grow across restarts of the same holder id;
-		// the wall clock in microseconds does that without any storage.
-		seq: uint64(time.Now().UnixMicro()),
+		// A new incarnation is a new holder: its numbers start anywhere.
+		seq:      1,
+		maxItems: o.MaxItems,
 	}
 	l.m = newMetrics(o.Registry)
 	l.quotas.Store(&map[string]*sync.Map{})
 	return l, nil
 }
+
+// Name is the holder name this process uses on the wire:
+// "<configured id>/<incarnation>".
+func (l *Leases) Name() string { return l.name }
 
 // Now is the holder's monotonic clock in microseconds. Callers read it once
 // per batch of decisions and pass it to Take.
@@ -197,7 +305,6 @@ func (l *Leases) Take(ctx context.Context, r *rules.Rule, subject string, cost f
 	q := l.lookup(r.Name, subject)
 	if q == nil {
 		q = l.add(r.Name, subject, r.Rate)
-		l.kick()
 		t := time.NewTimer(l.o.ColdStart)
 		select {
 		case <-q.ready:
@@ -216,7 +323,16 @@ func (l *Leases) Take(ctx context.Context, r *rules.Rule, subject string, cost f
 	}
 	allowed := q.h.Spend(now, cost)
 	bal, rate, capa := q.h.Balance, q.h.Lease.Rate, q.h.Lease.Cap
+	wasDry := q.dry
+	if !allowed {
+		q.dry = true
+	}
 	q.mu.Unlock()
+	if !allowed && !wasDry {
+		// The slice ran dry: the loop decides whether the demand is worth
+		// asking for more at once.
+		l.flag(q)
+	}
 
 	res = bucket.Result{Allowed: allowed, Remaining: bal}
 	if rate > 0 {
@@ -226,6 +342,19 @@ func (l *Leases) Take(ctx context.Context, r *rules.Rule, subject string, cost f
 		}
 	}
 	return res, true
+}
+
+// Share reports the sizes of the lease this agent holds for (rule,
+// subject) now: its cap and rate, and whether it is valid.
+func (l *Leases) Share(rule, subject string) (capacity, rate float64, valid bool) {
+	q := l.lookup(rule, subject)
+	if q == nil {
+		return 0, 0, false
+	}
+	now := l.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.h.Lease.Cap, q.h.Lease.Rate, q.h.Valid(now)
 }
 
 // Refund gives back tokens a denied multi-rule request took; they return
@@ -289,12 +418,30 @@ func (l *Leases) add(rule, subject string, rate float64) *quota {
 		return q.(*quota)
 	}
 	id := rule + "|" + subject
-	q := &quota{rule: rule, subject: subject, id: id, rate: rate, ready: make(chan struct{}), lastUsed: l.Now()}
+	now := l.Now()
+	q := &quota{rule: rule, subject: subject, id: id, rate: rate, ready: make(chan struct{}), lastUsed: now, reportedAt: now}
 	q.h = lease.Holding{Quota: id, Validity: l.validity}
+	if len(id) > lease.MaxNameLen {
+		// The coordinator would refuse it: never ask (the agent's request
+		// checks normally stop such a subject before it gets here).
+		q.invalid, q.failed = true, fmt.Sprintf("%s: quota %q is %d bytes, at most %d", itemErrInvalid, id[:32]+"...", len(id), lease.MaxNameLen)
+		q.markReady()
+	} else {
+		l.fresh = append(l.fresh, q)
+		l.kick()
+	}
 	byRule.Store(subject, q)
 	l.count++
 	l.m.quotas.Set(float64(l.count))
 	return q
+}
+
+// flag queues q for the loop's next look at early renewals.
+func (l *Leases) flag(q *quota) {
+	l.mu.Lock()
+	l.early = append(l.early, q)
+	l.mu.Unlock()
+	l.kick()
 }
 
 func (l *Leases) kick() {
@@ -302,6 +449,39 @@ func (l *Leases) kick() {
 	case l.wake <- struct{}{}:
 	default:
 	}
+}
+
+// nudge marks the quotas the leader asked to renew at once.
+func (l *Leases) nudge(refs []*rationv1.QuotaRef) {
+	n := 0
+	for _, r := range refs {
+		q := l.lookup(r.GetRule(), r.GetSubject())
+		if q == nil {
+			continue
+		}
+		q.mu.Lock()
+		q.nudged = true
+		q.mu.Unlock()
+		l.flag(q)
+		n++
+	}
+	l.m.nudges.Add(float64(n))
+}
+
+func (l *Leases) takeFresh() []*quota {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f := l.fresh
+	l.fresh = nil
+	return f
+}
+
+func (l *Leases) takeEarly() []*quota {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.early
+	l.early = nil
+	return e
 }
 
 func (l *Leases) snapshot() []*quota {
@@ -331,11 +511,21 @@ func (l *Leases) remove(qs []*quota) {
 }
 
 // Run renews leases until ctx is done, then releases them all (within
-// RequestTimeout) so their unused budget goes back to the pool.
+// RequestTimeout) so their unused budget goes back to the pool. With a
+// Client that is also a Watcher it keeps the leader's nudge stream open.
 func (l *Leases) Run(ctx context.Context) {
+	if w, ok := l.o.Client.(Watcher); ok {
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = w.Watch(wctx, l.name, l.nudge)
+		}()
+		defer func() { cancel(); <-done }()
+	}
+	l.o.Logger.Info("lease holder started", "holder", l.name)
 	t := time.NewTicker(l.o.Tick)
 	defer t.Stop()
-	lastDemand := l.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -346,98 +536,212 @@ func (l *Leases) Run(ctx context.Context) {
 		case <-t.C:
 		case <-l.wake:
 		}
-		lastDemand = l.round(ctx, lastDemand)
+		l.round(ctx)
 	}
 }
 
-// round renews everything that is due, in one Renew, if anything is.
-func (l *Leases) round(ctx context.Context, lastDemand int64) int64 {
-	now := l.Now()
-	all := l.snapshot()
-	var due, idle []*quota
+// pick is what one look found to send.
+type pick struct {
+	grants, renews []*quota
+	idle           []*quota
+}
+
+// look sorts qs at now into new quotas (grants), quotas due at their renew
+// point, quotas that may renew early, and idle ones. When anything is at
+// its renew point, every other quota looked at renews with it: one renewal
+// per agent per period, not per quota. It returns the earliest time a
+// quota it left alone wants looking at again (at most next).
+func (l *Leases) look(qs []*quota, now, next int64) (pick, int64) {
+	var p pick
+	var rest []*quota
 	anyDue := false
-	for _, q := range all {
+	seen := make(map[*quota]bool, len(qs))
+	for _, q := range qs {
+		if seen[q] {
+			continue
+		}
+		seen[q] = true
 		q.mu.Lock()
 		switch {
 		case now-q.lastUsed > l.o.IdleAfter.Microseconds():
-			idle = append(idle, q)
+			p.idle = append(p.idle, q)
+		case q.invalid:
 		case q.failed != "" && now-q.failedAt < failedRetry.Microseconds():
-			// The coordinator's rules lack this quota; ask again later in
-			// case they gain it.
+			// The coordinator refused this quota; ask again later in case
+			// its rules change.
+			next = min(next, q.failedAt+failedRetry.Microseconds())
 		case q.h.Lease.ID == 0:
-			anyDue = true
-			due = append(due, q)
+			p.grants = append(p.grants, q)
 		default:
-			// Renew at the renew point of the validity of the last answer.
-			term := q.h.Lease.Term
-			renewAt := q.h.ValidUntil - int64(float64(l.validity(term))*(1-l.o.RenewAt))
-			if now >= renewAt {
-				anyDue = true
+			if q.dry && !(q.demandAt(now) > q.h.Lease.Rate) {
+				q.dry = false // a burst, not a demand above the share
 			}
-			due = append(due, q)
+			renewAt := l.renewAt(q)
+			wants := q.nudged || q.confirm || q.dry
+			switch {
+			case now >= renewAt:
+				anyDue = true
+				p.renews = append(p.renews, q)
+			case wants && now >= q.earlyAt:
+				p.renews = append(p.renews, q)
+			default:
+				rest = append(rest, q)
+				next = min(next, renewAt)
+				if wants {
+					next = min(next, q.earlyAt)
+				}
+			}
 		}
 		q.mu.Unlock()
 	}
-	if len(idle) > 0 {
+	if anyDue {
+		p.renews = append(p.renews, rest...)
+	}
+	return p, next
+}
+
+// renewAt is the renew point of the validity of q's last answer; q.mu held.
+func (l *Leases) renewAt(q *quota) int64 {
+	return q.h.ValidUntil - int64(float64(l.validity(q.h.Lease.Term))*(1-l.o.RenewAt))
+}
+
+// round renews what is due, split into requests within MaxItems and
+// MaxRequestBytes, sent one after another (a holder's sequence numbers
+// must reach the leader in order); quotas that appear meanwhile are
+// granted in the next request of the round, not after it. It scans every
+// quota only at nextScan; otherwise it looks at new and flagged ones.
+func (l *Leases) round(ctx context.Context) {
+	now := l.Now()
+	if now < l.retryAt {
+		return
+	}
+	fresh, early := l.takeFresh(), l.takeEarly()
+	var p pick
+	if now >= l.nextScan {
+		p, l.nextScan = l.look(l.snapshot(), now, now+rescan.Microseconds())
+	} else {
+		var next int64
+		p, next = l.look(append(fresh, early...), now, l.nextScan)
+		if next < l.nextScan {
+			l.nextScan = next
+		}
+	}
+	if len(p.idle) > 0 {
 		rctx, cancel := context.WithTimeout(ctx, l.o.RequestTimeout)
-		l.release(rctx, idle)
+		l.release(rctx, p.idle)
 		cancel()
-		l.remove(idle)
+		l.remove(p.idle)
 	}
-	if !anyDue || now < l.retryAt {
-		return lastDemand
+	queued := make(map[*quota]bool, len(p.grants)+len(p.renews))
+	for _, q := range p.grants {
+		queued[q] = true
 	}
-	// Every lease goes in the same message: one renewal per agent, not per
-	// quota. New grants first: the coordinator gives them seq, seq+1, ...
-	// in item order and the renewals the next number.
-	elapsed := max(float64(now-lastDemand)/1e6, 1e-3)
-	req := &rationv1.RenewRequest{Holder: l.o.Holder, Region: l.o.Region}
-	type sent struct {
-		q   *quota
-		seq uint64
+	for _, q := range p.renews {
+		queued[q] = true
 	}
-	var grants, renews []sent
-	base := l.seq
-	for _, q := range due {
-		if q.h.Lease.ID == 0 {
-			grants = append(grants, sent{q: q})
-		} else {
-			renews = append(renews, sent{q: q})
+	grants, renews := p.grants, p.renews
+	for len(grants)+len(renews) > 0 {
+		for _, q := range l.takeFresh() {
+			if !queued[q] {
+				queued[q] = true
+				grants = append([]*quota{q}, grants...)
+			}
+		}
+		var g, r []*quota
+		g, r, grants, renews = l.split(grants, renews)
+		ok, finer := l.send(ctx, g, r)
+		if finer {
+			// Refused as too large: the same quotas again, in smaller
+			// requests, at once.
+			grants, renews = append(g, grants...), append(r, renews...)
+			continue
+		}
+		if !ok {
+			// Back off; everything is looked at again then.
+			for _, q := range grants {
+				q.markReady()
+			}
+			l.nextScan = l.retryAt
+			return
 		}
 	}
-	for i := range grants {
-		s := &grants[i]
-		s.seq = base + uint64(i)
-		q := s.q
+}
+
+// split takes the next request's quotas: grants first, then renewals, up
+// to MaxItems items and about MaxRequestBytes.
+func (l *Leases) split(grants, renews []*quota) (g, r, restG, restR []*quota) {
+	n, size := 0, 64
+	fits := func(q *quota) bool {
+		sz := itemBytes + len(q.rule) + len(q.subject)
+		if n > 0 && (n >= l.maxItems || size+sz > l.o.MaxRequestBytes) {
+			return false
+		}
+		n, size = n+1, size+sz
+		return true
+	}
+	i := 0
+	for i < len(grants) && fits(grants[i]) {
+		i++
+	}
+	g, restG = grants[:i], grants[i:]
+	j := 0
+	if len(restG) == 0 {
+		for j < len(renews) && fits(renews[j]) {
+			j++
+		}
+	}
+	return g, renews[:j], restG, renews[j:]
+}
+
+// send sends one Renew for grants and renews and adopts its answers. It
+// reports false when the request failed (the caller backs off), and finer
+// when the coordinator refused it whole while it had several items (the
+// caller sends them again in smaller requests).
+func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer bool) {
+	now := l.Now()
+	// New grants first: the coordinator gives them seq, seq+1, ... in item
+	// order and the renewals the next number.
+	req := &rationv1.RenewRequest{Holder: l.name, Region: l.o.Region, Seq: l.seq}
+	seqs := make([]uint64, 0, len(grants)+len(renews))
+	for i, q := range grants {
+		seq := l.seq + uint64(i)
 		q.mu.Lock()
-		// A new lease has no measured demand yet (the first request is all
-		// it has seen): ask for the whole rate and let max-min fairness
-		// give this holder what the others leave; the next renewal reports
-		// the real demand.
-		demand := max(q.requested/elapsed, q.rate)
-		q.requested = 0
-		q.h.Grant(now, l.o.Holder, s.seq, demand)
+		// A new lease asks for at least the whole rate: a demand measured
+		// before the key existed says nothing, and the coordinator gives a
+		// lone holder all of it anyway.
+		demand := max(q.report(now), q.rate)
+		q.h.Grant(now, l.name, seq, demand)
+		q.nudged, q.confirm = false, false
 		q.mu.Unlock()
+		seqs = append(seqs, seq)
 		req.Items = append(req.Items, &rationv1.RenewItem{
 			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, Demand: demand,
 		})
 	}
-	renewSeq := base + uint64(len(grants))
-	for i := range renews {
-		s := &renews[i]
-		s.seq = renewSeq
-		q := s.q
+	renewSeq := l.seq + uint64(len(grants))
+	for _, q := range renews {
 		q.mu.Lock()
-		demand := q.requested / elapsed
-		q.requested = 0
+		dryAsk := q.dry && !q.nudged && !q.confirm
+		demand := q.report(now)
 		it := q.h.Renewal(now, renewSeq, demand, 0)
+		q.dryAsk = dryAsk
+		q.nudged, q.confirm, q.dry = false, false, false
+		gap := l.o.EarlyGap.Microseconds()
+		if dryAsk {
+			q.dryGap = max(q.dryGap, gap)
+			gap = q.dryGap
+		}
+		q.earlyAt = now + gap
 		q.mu.Unlock()
+		seqs = append(seqs, renewSeq)
 		req.Items = append(req.Items, &rationv1.RenewItem{
 			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, LeaseId: it.LeaseID,
 			Unused: it.Unused, Demand: it.Demand, ConfirmedCap: it.ConfirmedCap, ConfirmedRate: it.ConfirmedRate,
 		})
 	}
-	req.Seq = base
+	if len(req.Items) == 0 {
+		return true, false
+	}
 	l.seq = renewSeq + 1
 
 	rctx, cancel := context.WithTimeout(ctx, l.o.RequestTimeout)
@@ -450,16 +754,23 @@ func (l *Leases) round(ctx context.Context, lastDemand int64) int64 {
 			err = fmt.Errorf("coordinator answered %d grants for %d items", len(resp.GetGrants()), len(req.Items))
 		}
 		l.m.renewals.WithLabelValues("error").Inc()
+		if status.Code(err) == codes.InvalidArgument && len(req.Items) > 1 {
+			// Refused whole: most likely more items than this coordinator
+			// takes (its -max-items is below ours). Split finer.
+			l.maxItems = max(1, len(req.Items)/2)
+			l.o.Logger.Warn("coordinator refused a lease request; splitting requests finer", "items", len(req.Items), "max_items", l.maxItems, "err", err)
+			return false, true
+		}
 		l.backoff = min(max(2*l.backoff, l.o.Tick), maxBackoff)
 		l.retryAt = l.Now() + l.backoff.Microseconds()
 		if l.down.CompareAndSwap(0, time.Now().UnixNano()) {
 			l.o.Logger.Warn("lease renewal failing: leases are spent until they expire, then failure policies apply", "err", err)
 		}
 		// The cold-start waiters learn there is nothing to wait for.
-		for _, s := range grants {
-			s.q.markReady()
+		for _, q := range grants {
+			q.markReady()
 		}
-		return now
+		return false, false
 	}
 	l.m.renewals.WithLabelValues("ok").Inc()
 	l.backoff, l.retryAt = 0, 0
@@ -467,11 +778,15 @@ func (l *Leases) round(ctx context.Context, lastDemand int64) int64 {
 		l.o.Logger.Info("lease renewals succeeding again", "failed_for", time.Since(time.Unix(0, d)).Round(time.Millisecond))
 	}
 	recv := l.Now()
-	all2 := append(grants, renews...)
-	for i, s := range all2 {
-		l.adopt(s.q, s.seq, resp.Grants[i], recv)
+	for i, q := range append(grants, renews...) {
+		l.adopt(q, seqs[i], resp.Grants[i], recv)
+		q.mu.Lock()
+		if q.h.Lease.ID != 0 {
+			l.nextScan = min(l.nextScan, l.renewAt(q))
+		}
+		q.mu.Unlock()
 	}
-	return now
+	return true, false
 }
 
 func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
@@ -481,30 +796,68 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 	switch e := g.GetError(); {
 	case e == "":
 		q.failed = ""
+		oldCap, oldRate := q.h.Lease.Cap, q.h.Lease.Rate
 		ok := q.h.Adopt(now, seq, lease.Lease{
 			ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs,
 		})
-		if ok {
-			l.m.granted.Add(g.Balance)
+		if !ok {
+			return
+		}
+		l.m.granted.Add(g.Balance)
+		if q.h.Lease.Cap < oldCap || q.h.Lease.Rate < oldRate || q.h.Owed > 0 {
+			// A shrink is counted at the old size until confirmed: confirm
+			// it at once (giving back the excess) so the rate it frees
+			// reaches whoever wants it in a round trip.
+			q.confirm = true
+			q.earlyAt = 0
+			l.mu.Lock()
+			l.early = append(l.early, q)
+			l.mu.Unlock()
+			l.kick()
+		}
+		switch {
+		case q.h.Lease.Rate > oldRate*1.05 || q.h.Lease.Cap > oldCap*1.05:
+			q.dryGap = 0 // asking helped: ask again as soon as needed
+		case q.dryAsk:
+			// Asking brought nothing (the quota is contended and this is
+			// the fair share): ask less often, down to the renew point;
+			// the leader nudges when something frees up.
+			q.dryGap = min(2*max(q.dryGap, l.o.EarlyGap.Microseconds()), l.validity(q.h.Lease.Term)/2)
 		}
 	case strings.HasPrefix(e, itemErrLeaseExpired), strings.HasPrefix(e, itemErrRetryGrant):
 		q.h.Drop()
 		l.m.expired.Inc()
-	case strings.HasPrefix(e, itemErrUnknownQuota):
+	case strings.HasPrefix(e, itemErrInvalid):
+		// Refused alone, and would be again: stop asking for it; its
+		// decisions take the rule's failure policy.
+		q.h.Drop()
+		q.invalid = true
+		q.failed, q.failedAt = e, now
+		l.o.Logger.Error("coordinator refused a leased quota as invalid: its failure policy applies", "rule", q.rule, "err", e)
+	default:
+		// Unknown quota, too many subjects, or an error this build does not
+		// know: the quota's decisions take the failure policy; ask again
+		// after failedRetry in case the coordinator's rules change.
 		q.h.Drop()
 		if q.failed == "" {
-			l.o.Logger.Error("coordinator does not know this leased quota: its failure policy applies", "rule", q.rule, "err", e)
+			l.o.Logger.Error("coordinator refused a leased quota: its failure policy applies", "rule", q.rule, "err", e)
 		}
 		q.failed, q.failedAt = e, now
-	default:
-		q.h.Drop()
-		l.o.Logger.Warn("lease item refused", "rule", q.rule, "err", e)
 	}
 }
 
-// release returns the balance of qs and stops spending them.
+// release returns the balance of qs and stops spending them, in requests
+// within MaxItems.
 func (l *Leases) release(ctx context.Context, qs []*quota) {
-	req := &rationv1.ReleaseRequest{Holder: l.o.Holder, Seq: l.seq}
+	for len(qs) > 0 {
+		k := min(len(qs), l.o.MaxItems)
+		l.releaseOnce(ctx, qs[:k])
+		qs = qs[k:]
+	}
+}
+
+func (l *Leases) releaseOnce(ctx context.Context, qs []*quota) {
+	req := &rationv1.ReleaseRequest{Holder: l.name, Seq: l.seq}
 	now := l.Now()
 	for _, q := range qs {
 		q.mu.Lock()
@@ -513,7 +866,7 @@ func (l *Leases) release(ctx context.Context, qs []*quota) {
 			continue
 		}
 		seq := req.Seq + uint64(len(req.Items))
-		rel := q.h.Release(now, l.o.Holder, seq)
+		rel := q.h.Release(now, l.name, seq)
 		q.mu.Unlock()
 		req.Items = append(req.Items, &rationv1.RenewItem{
 			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, LeaseId: rel.LeaseID, Unused: rel.Unused,

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -53,19 +54,35 @@ func rule(t *testing.T, yaml, name string) *rules.Rule {
 // startHolder runs a holder against the cluster until the test ends.
 func startHolder(t *testing.T, c *harness.Coordinators, id string) *holder.Leases {
 	t.Helper()
+	h, _ := runHolder(t, c, holder.Options{Holder: id})
+	return h
+}
+
+// runHolder runs a holder with options o (Client, Logger and timeouts
+// filled in) until stop is called or the test ends; stop releases its
+// leases and waits for it.
+func runHolder(t *testing.T, c *harness.Coordinators, o holder.Options) (h *holder.Leases, stop func()) {
+	t.Helper()
 	client := coordinator.NewClient(c.GRPCAddrs(), coordinator.ClientOptions{CallTimeout: time.Second, MaxAttempts: 3})
-	h, err := holder.New(holder.Options{
-		Client: client, Holder: id, Logger: logger(t).With("agent_id", id),
-		ColdStart: 2 * time.Second, RequestTimeout: 2 * time.Second,
-	})
+	o.Client = client
+	o.Logger = logger(t).With("agent_id", o.Holder)
+	if o.ColdStart == 0 {
+		o.ColdStart = 2 * time.Second
+	}
+	if o.RequestTimeout == 0 {
+		o.RequestTimeout = 2 * time.Second
+	}
+	h, err := holder.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); h.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; client.Close() })
-	return h
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done; client.Close() }) }
+	t.Cleanup(stop)
+	return h, stop
 }
 
 // Three agents with skewed demand share one leased quota: over the whole
@@ -123,15 +140,17 @@ func TestSkewedDemandFairAndBounded(t *testing.T) {
 	leases := listLeases(t, leader.GRPCAddr())
 	want := map[string]float64{"a": 35, "b": 20, "c": 5}
 	for _, l := range leases {
-		w, ok := want[l.Holder]
+		// The wire name is <agent id>/<incarnation>.
+		id, _, _ := strings.Cut(l.Holder, "/")
+		w, ok := want[id]
 		if !ok {
 			continue
 		}
 		t.Logf("holder %s: rate %.2f cap %.2f demand %.2f", l.Holder, l.Rate, l.Cap, l.Demand)
 		if math.Abs(l.Rate-w) > 0.35*w+1 {
-			t.Errorf("holder %s rate share = %.2f, want about %.0f (max-min fair)", l.Holder, l.Rate, w)
+			t.Errorf("holder %s rate share = %.2f, want about %.0f (max-min fair)", id, l.Rate, w)
 		}
-		delete(want, l.Holder)
+		delete(want, id)
 	}
 	if len(want) > 0 {
 		t.Errorf("no live lease for holders %v", want)

@@ -9,6 +9,7 @@ type metrics struct {
 	returned      prometheus.Counter
 	expired       prometheus.Counter
 	quotas        prometheus.Gauge
+	nudges        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -38,7 +39,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ration_agent_leased_quotas",
 			Help: "Leased quotas (rule and subject) this agent holds or is acquiring.",
 		}),
+		nudges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_agent_lease_nudges_total",
+			Help: "Quotas the coordinator leader asked this agent to renew at once (a share to shrink or to take).",
+		}),
 	}
-	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas)
+	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas, m.nudges)
 	return m
 }

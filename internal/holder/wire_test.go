@@ -14,6 +14,7 @@ func TestItemErrorsMatchCoordinator(t *testing.T) {
 		{itemErrLeaseExpired, coordinator.ItemErrLeaseExpired},
 		{itemErrUnknownQuota, coordinator.ItemErrUnknownQuota},
 		{itemErrRetryGrant, coordinator.ItemErrRetryGrant},
+		{itemErrInvalid, coordinator.ItemErrInvalid},
 	} {
 		if c.holder != c.coord {
 			t.Errorf("holder item error %q, coordinator sends %q", c.holder, c.coord)

@@ -782,26 +782,45 @@ type targetList []target
 func (t targetList) of(l *lease) target { return t[l.pos] }
 
 // targets water-fills r and B among the live leases of q (those not expired
-// at now, and extra, a lease being granted) by demand and weight. Rate shares
-// are bounded by [MinSlice, MaxSlice]; caps get the same proportion of B, by
-// scaling demands and slices by B/r (by the lease period when r is 0). Leases
-// that are not live get a zero target.
+// at now, and extra, a lease being granted) by demand and weight, then
+// shares what the demands leave over by weight (see share). Leases that are
+// not live get a zero target. It records each lease's position for of.
 func (q *quota) targets(now int64, extra *lease) targetList {
-	ls := make([]*lease, 0, len(q.leases))
 	for i, l := range q.leases {
 		l.pos = i
+	}
+	return q.share(now, extra)
+}
+
+// share computes the targets of q's leases, aligned with q.leases, without
+// touching the state (the leader reads it under a read lock).
+//
+// Rate shares are water-filled by demand and weight within [MinSlice,
+// MaxSlice]; what the demands leave over is then water-filled by weight
+// alone (each lease up to its MaxSlice), so a quota's whole rate is always
+// assigned: a lone holder gets all of it, whatever demand it measured
+// before its traffic rose, and a holder whose demand rises finds its share
+// already there up to an equal split. Caps get the same proportion of B, by
+// scaling demands and slices by B/r (by the lease period when r is 0). The
+// leader moves shares towards these targets in round trips (it tells the
+// holders above theirs to renew at once), so a newcomer or a rising demand
+// is served without waiting for anyone's renew point.
+func (q *quota) share(now int64, extra *lease) targetList {
+	idx := make([]int, 0, len(q.leases))
+	for i, l := range q.leases {
 		if l == extra || now <= l.Expiry {
-			ls = append(ls, l)
+			idx = append(idx, i)
 		}
 	}
-	n := len(ls)
+	n := len(idx)
 	buf := make([]float64, 5*n)
 	d, w, lo, hi, dc := buf[:n], buf[n:2*n], buf[2*n:3*n], buf[3*n:4*n], buf[4*n:]
 	maxSlice := q.cfg.MaxSlice
 	if maxSlice == 0 {
 		maxSlice = 2 * MaxValue // no maximum, but finite for the scaling below
 	}
-	for i, l := range ls {
+	for i, k := range idx {
+		l := q.leases[k]
 		d[i], w[i], lo[i], hi[i] = l.Demand, l.Weight, q.cfg.MinSlice, maxSlice
 		if b := l.Bounds; b != nil {
 			lo[i], hi[i] = b.MinSlice, b.MaxSlice
@@ -810,27 +829,44 @@ func (q *quota) targets(now int64, extra *lease) targetList {
 			}
 		}
 	}
-	rates := FairShare(q.cfg.Rate, d, w, lo, hi)
+	rates := fillWithLeftover(q.cfg.Rate, d, w, lo, hi)
 	var caps []float64
 	if q.cfg.Rate > 0 {
 		// Water-filling is scale-invariant: filling B with everything
 		// scaled by B/r gives the rate shares scaled by B/r.
 		caps = dc
-		for i := range ls {
+		for i := range idx {
 			caps[i] = rates[i] * q.cfg.Burst / q.cfg.Rate
 		}
 	} else {
 		scale := float64(q.cfg.LeasePeriod) / 1e6
-		for i := range ls {
+		for i := range idx {
 			dc[i], lo[i], hi[i] = d[i]*scale, lo[i]*scale, hi[i]*scale
 		}
-		caps = FairShare(q.cfg.Burst, dc, w, lo, hi)
+		caps = fillWithLeftover(q.cfg.Burst, dc, w, lo, hi)
 	}
 	out := make(targetList, len(q.leases))
-	for i, l := range ls {
-		out[l.pos] = target{cap: caps[i], rate: rates[i]}
+	for i, k := range idx {
+		out[k] = target{cap: caps[i], rate: rates[i]}
 	}
 	return out
+}
+
+// fillWithLeftover water-fills capacity by demand (FairShare), then, when
+// the demands leave some over, water-fills it by weight alone on top of
+// those shares, each up to its maximum: the result is still a weighted
+// max-min fair division, of every holder's demand raised to its maximum,
+// with the floors its demand share set.
+func fillWithLeftover(capacity float64, d, w, lo, hi []float64) []float64 {
+	shares := FairShare(capacity, d, w, lo, hi)
+	var sum float64
+	for _, s := range shares {
+		sum += s
+	}
+	if !(capacity-sum > 0) || len(shares) == 0 {
+		return shares
+	}
+	return FairShare(capacity, hi, w, shares, hi)
 }
 
 // tune applies a Tune (see Tune for the safe-share rules).

@@ -15,6 +15,15 @@ func quotaQ(now int64) ConfigureQuota {
 	return ConfigureQuota{Now: now, Quota: "q", Burst: 100, Rate: 10, LeasePeriod: 10 * sec, SafetyMargin: sec}
 }
 
+// quotaSliced is quotaQ with a MaxSlice: a holder's share stays within it
+// (what the demands leave over too), so the rest stays in the pool. Tests of
+// the pool's own mechanics use it.
+func quotaSliced(now int64, maxSlice float64) ConfigureQuota {
+	c := quotaQ(now)
+	c.MaxSlice = maxSlice
+	return c
+}
+
 // step is one command of a scenario and what must come of it.
 type step struct {
 	cmd Command
@@ -267,9 +276,9 @@ func TestConfigureQuota(t *testing.T) {
 				want: []check{wantItem(0, nil, 0, 40, 4, 0), wantLeaseRes(1, 40, 4), wantCeil("q", 40, 4), wantReserved("q", 40, 4)}},
 		}},
 		{"raising B adds room, not tokens: the pool refills into it", []step{
-			{cmd: quotaQ(0)},
+			{cmd: quotaSliced(0, 2)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}, want: []check{wantPool("q", 80)}}, // cap 20, rate 2
-			{cmd: ConfigureQuota{Quota: "q", Burst: 200, Rate: 10, LeasePeriod: 10 * sec, SafetyMargin: sec},
+			{cmd: ConfigureQuota{Quota: "q", Burst: 200, Rate: 10, LeasePeriod: 10 * sec, SafetyMargin: sec, MaxSlice: 2},
 				want: []check{wantPool("q", 80), wantCeil("q", 200, 10)}},
 			{cmd: Tick{Now: 5 * sec}, want: []check{wantPool("q", 120)}}, // at 10 - 2
 			{cmd: Release{Now: 5 * sec, Holder: "a", Seq: 2, LeaseID: 1}, want: []check{wantPool("q", 120)}},
@@ -287,7 +296,7 @@ func TestConfigureQuota(t *testing.T) {
 				want: []check{wantGranted(1, 70, 70, 1, 11*sec), wantPool("q", 0)}},
 		}},
 		{"lowering r below what is leased stops the pool refilling", []step{
-			{cmd: quotaQ(0)},
+			{cmd: quotaSliced(0, 5)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 5}, want: []check{wantGranted(1, 50, 50, 5, 10*sec)}},
 			{cmd: Release{Holder: "b", Seq: 1, LeaseID: 1}, err: ErrLeaseExpired},
 			{cmd: ConfigureQuota{Quota: "q", Burst: 100, Rate: 2, LeasePeriod: 10 * sec, SafetyMargin: sec},
@@ -314,10 +323,26 @@ func TestGrant(t *testing.T) {
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 100},
 				want: []check{wantGranted(1, 100, 100, 10, 10*sec), wantPool("q", 0)}},
 		}},
-		{"small demand gets what it asks, the rest stays pooled", []step{
+		{"a lone holder gets the whole quota whatever demand it measured", []step{
 			{cmd: quotaQ(0)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2},
+				want: []check{wantGranted(1, 100, 100, 10, 10*sec), wantPool("q", 0), wantReserved("q", 100, 10)}},
+		}},
+		{"within MaxSlice, a small demand gets what it asks and the rest stays pooled", []step{
+			{cmd: quotaSliced(0, 2)},
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2},
 				want: []check{wantGranted(1, 20, 20, 2, 10*sec), wantPool("q", 80), wantReserved("q", 20, 2)}},
+		}},
+		{"what the demands leave over is shared by weight", []step{
+			{cmd: quotaQ(0)},
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 1}},
+			{cmd: Grant{Holder: "b", Seq: 1, Quota: "q", Demand: 3}, want: []check{wantGranted(2, 0, 0, 0, 10*sec)}},
+			// Demands 1 and 3 leave 6 over: shared equally on top, a's
+			// target is 5, and b's. a shrinks (counted at its old
+			// size until it confirms), then b takes what a freed.
+			{cmd: renew1(0, "a", 2, 1, 0, 1, 100, 10), want: []check{wantItem(0, nil, 0, 50, 5, 0)}},
+			{cmd: renew1(0, "a", 3, 1, 50, 1, 50, 5), want: []check{wantItem(0, nil, 0, 50, 5, 50)}},
+			{cmd: Grant{Holder: "b", Seq: 2, Quota: "q", Demand: 3}, want: []check{wantGranted(2, 50, 50, 5, 10*sec)}},
 		}},
 		{"grant with empty pool and nothing free: an empty lease that registers demand", []step{
 			{cmd: quotaQ(0)},
@@ -327,40 +352,49 @@ func TestGrant(t *testing.T) {
 		}},
 		{"grant with empty pool but free room: cap without tokens", []step{
 			{cmd: quotaQ(0)},
-			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}}, // cap 20, pool 80
-			{cmd: renew1(0, "a", 2, 1, 0, 2, 20, 2)},
-			{cmd: Grant{Holder: "b", Seq: 1, Quota: "q", Demand: 8, Weight: 1},
-				want: []check{wantGranted(2, 80, 80, 8, 10*sec), wantPool("q", 0)}},
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 100}}, // everything
 			// The pool is empty, but the capacity a release frees is room.
-			{cmd: Release{Holder: "a", Seq: 3, LeaseID: 1, Unused: 0}, want: []check{wantCredited(0), wantPool("q", 0)}},
+			{cmd: Release{Holder: "a", Seq: 2, LeaseID: 1, Unused: 0}, want: []check{wantCredited(0), wantPool("q", 0)}},
 			{cmd: Grant{Holder: "c", Seq: 1, Quota: "q", Demand: 2},
-				want: []check{wantGranted(3, 0, 20, 2, 10*sec), wantPool("q", 0)}},
+				want: []check{wantGranted(2, 0, 100, 10, 10*sec), wantPool("q", 0)}},
 		}},
-		{"MinSlice is a floor whatever the demand, MaxSlice a ceiling", []step{
+		{"MaxSlice is a ceiling, also on what the demands leave over", []step{
 			{cmd: ConfigureQuota{Quota: "q", Burst: 100, Rate: 10, LeasePeriod: 10 * sec, MinSlice: 1, MaxSlice: 3}},
-			{cmd: Grant{Holder: "idle", Seq: 1, Quota: "q", Demand: 0}, want: []check{wantGranted(1, 10, 10, 1, 10*sec)}},
+			{cmd: Grant{Holder: "idle", Seq: 1, Quota: "q", Demand: 0}, want: []check{wantGranted(1, 30, 30, 3, 10*sec)}},
 			{cmd: Grant{Holder: "hot", Seq: 1, Quota: "q", Demand: 100}, want: []check{wantGranted(2, 30, 30, 3, 10*sec)}},
+		}},
+		{"MinSlice is a floor whatever the demand", []step{
+			{cmd: ConfigureQuota{Quota: "q", Burst: 100, Rate: 10, LeasePeriod: 10 * sec, MinSlice: 1}},
+			{cmd: Grant{Holder: "hot", Seq: 1, Quota: "q", Demand: 100}, want: []check{wantGranted(1, 100, 100, 10, 10*sec)}},
+			{cmd: Grant{Holder: "idle", Seq: 1, Quota: "q", Demand: 0}, want: []check{wantGranted(2, 0, 0, 0, 10*sec)}},
+			// hot's target is now 9: it shrinks and confirms, idle gets its floor.
+			{cmd: renew1(0, "hot", 2, 1, 0, 100, 100, 10), want: []check{wantItem(0, nil, 0, 90, 9, 0)}},
+			{cmd: renew1(0, "hot", 3, 1, 10, 100, 90, 9)},
+			{cmd: Grant{Holder: "idle", Seq: 2, Quota: "q", Demand: 0}, want: []check{wantGranted(2, 10, 10, 1, 10*sec)}},
 		}},
 		{"weights split capacity in proportion", []step{
 			{cmd: quotaQ(0)},
-			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 0}},
-			{cmd: Grant{Holder: "b", Seq: 1, Quota: "q", Demand: 100, Weight: 3}},
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 0},
+				want: []check{wantGranted(1, 100, 100, 10, 10*sec)}}, // alone: everything
+			{cmd: Grant{Holder: "b", Seq: 1, Quota: "q", Demand: 100, Weight: 3},
+				want: []check{wantGranted(2, 0, 0, 0, 10*sec)}}, // a holds everything
 			{cmd: Grant{Holder: "a", Seq: 2, Quota: "q", Demand: 100, Weight: 1},
-				want: []check{wantGranted(1, 0, 0, 0, 10*sec)}}, // b holds everything
+				want: []check{wantGranted(1, 0, 25, 2.5, 10*sec)}}, // a shrinks to 1/4
+			{cmd: renew1(0, "a", 3, 1, 75, 100, 25, 2.5), want: []check{wantItem(0, nil, 0, 25, 2.5, 75)}},
 			{cmd: Grant{Holder: "b", Seq: 2, Quota: "q", Demand: 100, Weight: 3},
-				want: []check{wantGranted(2, 0, 75, 7.5, 10*sec)}},
+				want: []check{wantGranted(2, 75, 75, 7.5, 10*sec)}},
 		}},
 		{"granting again while live is a renewal of the same lease", []step{
 			{cmd: quotaQ(0)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}},
 			{cmd: Grant{Now: sec, Holder: "a", Seq: 2, Quota: "q", Demand: 4},
-				want: []check{wantGranted(1, 20, 40, 4, 11*sec), wantLeases("q", 1), wantPool("q", 60)}},
+				want: []check{wantGranted(1, 0, 100, 10, 11*sec), wantLeases("q", 1), wantPool("q", 0)}},
 		}},
 		{"granting again after expiry gives a new id; the old one is dead", []step{
 			{cmd: quotaQ(0)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}},
 			{cmd: Grant{Now: 10*sec + 1, Holder: "a", Seq: 2, Quota: "q", Demand: 2},
-				want: []check{wantGranted(2, 0, 20, 2, 20*sec+1), wantLeases("q", 1)}},
+				want: []check{wantGranted(2, 0, 100, 10, 20*sec+1), wantLeases("q", 1)}},
 			{cmd: renew1(10*sec+2, "a", 3, 1, 0, 2, 20, 2), want: []check{wantItem(0, ErrLeaseExpired, 0, 0, 0, 0)}},
 		}},
 		{"unknown quota changes nothing", []step{
@@ -381,9 +415,9 @@ func TestGrant(t *testing.T) {
 		}},
 		{"retry of a grant gets the same lease, granted once", []step{
 			{cmd: quotaQ(0)},
-			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}, want: []check{wantPool("q", 80)}},
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}, want: []check{wantPool("q", 0)}},
 			{cmd: Grant{Now: sec, Holder: "a", Seq: 1, Quota: "q", Demand: 2},
-				want: []check{wantReplayed(true), wantGranted(1, 20, 20, 2, 10*sec), wantPool("q", 80), wantLeases("q", 1)}},
+				want: []check{wantReplayed(true), wantGranted(1, 100, 100, 10, 10*sec), wantPool("q", 0), wantLeases("q", 1)}},
 		}},
 	}
 	for _, tt := range tests {
@@ -496,7 +530,7 @@ func TestRelease(t *testing.T) {
 				want: []check{wantCredited(30), wantPool("q", 30), wantLeases("q", 0), wantReserved("q", 0, 0)}},
 		}},
 		{"release credits at most the bound", []step{
-			{cmd: quotaQ(0)},
+			{cmd: quotaSliced(0, 5)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 5}}, // cap 50, balance 50, pool 50
 			{cmd: renew1(0, "a", 2, 1, 20, 5, 50, 5), want: []check{wantItem(0, nil, 20, 50, 5, 0), wantPool("q", 30)}},
 			{cmd: Release{Holder: "a", Seq: 3, LeaseID: 1, Unused: 1000}, want: []check{wantCredited(50), wantPool("q", 80)}},
@@ -553,12 +587,12 @@ func TestTick(t *testing.T) {
 			{cmd: Tick{Now: 12*sec + 1}, want: []check{wantPool("q", 10)}},
 		}},
 		{"pool refills at r minus leased rates, up to B minus leased caps", []step{
-			{cmd: quotaQ(0)},
+			{cmd: quotaSliced(0, 2)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 2}},              // cap 20 rate 2, pool 80
 			{cmd: Release{Holder: "b", Seq: 1, LeaseID: 9}, err: ErrLeaseExpired}, // a no-op answer
 			{cmd: renew1(0, "a", 2, 1, 0, 2, 20, 2)},
-			{cmd: Grant{Holder: "b", Seq: 2, Quota: "q", Demand: 1}}, // cap 10, balance 10, pool 70
-			{cmd: Tick{Now: sec}, want: []check{wantPool("q", 70)}},  // full: room 70
+			{cmd: Grant{Holder: "b", Seq: 2, Quota: "q", Demand: 1, Bounds: &Bounds{MaxSlice: 1}}}, // cap 10, balance 10, pool 70
+			{cmd: Tick{Now: sec}, want: []check{wantPool("q", 70)}},                                // full: room 70
 			{cmd: Release{Now: sec, Holder: "b", Seq: 3, LeaseID: 2, Unused: 0}, want: []check{wantPool("q", 70)}},
 			{cmd: Tick{Now: 2 * sec}, want: []check{wantPool("q", 78)}}, // 10 - 2 per second
 			{cmd: Tick{Now: 3 * sec}, want: []check{wantPool("q", 80)}}, // room 80
@@ -614,7 +648,7 @@ func TestLeaderElected(t *testing.T) {
 			{cmd: Tick{Now: 11*sec + 1}, want: []check{wantLeaseRes(1, 100, 10)}},
 		}},
 		{"the pools do not refill over the jump to a new leader's clock", []step{
-			{cmd: quotaQ(0)},
+			{cmd: quotaSliced(0, 5)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 5}},
 			{cmd: Release{Holder: "a", Seq: 2, LeaseID: 1}, want: []check{wantPool("q", 50)}},
 			{cmd: Tick{Now: sec}, want: []check{wantPool("q", 60)}},

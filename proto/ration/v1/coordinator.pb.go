@@ -24,6 +24,96 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type WatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Holder        string                 `protobuf:"bytes,1,opt,name=holder,proto3" json:"holder,omitempty"` // as in RenewRequest
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WatchRequest) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+type Nudge struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The quotas to renew now. Empty on the first message, which only says
+	// the stream is established.
+	Quotas        []*QuotaRef `protobuf:"bytes,1,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Nudge) Reset() {
+	*x = Nudge{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Nudge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Nudge) ProtoMessage() {}
+
+func (x *Nudge) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Nudge.ProtoReflect.Descriptor instead.
+func (*Nudge) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Nudge) GetQuotas() []*QuotaRef {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
 type QuotaRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// rule name and subject; the coordinator's own rules file gives the
@@ -37,7 +127,7 @@ type QuotaRef struct {
 
 func (x *QuotaRef) Reset() {
 	*x = QuotaRef{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[0]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +139,7 @@ func (x *QuotaRef) String() string {
 func (*QuotaRef) ProtoMessage() {}
 
 func (x *QuotaRef) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[0]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +152,7 @@ func (x *QuotaRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaRef.ProtoReflect.Descriptor instead.
 func (*QuotaRef) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{0}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *QuotaRef) GetRule() string {
@@ -102,7 +192,7 @@ type RenewItem struct {
 
 func (x *RenewItem) Reset() {
 	*x = RenewItem{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[1]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -114,7 +204,7 @@ func (x *RenewItem) String() string {
 func (*RenewItem) ProtoMessage() {}
 
 func (x *RenewItem) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[1]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -127,7 +217,7 @@ func (x *RenewItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewItem.ProtoReflect.Descriptor instead.
 func (*RenewItem) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{1}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RenewItem) GetQuota() *QuotaRef {
@@ -191,7 +281,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[2]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -203,7 +293,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[2]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -216,7 +306,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{2}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RenewRequest) GetHolder() string {
@@ -260,7 +350,9 @@ type Grant struct {
 	// stops spending at D*(1-rho)/(1+rho) - m after it SENT the request.
 	DurationUs int64 `protobuf:"varint,6,opt,name=duration_us,json=durationUs,proto3" json:"duration_us,omitempty"`
 	// Non-empty when this item was not granted (unknown quota, expired lease:
-	// retry with lease_id 0).
+	// retry with lease_id 0; invalid item: the quota name is too long or a
+	// value out of range, refused alone). Starts with one of the coordinator's
+	// item error texts.
 	Error string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
 	// To a region's holder, when the global group has a tuned safe share for
 	// the region: the safe share (tokens/s) the region may use, cut off or
@@ -272,7 +364,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[3]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +376,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[3]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +389,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{3}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Grant) GetQuota() *QuotaRef {
@@ -365,7 +457,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[4]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -377,7 +469,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[4]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -390,7 +482,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewResponse) GetGrants() []*Grant {
@@ -411,7 +503,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[5]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +515,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[5]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +528,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReleaseRequest) GetHolder() string {
@@ -461,14 +553,18 @@ func (x *ReleaseRequest) GetItems() []*RenewItem {
 }
 
 type ReleaseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per item, in order: "" when released (or already gone: the holder
+	// stopped spending either way), else the item error (as in Grant.error)
+	// of an item refused alone.
+	Errors        []string `protobuf:"bytes,1,rep,name=errors,proto3" json:"errors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[6]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +576,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[6]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +589,14 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{6}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReleaseResponse) GetErrors() []string {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
 }
 
 // Tuning overrides a rule's lease settings. Unset fields are not
@@ -524,7 +627,7 @@ type Tuning struct {
 
 func (x *Tuning) Reset() {
 	*x = Tuning{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +639,7 @@ func (x *Tuning) String() string {
 func (*Tuning) ProtoMessage() {}
 
 func (x *Tuning) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +652,7 @@ func (x *Tuning) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tuning.ProtoReflect.Descriptor instead.
 func (*Tuning) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{7}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Tuning) GetRule() string {
@@ -628,7 +731,7 @@ type TuneRequest struct {
 
 func (x *TuneRequest) Reset() {
 	*x = TuneRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +743,7 @@ func (x *TuneRequest) String() string {
 func (*TuneRequest) ProtoMessage() {}
 
 func (x *TuneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +756,7 @@ func (x *TuneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TuneRequest.ProtoReflect.Descriptor instead.
 func (*TuneRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TuneRequest) GetTuning() *Tuning {
@@ -686,7 +789,7 @@ type TuneResponse struct {
 
 func (x *TuneResponse) Reset() {
 	*x = TuneResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +801,7 @@ func (x *TuneResponse) String() string {
 func (*TuneResponse) ProtoMessage() {}
 
 func (x *TuneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +814,7 @@ func (x *TuneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TuneResponse.ProtoReflect.Descriptor instead.
 func (*TuneResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TuneResponse) GetTuning() *Tuning {
@@ -729,7 +832,7 @@ type ListTuningsRequest struct {
 
 func (x *ListTuningsRequest) Reset() {
 	*x = ListTuningsRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +844,7 @@ func (x *ListTuningsRequest) String() string {
 func (*ListTuningsRequest) ProtoMessage() {}
 
 func (x *ListTuningsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +857,7 @@ func (x *ListTuningsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTuningsRequest.ProtoReflect.Descriptor instead.
 func (*ListTuningsRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 type ListTuningsResponse struct {
@@ -766,7 +869,7 @@ type ListTuningsResponse struct {
 
 func (x *ListTuningsResponse) Reset() {
 	*x = ListTuningsResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +881,7 @@ func (x *ListTuningsResponse) String() string {
 func (*ListTuningsResponse) ProtoMessage() {}
 
 func (x *ListTuningsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +894,7 @@ func (x *ListTuningsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTuningsResponse.ProtoReflect.Descriptor instead.
 func (*ListTuningsResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListTuningsResponse) GetTunings() []*Tuning {
@@ -809,7 +912,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +924,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +937,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{14}
 }
 
 type RaftServer struct {
@@ -848,7 +951,7 @@ type RaftServer struct {
 
 func (x *RaftServer) Reset() {
 	*x = RaftServer{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +963,7 @@ func (x *RaftServer) String() string {
 func (*RaftServer) ProtoMessage() {}
 
 func (x *RaftServer) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +976,7 @@ func (x *RaftServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftServer.ProtoReflect.Descriptor instead.
 func (*RaftServer) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RaftServer) GetId() string {
@@ -914,7 +1017,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1029,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1042,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StatusResponse) GetId() string {
@@ -1013,7 +1116,7 @@ type ListQuotasRequest struct {
 
 func (x *ListQuotasRequest) Reset() {
 	*x = ListQuotasRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1128,7 @@ func (x *ListQuotasRequest) String() string {
 func (*ListQuotasRequest) ProtoMessage() {}
 
 func (x *ListQuotasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1141,7 @@ func (x *ListQuotasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQuotasRequest.ProtoReflect.Descriptor instead.
 func (*ListQuotasRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 type QuotaStatus struct {
@@ -1056,7 +1159,7 @@ type QuotaStatus struct {
 
 func (x *QuotaStatus) Reset() {
 	*x = QuotaStatus{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1171,7 @@ func (x *QuotaStatus) String() string {
 func (*QuotaStatus) ProtoMessage() {}
 
 func (x *QuotaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1184,7 @@ func (x *QuotaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaStatus.ProtoReflect.Descriptor instead.
 func (*QuotaStatus) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *QuotaStatus) GetQuota() string {
@@ -1142,7 +1245,7 @@ type ListQuotasResponse struct {
 
 func (x *ListQuotasResponse) Reset() {
 	*x = ListQuotasResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1257,7 @@ func (x *ListQuotasResponse) String() string {
 func (*ListQuotasResponse) ProtoMessage() {}
 
 func (x *ListQuotasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1270,7 @@ func (x *ListQuotasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQuotasResponse.ProtoReflect.Descriptor instead.
 func (*ListQuotasResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListQuotasResponse) GetQuotas() []*QuotaStatus {
@@ -1186,7 +1289,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1301,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1314,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListLeasesRequest) GetQuota() string {
@@ -1237,7 +1340,7 @@ type LeaseStatus struct {
 
 func (x *LeaseStatus) Reset() {
 	*x = LeaseStatus{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1352,7 @@ func (x *LeaseStatus) String() string {
 func (*LeaseStatus) ProtoMessage() {}
 
 func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1365,7 @@ func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseStatus.ProtoReflect.Descriptor instead.
 func (*LeaseStatus) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LeaseStatus) GetLeaseId() uint64 {
@@ -1330,7 +1433,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1342,7 +1445,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1355,7 +1458,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*LeaseStatus {
@@ -1376,7 +1479,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1491,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1504,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -1434,7 +1537,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1549,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1562,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -1478,7 +1581,7 @@ type MembershipResponse struct {
 
 func (x *MembershipResponse) Reset() {
 	*x = MembershipResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +1593,7 @@ func (x *MembershipResponse) String() string {
 func (*MembershipResponse) ProtoMessage() {}
 
 func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +1606,7 @@ func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipResponse.ProtoReflect.Descriptor instead.
 func (*MembershipResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MembershipResponse) GetServers() []*RaftServer {
@@ -1517,7 +1620,11 @@ var File_ration_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
-	"\x1bration/v1/coordinator.proto\x12\tration.v1\"8\n" +
+	"\x1bration/v1/coordinator.proto\x12\tration.v1\"&\n" +
+	"\fWatchRequest\x12\x16\n" +
+	"\x06holder\x18\x01 \x01(\tR\x06holder\"4\n" +
+	"\x05Nudge\x12+\n" +
+	"\x06quotas\x18\x01 \x03(\v2\x13.ration.v1.QuotaRefR\x06quotas\"8\n" +
 	"\bQuotaRef\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x18\n" +
 	"\asubject\x18\x02 \x01(\tR\asubject\"\x9d\x02\n" +
@@ -1552,8 +1659,9 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12*\n" +
-	"\x05items\x18\x03 \x03(\v2\x14.ration.v1.RenewItemR\x05items\"\x11\n" +
-	"\x0fReleaseResponse\"\xb5\x03\n" +
+	"\x05items\x18\x03 \x03(\v2\x14.ration.v1.RenewItemR\x05items\")\n" +
+	"\x0fReleaseResponse\x12\x16\n" +
+	"\x06errors\x18\x01 \x03(\tR\x06errors\"\xb5\x03\n" +
 	"\x06Tuning\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12+\n" +
@@ -1632,10 +1740,11 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\x13RemoveServerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"E\n" +
 	"\x12MembershipResponse\x12/\n" +
-	"\aservers\x18\x01 \x03(\v2\x15.ration.v1.RaftServerR\aservers2\x86\x01\n" +
+	"\aservers\x18\x01 \x03(\v2\x15.ration.v1.RaftServerR\aservers2\xbc\x01\n" +
 	"\x06Leases\x12:\n" +
 	"\x05Renew\x12\x17.ration.v1.RenewRequest\x1a\x18.ration.v1.RenewResponse\x12@\n" +
-	"\aRelease\x12\x19.ration.v1.ReleaseRequest\x1a\x1a.ration.v1.ReleaseResponse2\xf9\x03\n" +
+	"\aRelease\x12\x19.ration.v1.ReleaseRequest\x1a\x1a.ration.v1.ReleaseResponse\x124\n" +
+	"\x05Watch\x12\x17.ration.v1.WatchRequest\x1a\x10.ration.v1.Nudge0\x012\xf9\x03\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.ration.v1.StatusRequest\x1a\x19.ration.v1.StatusResponse\x12I\n" +
 	"\n" +
@@ -1659,69 +1768,74 @@ func file_ration_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_ration_v1_coordinator_proto_rawDescData
 }
 
-var file_ration_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_ration_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_ration_v1_coordinator_proto_goTypes = []any{
-	(*QuotaRef)(nil),            // 0: ration.v1.QuotaRef
-	(*RenewItem)(nil),           // 1: ration.v1.RenewItem
-	(*RenewRequest)(nil),        // 2: ration.v1.RenewRequest
-	(*Grant)(nil),               // 3: ration.v1.Grant
-	(*RenewResponse)(nil),       // 4: ration.v1.RenewResponse
-	(*ReleaseRequest)(nil),      // 5: ration.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),     // 6: ration.v1.ReleaseResponse
-	(*Tuning)(nil),              // 7: ration.v1.Tuning
-	(*TuneRequest)(nil),         // 8: ration.v1.TuneRequest
-	(*TuneResponse)(nil),        // 9: ration.v1.TuneResponse
-	(*ListTuningsRequest)(nil),  // 10: ration.v1.ListTuningsRequest
-	(*ListTuningsResponse)(nil), // 11: ration.v1.ListTuningsResponse
-	(*StatusRequest)(nil),       // 12: ration.v1.StatusRequest
-	(*RaftServer)(nil),          // 13: ration.v1.RaftServer
-	(*StatusResponse)(nil),      // 14: ration.v1.StatusResponse
-	(*ListQuotasRequest)(nil),   // 15: ration.v1.ListQuotasRequest
-	(*QuotaStatus)(nil),         // 16: ration.v1.QuotaStatus
-	(*ListQuotasResponse)(nil),  // 17: ration.v1.ListQuotasResponse
-	(*ListLeasesRequest)(nil),   // 18: ration.v1.ListLeasesRequest
-	(*LeaseStatus)(nil),         // 19: ration.v1.LeaseStatus
-	(*ListLeasesResponse)(nil),  // 20: ration.v1.ListLeasesResponse
-	(*AddVoterRequest)(nil),     // 21: ration.v1.AddVoterRequest
-	(*RemoveServerRequest)(nil), // 22: ration.v1.RemoveServerRequest
-	(*MembershipResponse)(nil),  // 23: ration.v1.MembershipResponse
+	(*WatchRequest)(nil),        // 0: ration.v1.WatchRequest
+	(*Nudge)(nil),               // 1: ration.v1.Nudge
+	(*QuotaRef)(nil),            // 2: ration.v1.QuotaRef
+	(*RenewItem)(nil),           // 3: ration.v1.RenewItem
+	(*RenewRequest)(nil),        // 4: ration.v1.RenewRequest
+	(*Grant)(nil),               // 5: ration.v1.Grant
+	(*RenewResponse)(nil),       // 6: ration.v1.RenewResponse
+	(*ReleaseRequest)(nil),      // 7: ration.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 8: ration.v1.ReleaseResponse
+	(*Tuning)(nil),              // 9: ration.v1.Tuning
+	(*TuneRequest)(nil),         // 10: ration.v1.TuneRequest
+	(*TuneResponse)(nil),        // 11: ration.v1.TuneResponse
+	(*ListTuningsRequest)(nil),  // 12: ration.v1.ListTuningsRequest
+	(*ListTuningsResponse)(nil), // 13: ration.v1.ListTuningsResponse
+	(*StatusRequest)(nil),       // 14: ration.v1.StatusRequest
+	(*RaftServer)(nil),          // 15: ration.v1.RaftServer
+	(*StatusResponse)(nil),      // 16: ration.v1.StatusResponse
+	(*ListQuotasRequest)(nil),   // 17: ration.v1.ListQuotasRequest
+	(*QuotaStatus)(nil),         // 18: ration.v1.QuotaStatus
+	(*ListQuotasResponse)(nil),  // 19: ration.v1.ListQuotasResponse
+	(*ListLeasesRequest)(nil),   // 20: ration.v1.ListLeasesRequest
+	(*LeaseStatus)(nil),         // 21: ration.v1.LeaseStatus
+	(*ListLeasesResponse)(nil),  // 22: ration.v1.ListLeasesResponse
+	(*AddVoterRequest)(nil),     // 23: ration.v1.AddVoterRequest
+	(*RemoveServerRequest)(nil), // 24: ration.v1.RemoveServerRequest
+	(*MembershipResponse)(nil),  // 25: ration.v1.MembershipResponse
 }
 var file_ration_v1_coordinator_proto_depIdxs = []int32{
-	0,  // 0: ration.v1.RenewItem.quota:type_name -> ration.v1.QuotaRef
-	1,  // 1: ration.v1.RenewRequest.items:type_name -> ration.v1.RenewItem
-	0,  // 2: ration.v1.Grant.quota:type_name -> ration.v1.QuotaRef
-	3,  // 3: ration.v1.RenewResponse.grants:type_name -> ration.v1.Grant
-	1,  // 4: ration.v1.ReleaseRequest.items:type_name -> ration.v1.RenewItem
-	7,  // 5: ration.v1.TuneRequest.tuning:type_name -> ration.v1.Tuning
-	7,  // 6: ration.v1.TuneResponse.tuning:type_name -> ration.v1.Tuning
-	7,  // 7: ration.v1.ListTuningsResponse.tunings:type_name -> ration.v1.Tuning
-	13, // 8: ration.v1.StatusResponse.servers:type_name -> ration.v1.RaftServer
-	16, // 9: ration.v1.ListQuotasResponse.quotas:type_name -> ration.v1.QuotaStatus
-	19, // 10: ration.v1.ListLeasesResponse.leases:type_name -> ration.v1.LeaseStatus
-	13, // 11: ration.v1.MembershipResponse.servers:type_name -> ration.v1.RaftServer
-	2,  // 12: ration.v1.Leases.Renew:input_type -> ration.v1.RenewRequest
-	5,  // 13: ration.v1.Leases.Release:input_type -> ration.v1.ReleaseRequest
-	12, // 14: ration.v1.Admin.Status:input_type -> ration.v1.StatusRequest
-	15, // 15: ration.v1.Admin.ListQuotas:input_type -> ration.v1.ListQuotasRequest
-	18, // 16: ration.v1.Admin.ListLeases:input_type -> ration.v1.ListLeasesRequest
-	21, // 17: ration.v1.Admin.AddVoter:input_type -> ration.v1.AddVoterRequest
-	22, // 18: ration.v1.Admin.RemoveServer:input_type -> ration.v1.RemoveServerRequest
-	8,  // 19: ration.v1.Admin.Tune:input_type -> ration.v1.TuneRequest
-	10, // 20: ration.v1.Admin.ListTunings:input_type -> ration.v1.ListTuningsRequest
-	4,  // 21: ration.v1.Leases.Renew:output_type -> ration.v1.RenewResponse
-	6,  // 22: ration.v1.Leases.Release:output_type -> ration.v1.ReleaseResponse
-	14, // 23: ration.v1.Admin.Status:output_type -> ration.v1.StatusResponse
-	17, // 24: ration.v1.Admin.ListQuotas:output_type -> ration.v1.ListQuotasResponse
-	20, // 25: ration.v1.Admin.ListLeases:output_type -> ration.v1.ListLeasesResponse
-	23, // 26: ration.v1.Admin.AddVoter:output_type -> ration.v1.MembershipResponse
-	23, // 27: ration.v1.Admin.RemoveServer:output_type -> ration.v1.MembershipResponse
-	9,  // 28: ration.v1.Admin.Tune:output_type -> ration.v1.TuneResponse
-	11, // 29: ration.v1.Admin.ListTunings:output_type -> ration.v1.ListTuningsResponse
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	2,  // 0: ration.v1.Nudge.quotas:type_name -> ration.v1.QuotaRef
+	2,  // 1: ration.v1.RenewItem.quota:type_name -> ration.v1.QuotaRef
+	3,  // 2: ration.v1.RenewRequest.items:type_name -> ration.v1.RenewItem
+	2,  // 3: ration.v1.Grant.quota:type_name -> ration.v1.QuotaRef
+	5,  // 4: ration.v1.RenewResponse.grants:type_name -> ration.v1.Grant
+	3,  // 5: ration.v1.ReleaseRequest.items:type_name -> ration.v1.RenewItem
+	9,  // 6: ration.v1.TuneRequest.tuning:type_name -> ration.v1.Tuning
+	9,  // 7: ration.v1.TuneResponse.tuning:type_name -> ration.v1.Tuning
+	9,  // 8: ration.v1.ListTuningsResponse.tunings:type_name -> ration.v1.Tuning
+	15, // 9: ration.v1.StatusResponse.servers:type_name -> ration.v1.RaftServer
+	18, // 10: ration.v1.ListQuotasResponse.quotas:type_name -> ration.v1.QuotaStatus
+	21, // 11: ration.v1.ListLeasesResponse.leases:type_name -> ration.v1.LeaseStatus
+	15, // 12: ration.v1.MembershipResponse.servers:type_name -> ration.v1.RaftServer
+	4,  // 13: ration.v1.Leases.Renew:input_type -> ration.v1.RenewRequest
+	7,  // 14: ration.v1.Leases.Release:input_type -> ration.v1.ReleaseRequest
+	0,  // 15: ration.v1.Leases.Watch:input_type -> ration.v1.WatchRequest
+	14, // 16: ration.v1.Admin.Status:input_type -> ration.v1.StatusRequest
+	17, // 17: ration.v1.Admin.ListQuotas:input_type -> ration.v1.ListQuotasRequest
+	20, // 18: ration.v1.Admin.ListLeases:input_type -> ration.v1.ListLeasesRequest
+	23, // 19: ration.v1.Admin.AddVoter:input_type -> ration.v1.AddVoterRequest
+	24, // 20: ration.v1.Admin.RemoveServer:input_type -> ration.v1.RemoveServerRequest
+	10, // 21: ration.v1.Admin.Tune:input_type -> ration.v1.TuneRequest
+	12, // 22: ration.v1.Admin.ListTunings:input_type -> ration.v1.ListTuningsRequest
+	6,  // 23: ration.v1.Leases.Renew:output_type -> ration.v1.RenewResponse
+	8,  // 24: ration.v1.Leases.Release:output_type -> ration.v1.ReleaseResponse
+	1,  // 25: ration.v1.Leases.Watch:output_type -> ration.v1.Nudge
+	16, // 26: ration.v1.Admin.Status:output_type -> ration.v1.StatusResponse
+	19, // 27: ration.v1.Admin.ListQuotas:output_type -> ration.v1.ListQuotasResponse
+	22, // 28: ration.v1.Admin.ListLeases:output_type -> ration.v1.ListLeasesResponse
+	25, // 29: ration.v1.Admin.AddVoter:output_type -> ration.v1.MembershipResponse
+	25, // 30: ration.v1.Admin.RemoveServer:output_type -> ration.v1.MembershipResponse
+	11, // 31: ration.v1.Admin.Tune:output_type -> ration.v1.TuneResponse
+	13, // 32: ration.v1.Admin.ListTunings:output_type -> ration.v1.ListTuningsResponse
+	23, // [23:33] is the sub-list for method output_type
+	13, // [13:23] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_ration_v1_coordinator_proto_init() }
@@ -1729,16 +1843,16 @@ func file_ration_v1_coordinator_proto_init() {
 	if File_ration_v1_coordinator_proto != nil {
 		return
 	}
-	file_ration_v1_coordinator_proto_msgTypes[1].OneofWrappers = []any{}
 	file_ration_v1_coordinator_proto_msgTypes[3].OneofWrappers = []any{}
-	file_ration_v1_coordinator_proto_msgTypes[7].OneofWrappers = []any{}
+	file_ration_v1_coordinator_proto_msgTypes[5].OneofWrappers = []any{}
+	file_ration_v1_coordinator_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ration_v1_coordinator_proto_rawDesc), len(file_ration_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -24,6 +24,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Leases_Renew_FullMethodName   = "/ration.v1.Leases/Renew"
 	Leases_Release_FullMethodName = "/ration.v1.Leases/Release"
+	Leases_Watch_FullMethodName   = "/ration.v1.Leases/Watch"
 )
 
 // LeasesClient is the client API for Leases service.
@@ -43,6 +44,15 @@ type LeasesClient interface {
 	// Release returns the unused balance of leases the holder lets go of
 	// (shutdown, rule removed).
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Watch is the holder's one long-lived stream from the leader. The leader
+	// sends a Nudge as soon as some of the holder's shares should move (a
+	// newcomer or a rising demand wants rate this holder holds above its fair
+	// share, or rate freed for it is waiting): the holder renews those quotas
+	// at once instead of at its renew point. A nudge carries no terms: sizes
+	// still change only through Renew, so a lost nudge costs speed, never
+	// safety. The stream ends when the node stops leading (UNAVAILABLE with
+	// the "ration-leader" trailer, as for Renew); the holder reopens it.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Nudge], error)
 }
 
 type leasesClient struct {
@@ -73,6 +83,25 @@ func (c *leasesClient) Release(ctx context.Context, in *ReleaseRequest, opts ...
 	return out, nil
 }
 
+func (c *leasesClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Nudge], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Leases_ServiceDesc.Streams[0], Leases_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, Nudge]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Leases_WatchClient = grpc.ServerStreamingClient[Nudge]
+
 // LeasesServer is the server API for Leases service.
 // All implementations must embed UnimplementedLeasesServer
 // for forward compatibility.
@@ -90,6 +119,15 @@ type LeasesServer interface {
 	// Release returns the unused balance of leases the holder lets go of
 	// (shutdown, rule removed).
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Watch is the holder's one long-lived stream from the leader. The leader
+	// sends a Nudge as soon as some of the holder's shares should move (a
+	// newcomer or a rising demand wants rate this holder holds above its fair
+	// share, or rate freed for it is waiting): the holder renews those quotas
+	// at once instead of at its renew point. A nudge carries no terms: sizes
+	// still change only through Renew, so a lost nudge costs speed, never
+	// safety. The stream ends when the node stops leading (UNAVAILABLE with
+	// the "ration-leader" trailer, as for Renew); the holder reopens it.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[Nudge]) error
 	mustEmbedUnimplementedLeasesServer()
 }
 
@@ -105,6 +143,9 @@ func (UnimplementedLeasesServer) Renew(context.Context, *RenewRequest) (*RenewRe
 }
 func (UnimplementedLeasesServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedLeasesServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Nudge]) error {
+	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedLeasesServer) mustEmbedUnimplementedLeasesServer() {}
 func (UnimplementedLeasesServer) testEmbeddedByValue()                {}
@@ -163,6 +204,17 @@ func _Leases_Release_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Leases_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LeasesServer).Watch(m, &grpc.GenericServerStream[WatchRequest, Nudge]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Leases_WatchServer = grpc.ServerStreamingServer[Nudge]
+
 // Leases_ServiceDesc is the grpc.ServiceDesc for Leases service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -179,7 +231,13 @@ var Leases_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Leases_Release_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _Leases_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "ration/v1/coordinator.proto",
 }
 

@@ -1,0 +1,345 @@
+package coordinator
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/ration-dev/ration/internal/lease"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// Shares move in round trips, not in lease periods. After every Renew the
+// leader looks at the quotas it touched (rebalance): when a holder is
+// materially below its fair share (a newcomer, or a demand that rose), it
+// tells the holders above theirs to renew at once, over each holder's Watch
+// stream. Their renewal shrinks them (the shrink stays reserved at the old
+// size until they confirm it, which they do at once, giving back what is
+// above their new cap); the confirmation frees rate and room, and the
+// rebalance after it tells the holders below their share to renew and take
+// it. A nudge carries no terms: sizes only ever change through committed
+// Renews, so the conservation argument is untouched, and a lost nudge only
+// costs speed (the holder renews at its renew point anyway).
+
+// Thresholds of rebalance. A holder is below its share when it holds less
+// than underShare of its target; a smaller gap is left to the renew point,
+// so that shares do not churn on noise in the demands.
+const (
+	underShare = 0.9
+	// nudgeFlush coalesces nudges for one holder: a stream sends at most one
+	// message per nudgeFlush.
+	nudgeFlush = 10 * time.Millisecond
+	// watchIdle is how long a configured agent id's incarnation is
+	// remembered after its last request, for duplicate detection.
+	watchIdle = time.Minute
+)
+
+// watcher is one holder's open Watch stream on this leader.
+type watcher struct {
+	wake    chan struct{} // cap 1
+	gone    chan struct{} // closed when a newer stream of the holder replaces it
+	mu      sync.Mutex
+	pending map[string]struct{} // quota ids to nudge
+}
+
+// watchers are the open Watch streams, by holder. A holder has at most one:
+// a new stream (a reconnect) replaces the old one.
+type watchers struct {
+	mu sync.Mutex
+	m  map[string]*watcher
+}
+
+func (ws *watchers) add(holder string) *watcher {
+	w := &watcher{wake: make(chan struct{}, 1), gone: make(chan struct{}), pending: map[string]struct{}{}}
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.m == nil {
+		ws.m = map[string]*watcher{}
+	}
+	if old := ws.m[holder]; old != nil {
+		close(old.gone)
+	}
+	ws.m[holder] = w
+	return w
+}
+
+func (ws *watchers) remove(holder string, w *watcher) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.m[holder] == w {
+		delete(ws.m, holder)
+	}
+}
+
+// nudge queues quota for holder's stream; false when the holder has none.
+func (ws *watchers) nudge(holder, quota string) bool {
+	ws.mu.Lock()
+	w := ws.m[holder]
+	ws.mu.Unlock()
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	w.pending[quota] = struct{}{}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (w *watcher) take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]string, 0, len(w.pending))
+	for q := range w.pending {
+		out = append(out, q)
+	}
+	clear(w.pending)
+	slices.Sort(out)
+	return out
+}
+
+// Watch serves a holder's nudge stream while this node leads.
+func (s *leasesServer) Watch(req *rationv1.WatchRequest, stream rationv1.Leases_WatchServer) (err error) {
+	n := s.n
+	ctx := stream.Context()
+	defer func() {
+		if r := recover(); r != nil {
+			n.logger.Error("panic in gRPC handler", "method", "Watch", "panic", r, "stack", string(debug.Stack()))
+			err = status.Error(codes.Internal, "internal error in Watch")
+		}
+	}()
+	t := n.term.Load()
+	if err := n.servable(); err != nil {
+		return n.rpcError(ctx, err)
+	}
+	if msg := checkHolderName(req.GetHolder()); msg != "" {
+		return status.Error(codes.InvalidArgument, "watch: "+msg)
+	}
+	n.seenHolder(ctx, req.GetHolder())
+	w := n.watch.add(req.Holder)
+	defer n.watch.remove(req.Holder, w)
+	if err := stream.Send(&rationv1.Nudge{}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-w.gone:
+			return status.Error(codes.Aborted, "watch: replaced by a newer stream of the same holder")
+		case <-t.ctx.Done():
+			return n.rpcError(ctx, ErrNotLeader)
+		case <-n.drain:
+			return n.rpcError(ctx, ErrStopped)
+		case <-w.wake:
+		}
+		ids := w.take()
+		if len(ids) == 0 {
+			continue
+		}
+		msg := &rationv1.Nudge{Quotas: make([]*rationv1.QuotaRef, 0, len(ids))}
+		for _, id := range ids {
+			rule, subject, _ := strings.Cut(id, "|")
+			msg.Quotas = append(msg.Quotas, &rationv1.QuotaRef{Rule: rule, Subject: subject})
+		}
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+		n.m.nudges.Add(float64(len(ids)))
+		// Coalesce: what is nudged meanwhile goes in the next message.
+		select {
+		case <-ctx.Done():
+		case <-time.After(nudgeFlush):
+		}
+	}
+}
+
+// rebalance looks at quotas after a request by holder was applied and
+// nudges whoever should renew at once (see the top of this file). It only
+// reads the state. The requester itself is never nudged: its answer was
+// sized with what was free at that moment.
+func (n *Node) rebalance(quotas []string, requester string) {
+	type nudge struct{ holder, quota string }
+	var out []nudge
+	n.fsm.read(func(s *lease.State) {
+		for _, qid := range quotas {
+			if s.LiveLeases(qid) < 2 {
+				continue // nobody else to move
+			}
+			shares, freeCap, freeRate, pool, ok := s.Shares(qid)
+			if !ok {
+				continue
+			}
+			for _, h := range planNudges(shares, freeCap, freeRate, pool) {
+				if h != requester {
+					out = append(out, nudge{h, qid})
+				}
+			}
+		}
+	})
+	for _, x := range out {
+		n.watch.nudge(x.holder, x.quota)
+	}
+}
+
+// planNudges returns the holders of one quota to nudge: when some holder
+// is below underShare of its target, the holders above their targets (the
+// largest excess first, until their excess covers the deficit; an
+// unconfirmed shrink counts as excess), and, when rate or room is free,
+// the holders below (to take it). Pure, for tests.
+func planNudges(shares []lease.Share, freeCap, freeRate, pool float64) []string {
+	var deficitRate, deficitCap float64
+	var under []string
+	for _, s := range shares {
+		if s.Rate < underShare*s.TargetRate || s.Cap < underShare*s.TargetCap {
+			under = append(under, s.Holder)
+			deficitRate += max(0, s.TargetRate-s.Rate)
+			deficitCap += max(0, s.TargetCap-s.Cap)
+		}
+	}
+	if len(under) == 0 {
+		return nil
+	}
+	type excess struct {
+		holder    string
+		rate, cap float64
+	}
+	var over []excess
+	for _, s := range shares {
+		e := excess{s.Holder, s.ResRate - s.TargetRate, s.ResCap - s.TargetCap}
+		if e.rate > 0 || e.cap > 0 {
+			over = append(over, e)
+		}
+	}
+	slices.SortStableFunc(over, func(a, b excess) int {
+		return cmp.Or(cmp.Compare(b.rate, a.rate), cmp.Compare(b.cap, a.cap))
+	})
+	var out []string
+	var gotRate, gotCap float64
+	for _, e := range over {
+		if gotRate >= deficitRate && gotCap >= deficitCap {
+			break
+		}
+		out = append(out, e.holder)
+		gotRate += max(0, e.rate)
+		gotCap += max(0, e.cap)
+	}
+	if freeRate > 0 || freeCap > 0 || pool > 0 {
+		out = append(out, under...)
+	}
+	return out
+}
+
+// checkHolderName is the holder name check of checkHolderRequest, as an
+// item of text ("" when fine).
+func checkHolderName(h string) string {
+	switch {
+	case h == "":
+		return "holder is empty"
+	case len(h) > lease.MaxNameLen:
+		return fmt.Sprintf("holder is %d bytes, at most %d", len(h), lease.MaxNameLen)
+	}
+	return ""
+}
+
+// incarnations tracks, per configured agent id, the incarnations (agent
+// processes) this leader has heard from recently, to notice two live
+// processes configured with one id: they are distinct holders and
+// conservation holds, but an operator wants to know (their metrics and
+// logs are mixed up). A restart is not a duplicate: the old incarnation
+// falls silent before the new one speaks.
+type incarnations struct {
+	mu   sync.Mutex
+	byID map[string]map[string]*seenIncarnation
+	// swept is when old entries were last dropped.
+	swept time.Time
+}
+
+type seenIncarnation struct {
+	first, last time.Time
+	addr        string
+	reported    bool
+}
+
+// seenHolder records a request from holder (an agent's "<id>/<incarnation>";
+// other names are ignored) and reports a duplicate once per pair.
+func (n *Node) seenHolder(ctx context.Context, holder string) {
+	id, inc, ok := splitHolder(holder)
+	if !ok {
+		return
+	}
+	addr := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	now := n.clock()
+	ins := &n.incs
+	ins.mu.Lock()
+	if ins.byID == nil {
+		ins.byID = map[string]map[string]*seenIncarnation{}
+	}
+	if now.Sub(ins.swept) > watchIdle {
+		ins.swept = now
+		for id, m := range ins.byID {
+			for k, s := range m {
+				if now.Sub(s.last) > watchIdle {
+					delete(m, k)
+				}
+			}
+			if len(m) == 0 {
+				delete(ins.byID, id)
+			}
+		}
+	}
+	m := ins.byID[id]
+	if m == nil {
+		m = map[string]*seenIncarnation{}
+		ins.byID[id] = m
+	}
+	me := m[inc]
+	if me == nil {
+		me = &seenIncarnation{first: now}
+		m[inc] = me
+	}
+	me.last, me.addr = now, addr
+	var other *seenIncarnation
+	var otherInc string
+	for k, s := range m {
+		// Another incarnation that spoke after this one first did: both
+		// processes are alive at once.
+		if k != inc && s.last.After(me.first) && now.Sub(s.last) <= watchIdle && !(s.reported && me.reported) {
+			other, otherInc = s, k
+			break
+		}
+	}
+	if other != nil {
+		me.reported, other.reported = true, true
+	}
+	ins.mu.Unlock()
+	if other != nil {
+		n.m.duplicateHolders.Inc()
+		n.logger.Warn("two agent processes use the same agent id: they are kept apart (each its own leases), but give each its own -id",
+			"agent_id", id, "incarnation", inc, "addr", addr, "other_incarnation", otherInc, "other_addr", other.addr)
+	}
+}
+
+// splitHolder splits an agent holder name "<id>/<incarnation>".
+func splitHolder(h string) (id, inc string, ok bool) {
+	i := strings.LastIndexByte(h, '/')
+	if i <= 0 || i == len(h)-1 || strings.HasPrefix(h, "region/") {
+		return "", "", false
+	}
+	return h[:i], h[i+1:], true
+}

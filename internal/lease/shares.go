@@ -1,0 +1,55 @@
+package lease
+
+// Share is one live lease next to its fair share: what a leader reads to
+// decide which holders to tell to renew at once (the coordinator's nudges).
+// Reading it changes nothing.
+type Share struct {
+	Holder string
+	// Cap and Rate are the latest answer's sizes; ResCap and ResRate what is
+	// still reserved (larger while a shrink is unconfirmed).
+	Cap, Rate       float64
+	ResCap, ResRate float64
+	// TargetCap and TargetRate are the fair share the next renewal would
+	// move the lease towards, as the quota stands now.
+	TargetCap, TargetRate float64
+	Demand                float64
+}
+
+// Shares returns the quota's live leases (not expired at the state's clock)
+// with their fair shares, in the state's order, and what the quota has
+// free: its capacity and rate less every reservation, and the pool's
+// tokens (as of its last refill). ok is false for an unknown quota.
+func (s *State) Shares(quota string) (shares []Share, freeCap, freeRate, pool float64, ok bool) {
+	q := s.quotas[quota]
+	if q == nil {
+		return nil, 0, 0, 0, false
+	}
+	t := q.share(s.now, nil)
+	for i, l := range q.leases {
+		if s.now > l.Expiry {
+			continue
+		}
+		shares = append(shares, Share{
+			Holder: l.Holder, Cap: l.Cap, Rate: l.Rate, ResCap: l.ResCap, ResRate: l.ResRate,
+			TargetCap: t[i].cap, TargetRate: t[i].rate, Demand: l.Demand,
+		})
+	}
+	resCap, resRate := q.reserved()
+	return shares, max(0, q.cfg.Burst-resCap), max(0, q.cfg.Rate-resRate), q.pool, true
+}
+
+// LiveLeases reports how many of the quota's leases are not expired at the
+// state's clock: a cheap test before Shares.
+func (s *State) LiveLeases(quota string) int {
+	q := s.quotas[quota]
+	if q == nil {
+		return 0
+	}
+	n := 0
+	for _, l := range q.leases {
+		if s.now <= l.Expiry {
+			n++
+		}
+	}
+	return n
+}
