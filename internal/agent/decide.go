@@ -86,6 +86,14 @@ type Leases interface {
 	DownFor() time.Duration
 }
 
+// leasePreparer is the optional part of Leases (holder.Leases has it):
+// Prepare starts acquiring a quota without waiting, so that a request's
+// new leased subjects are granted together and their first decisions wait
+// out one cold start in all, not one each in turn.
+type leasePreparer interface {
+	Prepare(rule *rules.Rule, subject string)
+}
+
 // path is where one rule of one request was decided.
 type path uint8
 
@@ -295,6 +303,7 @@ func (s *Service) prepare(steps []step, matches []rules.Match, req *Request, idx
 func (s *Service) charge(ctx context.Context, steps []step) {
 	nStore := 0
 	var leaseNow int64
+	s.prepareLeases(steps)
 	for i := range steps {
 		st := &steps[i]
 		if st.replayed || st.skip {
@@ -339,6 +348,32 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 			}
 		}
 		s.fallback.decide(ctx, st, down)
+	}
+}
+
+// prepareLeases starts acquiring every leased quota of steps before the
+// first is decided, when there are several: a batch of new subjects then
+// waits for one round of grants, not for each subject's grant in turn.
+func (s *Service) prepareLeases(steps []step) {
+	p, ok := s.leases.(leasePreparer)
+	if !ok {
+		return
+	}
+	n := 0
+	for i := range steps {
+		if st := &steps[i]; st.rule.Mode == rules.ModeLeased && !st.replayed && !st.skip {
+			if n++; n > 1 {
+				break
+			}
+		}
+	}
+	if n < 2 {
+		return
+	}
+	for i := range steps {
+		if st := &steps[i]; st.rule.Mode == rules.ModeLeased && !st.replayed && !st.skip {
+			p.Prepare(st.rule, st.subject)
+		}
 	}
 }
 

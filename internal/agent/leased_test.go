@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -205,5 +206,57 @@ func TestLeasedQuotaIDTooLong(t *testing.T) {
 	}
 	if ok := metricValue(t, a.srv.Registry, "ration_agent_lease_renewals_total", map[string]string{"result": "ok"}); ok < 3 {
 		t.Fatalf("%v lease renewals succeeded over 3 lease periods, want at least 3", ok)
+	}
+}
+
+// An AllowBatch of 500 new subjects of a leased rule (a real coordinator):
+// the agent asks for all their leases before deciding the first, so their
+// grants travel in one or a few Renew requests and the batch waits for one
+// round of grants, not for 500 in turn. Every decision is admitted by a
+// lease, none by the failure policy.
+func TestLeasedBatchOfNewSubjectsGrantedTogether(t *testing.T) {
+	const yaml = `
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 1000000
+    rate: 1000000
+    mode: leased
+`
+	c := harness.StartCoordinators(t, 1, yaml)
+	a := startAgent(t, yaml, func(cfg *agent.Config) {
+		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
+		cfg.DecisionTimeout = 2 * time.Second // the cold start: generous under -race
+	})
+	const n = 500
+	reqs := make([]*rationv1.AllowRequest, n)
+	for i := range reqs {
+		reqs[i] = &rationv1.AllowRequest{Descriptors: map[string]string{"user": fmt.Sprintf("u%d", i)}}
+	}
+	start := time.Now()
+	resp, err := a.rl.AllowBatch(context.Background(), &rationv1.AllowBatchRequest{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	ok := 0
+	for _, r := range resp.GetResponses() {
+		if r.Allowed && r.Reason == rationv1.Reason_REASON_OK {
+			ok++
+		}
+	}
+	renewals := metricValue(t, a.srv.Registry, "ration_agent_lease_renewals_total", map[string]string{"result": "ok"})
+	t.Logf("%d new subjects in one batch: %d admitted in %v, %v Renew requests", n, ok, took, renewals)
+	if ok != n {
+		t.Errorf("%d of %d new subjects admitted by their lease, want all", ok, n)
+	}
+	// One request holds up to 1000 items; a few more may go while the
+	// batch is being prepared. One per subject means they were serialised.
+	if renewals > 10 {
+		t.Errorf("%v Renew requests for one batch of %d new subjects, want a few: their grants were asked one after another", renewals, n)
+	}
+	if fb := metricValue(t, a.srv.Registry, "ration_decisions_total",
+		map[string]string{"rule": "per-user", "path": "fallback", "result": "denied", "reason": "unavailable"}); fb != 0 {
+		t.Errorf("%v decisions by the failure policy, want 0", fb)
 	}
 }

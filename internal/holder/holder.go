@@ -204,9 +204,25 @@ type quota struct {
 	invalid   bool
 	ready     chan struct{} // closed once the first answer (grant or error) arrived
 	readyOnce sync.Once
+	// coldUntil ends the cold start: until then (ColdStart after the quota
+	// was added) a decision that finds no first answer yet waits for it.
+	// It is one deadline for every decision of the quota, so decisions
+	// that wait for several new quotas (a batch) wait out one cold start
+	// in all, not one per quota.
+	coldUntil int64
 }
 
 func (q *quota) markReady() { q.readyOnce.Do(func() { close(q.ready) }) }
+
+// answered reports whether the first answer arrived.
+func (q *quota) answered() bool {
+	select {
+	case <-q.ready:
+		return true
+	default:
+		return false
+	}
+}
 
 // demandAt estimates the demand at now from what was requested since the
 // last report, over at least demandWindow (the last estimate fills in the
@@ -299,19 +315,27 @@ func (l *Leases) validity(term int64) int64 {
 
 // Take spends cost from the lease of (rule, subject) at now (from Now). ok
 // is false when there is no valid lease: the caller applies the rule's
-// failure policy. The first call for a quota waits up to ColdStart for its
-// first grant; no other call does any I/O or waits.
+// failure policy. Until a quota's first answer arrives, its decisions wait
+// for it, up to ColdStart after the quota was added (by the first of them
+// or by Prepare); no other call does any I/O or waits.
 func (l *Leases) Take(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, ok bool) {
 	q := l.lookup(r.Name, subject)
 	if q == nil {
 		q = l.add(r.Name, subject, r.Rate)
-		t := time.NewTimer(l.o.ColdStart)
-		select {
-		case <-q.ready:
-		case <-t.C:
-		case <-ctx.Done():
+	}
+	if !q.answered() {
+		// Every decision of a new quota waits for its grant, not only the
+		// one that added it: a second caller of the same new subject would
+		// otherwise fall to the failure policy.
+		if wait := time.Duration(q.coldUntil-l.Now()) * time.Microsecond; wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-q.ready:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
 		}
-		t.Stop()
 		now = l.Now()
 	}
 	q.mu.Lock()
@@ -342,6 +366,17 @@ func (l *Leases) Take(ctx context.Context, r *rules.Rule, subject string, cost f
 		}
 	}
 	return res, true
+}
+
+// Prepare starts acquiring the lease of (rule, subject) if this agent has
+// not asked for it yet, without waiting. A request that decides several
+// leased subjects prepares them all before its first Take: their first
+// grants then share requests, and their decisions wait out one cold start
+// together instead of one after another.
+func (l *Leases) Prepare(r *rules.Rule, subject string) {
+	if l.lookup(r.Name, subject) == nil {
+		l.add(r.Name, subject, r.Rate)
+	}
 }
 
 // Share reports the sizes of the lease this agent holds for (rule,
@@ -419,7 +454,8 @@ func (l *Leases) add(rule, subject string, rate float64) *quota {
 	}
 	id := rule + "|" + subject
 	now := l.Now()
-	q := &quota{rule: rule, subject: subject, id: id, rate: rate, ready: make(chan struct{}), lastUsed: now, reportedAt: now}
+	q := &quota{rule: rule, subject: subject, id: id, rate: rate, ready: make(chan struct{}), lastUsed: now, reportedAt: now,
+		coldUntil: now + l.o.ColdStart.Microseconds()}
 	q.h = lease.Holding{Quota: id, Validity: l.validity}
 	if len(id) > lease.MaxNameLen {
 		// The coordinator would refuse it: never ask (the agent's request

@@ -256,3 +256,78 @@ rules:
 		}
 	}
 }
+
+// Many callers decide one new subject at the same moment: every one of
+// them waits for its first grant (up to the cold start), not only the one
+// whose decision created the quota, so none falls to the failure policy.
+func TestConcurrentFirstDecisionsWaitForTheGrant(t *testing.T) {
+	const yaml = `
+rules:
+  - name: u
+    match: {user: "*"}
+    burst: 1000
+    rate: 1000
+    mode: leased
+`
+	c := harness.StartCoordinators(t, 1, yaml)
+	r := rule(t, yaml, "u")
+	h, _ := runHolder(t, c, holder.Options{Holder: "crowd"})
+	for round := range 5 {
+		subject := fmt.Sprintf("new-%d", round)
+		const callers = 32
+		var valid atomic.Int64
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				if res, ok := h.Take(context.Background(), r, subject, 1, h.Now()); ok && res.Allowed {
+					valid.Add(1)
+				}
+			}()
+		}
+		close(gate)
+		wg.Wait()
+		if valid.Load() != callers {
+			t.Fatalf("subject %s: %d of %d concurrent first decisions admitted, want all (the others fell to the failure policy)", subject, valid.Load(), callers)
+		}
+	}
+}
+
+// Prepared together, 300 new subjects are granted in one round: deciding
+// them one after another afterwards waits out at most one cold start in
+// all, and every one is admitted.
+func TestPreparedSubjectsShareOneColdStart(t *testing.T) {
+	const yaml = `
+rules:
+  - name: u
+    match: {user: "*"}
+    burst: 1000
+    rate: 1000
+    mode: leased
+`
+	c := harness.StartCoordinators(t, 1, yaml)
+	r := rule(t, yaml, "u")
+	h, _ := runHolder(t, c, holder.Options{Holder: "batch", ColdStart: 3 * time.Second})
+	const n = 300
+	start := time.Now()
+	for i := range n {
+		h.Prepare(r, fmt.Sprintf("p%d", i))
+	}
+	ok := 0
+	for i := range n {
+		if res, valid := h.Take(context.Background(), r, fmt.Sprintf("p%d", i), 1, h.Now()); valid && res.Allowed {
+			ok++
+		}
+	}
+	took := time.Since(start)
+	t.Logf("%d prepared subjects decided in %v", n, took)
+	if ok != n {
+		t.Errorf("%d of %d prepared subjects admitted, want all", ok, n)
+	}
+	if took > 3*time.Second {
+		t.Errorf("deciding %d prepared subjects took %v, more than one cold start (3s)", n, took)
+	}
+}
