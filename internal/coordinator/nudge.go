@@ -175,8 +175,9 @@ func (n *Node) rebalance(quotas []string, requester string) {
 	var out []nudge
 	n.fsm.read(func(s *lease.State) {
 		for _, qid := range quotas {
-			if s.LiveLeases(qid) < 2 {
-				continue // nobody else to move
+			switch live := s.LiveLeases(qid); {
+			case live == 0, live == 1 && requester != "":
+				continue // nobody else to move; the requester was just sized
 			}
 			shares, freeCap, freeRate, pool, ok := s.Shares(qid)
 			if !ok {
@@ -195,12 +196,14 @@ func (n *Node) rebalance(quotas []string, requester string) {
 }
 
 // planNudges returns the holders of one quota to nudge: when some holder
-// is below underShare of its target, the holders above their targets (the
-// largest excess first, until their excess covers the deficit; an
-// unconfirmed shrink counts as excess), and, when rate or room is free,
-// the holders below (to take it). Pure, for tests.
+// is below underShare of its target, or the quota is over-committed (its
+// capacity fell below what is reserved: a region's upstream lease shrank),
+// the holders above their targets (the largest excess first, until their
+// excess covers the deficit; an unconfirmed shrink counts as excess), and,
+// when rate or room is free, the holders below (to take it). Pure, for
+// tests.
 func planNudges(shares []lease.Share, freeCap, freeRate, pool float64) []string {
-	var deficitRate, deficitCap float64
+	deficitRate, deficitCap := max(0, -freeRate), max(0, -freeCap)
 	var under []string
 	for _, s := range shares {
 		if s.Rate < underShare*s.TargetRate || s.Cap < underShare*s.TargetCap {
@@ -209,7 +212,7 @@ func planNudges(shares []lease.Share, freeCap, freeRate, pool float64) []string 
 			deficitCap += max(0, s.TargetCap-s.Cap)
 		}
 	}
-	if len(under) == 0 {
+	if len(under) == 0 && deficitRate == 0 && deficitCap == 0 {
 		return nil
 	}
 	type excess struct {
@@ -315,7 +318,7 @@ func (n *Node) seenHolder(ctx context.Context, holder string) {
 	}
 	me.last, me.addr = now, addr
 	var other *seenIncarnation
-	var otherInc string
+	var otherInc, otherAddr string
 	for k, s := range m {
 		// Another incarnation that spoke after this one first did: both
 		// processes are alive at once.
@@ -326,12 +329,13 @@ func (n *Node) seenHolder(ctx context.Context, holder string) {
 	}
 	if other != nil {
 		me.reported, other.reported = true, true
+		otherAddr = other.addr
 	}
 	ins.mu.Unlock()
 	if other != nil {
 		n.m.duplicateHolders.Inc()
 		n.logger.Warn("two agent processes use the same agent id: they are kept apart (each its own leases), but give each its own -id",
-			"agent_id", id, "incarnation", inc, "addr", addr, "other_incarnation", otherInc, "other_addr", other.addr)
+			"agent_id", id, "incarnation", inc, "addr", addr, "other_incarnation", otherInc, "other_addr", otherAddr)
 	}
 }
 

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -58,6 +59,9 @@ type upQuota struct {
 	// demand-driven asks, doubled while they bring nothing.
 	earlyAt  int64
 	earlyGap int64
+	// sentDemand is the demand the last renewal reported, sentAt when.
+	sentDemand float64
+	sentAt     int64
 }
 
 type upstream struct {
@@ -217,10 +221,16 @@ func (u *upstream) round() {
 			anyDue = true
 		}
 		wants := fi.demand > upstreamWant*(fi.info.Rate+q.h.Lease.Rate)
+		// Demand that fell to half of what was reported is worth telling
+		// at once: another region may want what this one no longer does.
+		fell := fi.demand < q.sentDemand/2
+		// A nudge or a fallen demand goes at most every upstreamEarly; a
+		// want of more backs off on its own (earlyAt), so that asking in
+		// vain never delays the others.
+		soon := now >= q.sentAt+upstreamEarly.Microseconds()
 		switch {
-		case nudged[id] && now >= q.earlyAt:
+		case nudged[id] && soon, fell && soon:
 			anyDue = true
-			q.earlyAt = now + upstreamEarly.Microseconds()
 		case nudged[id]:
 			u.nudge([]*rationv1.QuotaRef{{Rule: q.rule, Subject: q.subject}}) // keep it for later
 		case wants && now >= q.earlyAt:
@@ -251,6 +261,7 @@ func (u *upstream) round() {
 		// until the subleases report real demand.
 		demand := max(state[q.id].demand, state[q.id].info.Rate)
 		q.h.Grant(now, u.holder, seq, demand)
+		q.sentDemand, q.sentAt = demand, now
 		seqs = append(seqs, seq)
 		req.Items = append(req.Items, &rationv1.RenewItem{
 			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, Demand: demand,
@@ -260,6 +271,7 @@ func (u *upstream) round() {
 	renewSeq := u.seq + uint64(len(grants))
 	for _, q := range renews {
 		it := q.h.Renewal(now, renewSeq, state[q.id].demand, 0)
+		q.sentDemand, q.sentAt = it.Demand, now
 		seqs = append(seqs, renewSeq)
 		req.Items = append(req.Items, &rationv1.RenewItem{
 			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, LeaseId: it.LeaseID,
@@ -271,6 +283,11 @@ func (u *upstream) round() {
 	u.seq = renewSeq + 1
 	if len(req.Items) == 0 {
 		return
+	}
+	if n.logger.Enabled(t.ctx, slog.LevelDebug) {
+		for _, it := range req.Items {
+			n.logger.Debug("upstream renewal", "quota", QuotaID(it.Quota.GetRule(), it.Quota.GetSubject()), "lease_id", it.LeaseId, "demand", it.Demand)
+		}
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, 2*time.Second)
 	resp, err := n.upClient.Renew(ctx, req)
@@ -342,11 +359,18 @@ func (u *upstream) round() {
 		}
 		return
 	}
+	var funded []string
 	for i, r := range res {
 		if r.Err != nil {
 			n.logger.Warn("funding refused", "command", fmt.Sprintf("%+v", funds[i].cmd), "err", r.Err)
+		} else if f, ok := funds[i].cmd.(lease.Fund); ok {
+			funded = append(funded, f.Quota)
 		}
 	}
+	// A smaller upstream lease over-commits the quota until its subleases
+	// shrink: tell them now (a larger one is taken by whoever is below its
+	// share), so the shrink can be confirmed upstream in round trips.
+	n.rebalance(funded, "")
 }
 
 // confirmableSafe returns, per rule of the funded quotas, the safe share

@@ -57,9 +57,9 @@ const (
 	// the rest of the window, so early renewals do not report noise.
 	demandWindow = 250 * time.Millisecond
 	// rescan bounds the time between two scans of every quota (idle
-	// detection); renew points, nudges, dry slices and new quotas trigger
-	// scans of their own.
-	rescan = time.Second
+	// detection, demands that fell); renew points, nudges, dry slices and
+	// new quotas trigger looks of their own.
+	rescan = 250 * time.Millisecond
 	// itemBytes estimates one renew item's encoded size beyond its rule and
 	// subject, for splitting requests by size.
 	itemBytes = 64
@@ -183,8 +183,12 @@ type quota struct {
 
 	mu        sync.Mutex
 	h         lease.Holding
-	requested float64 // tokens asked for since the last report (admitted or not)
+	requested float64 // tokens asked for since the last sample (admitted or not)
 	lastUsed  int64
+	// recent is the smoothed demand of the closed sample windows, the last
+	// of which ended at sampledAt (created: when the quota was).
+	recent             float64
+	sampledAt, created int64
 	// demand is the last reported demand (tokens/s) and reportedAt when.
 	demand     float64
 	reportedAt int64
@@ -192,18 +196,22 @@ type quota struct {
 	// last answer shrank it (confirm at once, giving back the excess), or
 	// a request found the slice dry.
 	nudged, confirm, dry bool
-	// earlyAt is the earliest next early renewal; dryGap the current
-	// spacing of dry asks, doubled while they bring nothing.
-	earlyAt int64
-	dryGap  int64
-	dryAsk  bool   // the last request sent was a dry ask
-	failed  string // an item error (unknown quota, invalid), logged once
+	// sentAt is when a renewal was last sent; dryAt the earliest next ask
+	// of a dry slice, and dryGap the current spacing of those asks,
+	// doubled while they bring nothing.
+	sentAt, dryAt int64
+	dryGap        int64
+	dryAsk        bool   // the last request sent was a dry ask
+	failed        string // an item error (unknown quota, invalid), logged once
 	// failedAt is when; a quota the coordinator cannot ever accept
 	// (invalid) is never asked again.
 	failedAt  int64
 	invalid   bool
 	ready     chan struct{} // closed once the first answer (grant or error) arrived
 	readyOnce sync.Once
+	// got is set when ready is closed: decisions test it (an atomic load)
+	// instead of selecting on ready, which costs more on every decision.
+	got atomic.Bool
 	// coldUntil ends the cold start: until then (ColdStart after the quota
 	// was added) a decision that finds no first answer yet waits for it.
 	// It is one deadline for every decision of the quota, so decisions
@@ -212,34 +220,50 @@ type quota struct {
 	coldUntil int64
 }
 
-func (q *quota) markReady() { q.readyOnce.Do(func() { close(q.ready) }) }
-
-// answered reports whether the first answer arrived.
-func (q *quota) answered() bool {
-	select {
-	case <-q.ready:
-		return true
-	default:
-		return false
-	}
+func (q *quota) markReady() {
+	q.readyOnce.Do(func() {
+		q.got.Store(true)
+		close(q.ready)
+	})
 }
 
-// demandAt estimates the demand at now from what was requested since the
-// last report, over at least demandWindow (the last estimate fills in the
-// rest of it). It changes nothing; q.mu held.
+// answered reports whether the first answer arrived.
+func (q *quota) answered() bool { return q.got.Load() }
+
+// demandAt estimates the demand at now: what was requested since the
+// last sample, over at least demandWindow (the smoothed rate of earlier
+// samples fills in the rest of it). It changes nothing; q.mu held.
 func (q *quota) demandAt(now int64) float64 {
-	el := now - q.reportedAt
+	el := now - q.sampledAt
 	w := demandWindow.Microseconds()
 	if el >= w {
 		return q.requested / (float64(el) / 1e6)
 	}
-	return (q.requested + q.demand*float64(w-max(el, 0))/1e6) / (float64(w) / 1e6)
+	return (q.requested + q.recent*float64(w-max(el, 0))/1e6) / (float64(w) / 1e6)
 }
 
-// report takes the demand to send at now and starts a new measurement.
+// sample closes a measurement window of at least demandWindow: the rate it
+// saw, averaged half and half with the earlier ones, becomes recent. So
+// the demand follows a change within about two windows, while one quiet
+// window of a slow subject does not read as its demand gone.
+func (q *quota) sample(now int64) {
+	el := now - q.sampledAt
+	if el < demandWindow.Microseconds() {
+		return
+	}
+	r := q.requested / (float64(el) / 1e6)
+	if q.sampledAt == q.created {
+		q.recent = r // the first window: nothing earlier to average with
+	} else {
+		q.recent = (q.recent + r) / 2
+	}
+	q.requested, q.sampledAt = 0, now
+}
+
+// report takes the demand to send at now.
 func (q *quota) report(now int64) float64 {
 	d := q.demandAt(now)
-	q.demand, q.reportedAt, q.requested = d, now, 0
+	q.demand, q.reportedAt = d, now
 	return d
 }
 
@@ -454,7 +478,7 @@ func (l *Leases) add(rule, subject string, rate float64) *quota {
 	}
 	id := rule + "|" + subject
 	now := l.Now()
-	q := &quota{rule: rule, subject: subject, id: id, rate: rate, ready: make(chan struct{}), lastUsed: now, reportedAt: now,
+	q := &quota{rule: rule, subject: subject, id: id, rate: rate, ready: make(chan struct{}), lastUsed: now, reportedAt: now, sampledAt: now, created: now,
 		coldUntil: now + l.o.ColdStart.Microseconds()}
 	q.h = lease.Holding{Quota: id, Validity: l.validity}
 	if len(id) > lease.MaxNameLen {
@@ -609,23 +633,41 @@ func (l *Leases) look(qs []*quota, now, next int64) (pick, int64) {
 		case q.h.Lease.ID == 0:
 			p.grants = append(p.grants, q)
 		default:
+			q.sample(now)
 			if q.dry && !(q.demandAt(now) > q.h.Lease.Rate) {
 				q.dry = false // a burst, not a demand above the share
 			}
 			renewAt := l.renewAt(q)
-			wants := q.nudged || q.confirm || q.dry
+			// A demand that fell to half of what was reported is worth
+			// telling at once: another holder may want what this one no
+			// longer does (a rise shows up as a dry slice instead).
+			// Only a demand that would have made a few requests per window
+			// counts: a slow subject's quiet window is noise.
+			w := demandWindow.Seconds()
+			fell := now-q.reportedAt >= demandWindow.Microseconds() && q.demand*w >= 8 && q.demandAt(now) < q.demand/2
+			// A shrink is confirmed at once; a nudge or a fallen demand
+			// at most every EarlyGap; a dry slice asks with a backoff of
+			// its own (dryAt), so that asking in vain never delays the
+			// others.
+			var at int64 = math.MaxInt64
+			if q.confirm {
+				at = now
+			}
+			if q.nudged || fell {
+				at = min(at, q.sentAt+l.o.EarlyGap.Microseconds())
+			}
+			if q.dry {
+				at = min(at, q.dryAt)
+			}
 			switch {
 			case now >= renewAt:
 				anyDue = true
 				p.renews = append(p.renews, q)
-			case wants && now >= q.earlyAt:
+			case now >= at:
 				p.renews = append(p.renews, q)
 			default:
 				rest = append(rest, q)
-				next = min(next, renewAt)
-				if wants {
-					next = min(next, q.earlyAt)
-				}
+				next = min(next, renewAt, at)
 			}
 		}
 		q.mu.Unlock()
@@ -677,11 +719,18 @@ func (l *Leases) round(ctx context.Context) {
 	}
 	grants, renews := p.grants, p.renews
 	for len(grants)+len(renews) > 0 {
+		var added []*quota
 		for _, q := range l.takeFresh() {
 			if !queued[q] {
 				queued[q] = true
-				grants = append([]*quota{q}, grants...)
+				added = append(added, q)
 			}
+		}
+		if len(added) > 0 {
+			// Ahead of the rest in one copy: prepending them one at a
+			// time is quadratic, and a burst of 100,000 new subjects
+			// stalled the loop (no request sent for the whole burst).
+			grants = append(added, grants...)
 		}
 		var g, r []*quota
 		g, r, grants, renews = l.split(grants, renews)
@@ -762,12 +811,8 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 		it := q.h.Renewal(now, renewSeq, demand, 0)
 		q.dryAsk = dryAsk
 		q.nudged, q.confirm, q.dry = false, false, false
-		gap := l.o.EarlyGap.Microseconds()
-		if dryAsk {
-			q.dryGap = max(q.dryGap, gap)
-			gap = q.dryGap
-		}
-		q.earlyAt = now + gap
+		q.sentAt = now
+		q.dryAt = now + max(q.dryGap, l.o.EarlyGap.Microseconds())
 		q.mu.Unlock()
 		seqs = append(seqs, renewSeq)
 		req.Items = append(req.Items, &rationv1.RenewItem{
@@ -780,6 +825,11 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 	}
 	l.seq = renewSeq + 1
 
+	if l.o.Logger.Enabled(ctx, slog.LevelDebug) {
+		for _, it := range req.Items {
+			l.o.Logger.Debug("lease renewal", "rule", it.Quota.GetRule(), "lease_id", it.LeaseId, "demand", it.Demand, "unused", it.Unused)
+		}
+	}
 	rctx, cancel := context.WithTimeout(ctx, l.o.RequestTimeout)
 	start := time.Now()
 	resp, err := l.o.Client.Renew(rctx, req)
@@ -845,7 +895,6 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 			// it at once (giving back the excess) so the rate it frees
 			// reaches whoever wants it in a round trip.
 			q.confirm = true
-			q.earlyAt = 0
 			l.mu.Lock()
 			l.early = append(l.early, q)
 			l.mu.Unlock()
@@ -860,6 +909,7 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 			// the leader nudges when something frees up.
 			q.dryGap = min(2*max(q.dryGap, l.o.EarlyGap.Microseconds()), l.validity(q.h.Lease.Term)/2)
 		}
+		q.dryAt = q.sentAt + max(q.dryGap, l.o.EarlyGap.Microseconds())
 	case strings.HasPrefix(e, itemErrLeaseExpired), strings.HasPrefix(e, itemErrRetryGrant):
 		q.h.Drop()
 		l.m.expired.Inc()

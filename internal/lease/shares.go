@@ -17,8 +17,9 @@ type Share struct {
 
 // Shares returns the quota's live leases (not expired at the state's clock)
 // with their fair shares, in the state's order, and what the quota has
-// free: its capacity and rate less every reservation, and the pool's
-// tokens (as of its last refill). ok is false for an unknown quota.
+// free: its capacity and rate less every reservation (negative while it is
+// over-committed, after its capacity fell), and the pool's tokens (as of
+// its last refill). ok is false for an unknown quota.
 func (s *State) Shares(quota string) (shares []Share, freeCap, freeRate, pool float64, ok bool) {
 	q := s.quotas[quota]
 	if q == nil {
@@ -35,7 +36,7 @@ func (s *State) Shares(quota string) (shares []Share, freeCap, freeRate, pool fl
 		})
 	}
 	resCap, resRate := q.reserved()
-	return shares, max(0, q.cfg.Burst-resCap), max(0, q.cfg.Rate-resRate), q.pool, true
+	return shares, q.cfg.Burst - resCap, q.cfg.Rate - resRate, q.pool, true
 }
 
 // LiveLeases reports how many of the quota's leases are not expired at the
