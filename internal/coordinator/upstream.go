@@ -140,6 +140,7 @@ func (n *Node) runUpstream(t *term) {
 type fundedInfo struct {
 	info   lease.QuotaInfo
 	demand float64
+	live   int // live subleases
 }
 
 func (u *upstream) read() map[string]fundedInfo {
@@ -155,6 +156,7 @@ func (u *upstream) read() map[string]fundedInfo {
 			for _, l := range s.Leases(name) {
 				if l.Expiry >= now {
 					fi.demand += l.Demand
+					fi.live++
 				}
 			}
 			out[name] = fi
@@ -192,6 +194,13 @@ func (u *upstream) round() {
 			u.quotas[id] = q
 		}
 		if q.failedAt != 0 && now-q.failedAt < upstreamRetryUnknown.Microseconds() {
+			continue
+		}
+		if fi.live == 0 {
+			// Nobody in the region spends this quota: let the upstream
+			// lease lapse rather than hold a slice other regions could use
+			// (the funding drops at its end, and the idle quota is then
+			// removed from the state). The next sublease asks again.
 			continue
 		}
 		if !q.h.Valid(now) {
