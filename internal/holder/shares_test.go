@@ -331,3 +331,49 @@ rules:
 		t.Errorf("deciding %d prepared subjects took %v, more than one cold start (3s)", n, took)
 	}
 }
+
+// A burst of 100,000 new subjects (a gateway's first second over a large
+// user base) is granted within seconds: the quotas that appear while a
+// request is in flight join the next requests of the round at once,
+// however many they are, and every prepared subject gets its lease.
+func TestBurstOfNewSubjectsGranted(t *testing.T) {
+	const yaml = `
+rules:
+  - name: u
+    match: {user: "*"}
+    burst: 1000
+    rate: 1000
+    mode: leased
+`
+	c := harness.StartCoordinators(t, 1, yaml)
+	r := rule(t, yaml, "u")
+	h, _ := runHolder(t, c, holder.Options{Holder: "burst"})
+	n, limit := 100000, 15*time.Second
+	if raceEnabled {
+		n, limit = 10000, time.Minute // the point is the count, not the speed of -race
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				h.Prepare(r, fmt.Sprintf("b%d", i))
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		for {
+			if _, _, valid := h.Share("u", fmt.Sprintf("b%d", i)); valid {
+				break
+			}
+			if time.Since(start) > limit {
+				t.Fatalf("subject %d of %d has no lease %v after the burst began", i, n, limit)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	t.Logf("%d new subjects granted in %v", n, time.Since(start))
+}

@@ -1,0 +1,4 @@
+package holder_test
+
+// raceEnabled is set by race_test.go under -race.
+var raceEnabled bool

@@ -1,0 +1,5 @@
+//go:build race
+
+package holder_test
+
+func init() { raceEnabled = true }
