@@ -339,6 +339,12 @@ func (c *Client) Watch(ctx context.Context, holder string, fn func([]*rationv1.Q
 		if ctx.Err() != nil {
 			break
 		}
+		if status.Code(err) == codes.Unimplemented {
+			// A coordinator older than Watch: shares move at renew points
+			// only, as they did then. Nothing to retry.
+			c.opts.Logger.Warn("coordinator has no lease watch stream (older version): shares move at renew points until it is upgraded", "addr", target)
+			return fmt.Errorf("coordinator client: watch: %w", err)
+		}
 		c.opts.Logger.Debug("lease watch stream ended", "addr", target, "leader_hint", hint, "err", err)
 		switch {
 		case hint != "" && hint != target:

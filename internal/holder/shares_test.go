@@ -64,12 +64,23 @@ func waitShare(h *holder.Leases, rule, subject string, want float64, limit time.
 	return limit
 }
 
-// An agent that arrives while another holds the whole quota (both wanting
-// far more than it) gets 80% of its max-min fair share in round trips, not
-// at the incumbent's renew point (5s with the default 10s lease period),
-// and the incumbent gets the whole quota back as soon as it leaves. 20
-// arrivals; admissions of both stay within B + r*T throughout.
+// An agent that arrives while another holds the whole quota gets 80% of
+// its max-min fair share in round trips, not at the incumbent's renew point
+// (5s with the default 10s lease period), and the incumbent gets the whole
+// quota back as soon as it leaves. Twice: an incumbent that wants far more
+// than the quota (its own dry asks also move it), and one that wants less
+// than the quota but holds all of it (only the leader's nudge moves it).
+// 20 arrivals each; admissions stay within B + r*T throughout.
 func TestArrivalGetsFairShareInRoundTrips(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		incumbent float64 // requests per second
+	}{{"incumbent wants 5x the quota", 100}, {"incumbent wants 3/4 of the quota", 15}} {
+		t.Run(tc.name, func(t *testing.T) { arrivals(t, tc.incumbent) })
+	}
+}
+
+func arrivals(t *testing.T, offer float64) {
 	c := harness.StartCoordinators(t, 3, defaultPeriodRules)
 	r := rule(t, defaultPeriodRules, "hot")
 	rec := admission.NewRecorder()
@@ -78,7 +89,7 @@ func TestArrivalGetsFairShareInRoundTrips(t *testing.T) {
 	stopA := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); drive(a, rec, "a", r, "x", 100, time.Minute, stopA) }()
+	go func() { defer wg.Done(); drive(a, rec, "a", r, "x", offer, time.Minute, stopA) }()
 	defer func() { close(stopA); wg.Wait() }()
 	if d := waitShare(a, "hot", "x", 0.99*r.Rate, 5*time.Second); d >= 5*time.Second {
 		t.Fatal("the incumbent never got the whole quota")
@@ -88,6 +99,8 @@ func TestArrivalGetsFairShareInRoundTrips(t *testing.T) {
 	// limit is far below the renew point of the default lease period: the
 	// test fails if shares only move at renew points.
 	const limit = 2500 * time.Millisecond
+	// Max-min fair share of the newcomer (which wants 100/s): half of r.
+	fair := r.Rate / 2
 	var arrive, back []time.Duration
 	for k := range arrivals {
 		b, stopB := runHolder(t, c, holder.Options{Holder: "newcomer"})
@@ -95,7 +108,7 @@ func TestArrivalGetsFairShareInRoundTrips(t *testing.T) {
 		var bw sync.WaitGroup
 		bw.Add(1)
 		go func() { defer bw.Done(); drive(b, rec, "b", r, "x", 100, time.Minute, stopDrive) }()
-		arrive = append(arrive, waitShare(b, "hot", "x", 0.8*r.Rate/2, limit))
+		arrive = append(arrive, waitShare(b, "hot", "x", 0.8*fair, limit))
 		close(stopDrive)
 		bw.Wait()
 		stopB() // releases: the incumbent's share comes back

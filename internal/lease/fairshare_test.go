@@ -179,3 +179,43 @@ func BenchmarkFairShare(b *testing.B) {
 		})
 	}
 }
+
+// fillWithLeftover (the targets' fill) keeps every holder at least at its
+// demand share, within its maximum, and leaves nothing idle that some
+// holder's maximum could take: the whole capacity is assigned whenever the
+// maxima allow, whatever the demands.
+func TestFillWithLeftoverProperties(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 12).Draw(t, "n")
+		capacity := rapid.Float64Range(0, 1000).Draw(t, "capacity")
+		d, w, lo, hi := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+		for i := range n {
+			d[i] = rapid.Float64Range(0, 500).Draw(t, "demand")
+			w[i] = rapid.Float64Range(0.1, 10).Draw(t, "weight")
+			if rapid.Bool().Draw(t, "floor") {
+				lo[i] = rapid.Float64Range(0, 30).Draw(t, "min")
+			}
+			hi[i] = 2 * MaxValue
+			if rapid.Bool().Draw(t, "ceiling") {
+				hi[i] = lo[i] + rapid.Float64Range(0, 200).Draw(t, "max-min")
+			}
+		}
+		base := FairShare(capacity, d, w, lo, hi)
+		got := fillWithLeftover(capacity, d, w, lo, hi)
+		eps := 1e-9 * max(1, capacity)
+		var sum, sumHi float64
+		for i := range n {
+			if got[i] < base[i]-eps || got[i] > max(base[i], hi[i])+eps {
+				t.Fatalf("share[%d] = %v outside [demand share %v, max %v]", i, got[i], base[i], hi[i])
+			}
+			sum += got[i]
+			sumHi += max(base[i], hi[i])
+		}
+		if sum > capacity+eps*float64(n+1) {
+			t.Fatalf("sum %v > capacity %v", sum, capacity)
+		}
+		if want := min(capacity, sumHi); math.Abs(sum-want) > eps*float64(n+1) {
+			t.Fatalf("sum %v, want %v: capacity left idle that a maximum allows (%v)", sum, want, got)
+		}
+	})
+}
