@@ -3,9 +3,12 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +28,7 @@ import (
 type CoordinatorProcs struct {
 	Procs []*Proc
 	GRPC  []string
+	HTTP  []string // each node's HTTP listener (/metrics)
 	admin []rationv1.AdminClient
 }
 
@@ -40,13 +44,14 @@ func StartCoordinatorProcs(t testing.TB, n int, rulesYAML string) *CoordinatorPr
 	c := &CoordinatorProcs{}
 	for range n {
 		c.GRPC = append(c.GRPC, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
+		c.HTTP = append(c.HTTP, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
 	}
 	for i := range n {
 		args := []string{
 			"-id", fmt.Sprintf("node%d", i),
 			"-raft", "127.0.0.1:" + strconv.Itoa(harness.FreePort(t)),
 			"-grpc", c.GRPC[i],
-			"-http", "",
+			"-http", c.HTTP[i],
 			"-data-dir", filepath.Join(dir, fmt.Sprintf("node%d", i)),
 			"-rules", rulesPath,
 			"-raft-heartbeat-timeout", "300ms", "-raft-election-timeout", "300ms", "-raft-leader-lease-timeout", "150ms",
@@ -102,4 +107,41 @@ func (c *CoordinatorProcs) Leader(t testing.TB) int {
 		return false
 	})
 	return leader
+}
+
+// Metric scrapes node i's /metrics and returns the sum of every sample of
+// the named metric (all label sets), and whether any was found.
+func (c *CoordinatorProcs) Metric(i int, name string) (float64, bool, error) {
+	hc := &http.Client{Timeout: time.Second}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("http://" + c.HTTP[i] + "/metrics")
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, false, fmt.Errorf("GET /metrics of node%d: %s", i, resp.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return 0, false, err
+	}
+	var sum float64
+	found := false
+	for _, line := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		f := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return 0, false, fmt.Errorf("node%d: %q: %v", i, line, err)
+		}
+		sum, found = sum+v, true
+	}
+	return sum, found, nil
 }

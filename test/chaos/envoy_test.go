@@ -40,15 +40,16 @@ func observedRecords(obs []observation) []admission.Record {
 	return recs
 }
 
-// callsObserved turns a load's answered calls into observations of quota q.
-func callsObserved(calls []Call, q string) []observation {
+// callsObserved turns a load's answered calls into observations of quota
+// q, whose shape is (b, r).
+func callsObserved(calls []Call, q string, b, r float64) []observation {
 	obs := make([]observation, 0, len(calls))
 	for _, c := range calls {
 		if c.Err != nil {
 			continue
 		}
 		obs = append(obs, observation{Start: c.Start, End: c.End, Allowed: c.Allowed, Cost: 1, Quota: q,
-			Burst: burst, Rate: rate, AgentID: c.AgentID, AttemptCount: 1})
+			Burst: b, Rate: r, AgentID: c.AgentID, AttemptCount: 1})
 	}
 	return obs
 }
@@ -108,7 +109,7 @@ func TestS14EnvoyLeaderKilled(t *testing.T) {
 
 	q := quota("s14", "")
 	v := judge(recs, q, 0)
-	obs := callsObserved(calls, q)
+	obs := callsObserved(calls, q, burst, rate)
 	client := observedRecords(obs)
 	vc := admission.Judge(admission.Check(client, q, burst, rate), 0)
 	logged := admittedIn(recs, q, "", "", 0, math.MaxInt64)

@@ -3,6 +3,8 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +40,11 @@ type Target struct {
 	// Subject then only label the calls.
 	Envoy       []string
 	EnvoyDomain string
+	// Check sends the request to the agent's HTTP check endpoint instead
+	// (GET /v1/check with these descriptors as the query), as a gateway
+	// delegating its check does: 200 is an admission, 429 a denial, any
+	// other answer (503 for a fail_closed rule without budget) an error.
+	Check url.Values
 }
 
 // Call is one answered (or failed) call, timed on the client.
@@ -61,6 +68,7 @@ type Load struct {
 	mu      sync.Mutex
 	calls   []Call
 	dropped atomic.Int64
+	http    *http.Client // for Check targets
 }
 
 const loadWorkers = 6
@@ -68,7 +76,8 @@ const loadWorkers = 6
 // StartLoad begins offering load.
 func StartLoad(targets []Target) *Load {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Load{cancel: cancel}
+	l := &Load{cancel: cancel, http: &http.Client{Timeout: 2 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: loadWorkers * len(targets)}}}
 	for ti, tg := range targets {
 		jobs := make(chan int64, 256)
 		l.wg.Add(1)
@@ -111,6 +120,10 @@ func StartLoad(targets []Target) *Load {
 func (l *Load) call(ctx context.Context, ti int, tg Target, n int64) {
 	if tg.Envoy != nil {
 		l.callEnvoy(ctx, ti, tg)
+		return
+	}
+	if tg.Check != nil {
+		l.callCheck(ctx, ti, tg)
 		return
 	}
 	req := &rationv1.AllowRequest{Rule: tg.Rule, Subject: tg.Subject}
@@ -165,10 +178,44 @@ func (l *Load) callEnvoy(ctx context.Context, ti int, tg Target) {
 	l.mu.Unlock()
 }
 
+// callCheck makes one GET /v1/check call. The call ends when the answer's
+// status arrives, which is when a gateway would let the request through.
+func (l *Load) callCheck(ctx context.Context, ti int, tg Target) {
+	c := Call{Target: ti, Start: mono(), AgentID: tg.Agent.ID, Rule: tg.Rule, Subj: tg.Subject}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+tg.Agent.HTTP+"/v1/check?"+tg.Check.Encode(), nil)
+	if err != nil {
+		panic(err) // a malformed target
+	}
+	resp, err := l.http.Do(req)
+	c.End = mono()
+	if ctx.Err() != nil {
+		if err == nil {
+			resp.Body.Close()
+		}
+		return // stopping: not an answer
+	}
+	if err == nil {
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			c.Allowed, c.Reason = true, rationv1.Reason_REASON_OK
+		case http.StatusTooManyRequests:
+			c.Reason = rationv1.Reason_REASON_OVER_LIMIT
+		default:
+			err = fmt.Errorf("GET /v1/check: %s", resp.Status)
+		}
+	}
+	c.Err = err
+	l.mu.Lock()
+	l.calls = append(l.calls, c)
+	l.mu.Unlock()
+}
+
 // Stop ends the load and returns every call made.
 func (l *Load) Stop() []Call {
 	l.cancel()
 	l.wg.Wait()
+	l.http.CloseIdleConnections()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.calls
