@@ -91,19 +91,25 @@ func DefaultConfig() Config {
 		ElectionTimeout:    time.Second,
 		LeaderLeaseTimeout: 500 * time.Millisecond,
 		CommitTimeout:      50 * time.Millisecond,
-		SnapshotInterval:   2 * time.Minute,
-		SnapshotThreshold:  8192,
-		TrailingLogs:       10240,
-		SnapshotRetain:     2,
-		TickInterval:       500 * time.Millisecond,
-		BatchMax:           512,
-		BatchWait:          2 * time.Millisecond,
-		ApplyTimeout:       5 * time.Second,
-		SafetyMargin:       time.Second,
-		ShutdownTimeout:    10 * time.Second,
-		MaxItems:           10000,
-		LogLevel:           "info",
-		UpstreamRenewAt:    0.5,
+		// Renewal entries are large (a 1000-item renewal is about 140 KB
+		// of JSON) and the lease state is cheap to snapshot (a few MB per
+		// 10,000 live quotas), so the log is compacted often and kept
+		// short: at most about threshold + trailing entries stay on disk.
+		// Raft's defaults (8192, 10240, 2 min) let a busy group grow its
+		// log to hundreds of MB before the first snapshot.
+		SnapshotInterval:  30 * time.Second,
+		SnapshotThreshold: 1024,
+		TrailingLogs:      1024,
+		SnapshotRetain:    2,
+		TickInterval:      500 * time.Millisecond,
+		BatchMax:          512,
+		BatchWait:         2 * time.Millisecond,
+		ApplyTimeout:      5 * time.Second,
+		SafetyMargin:      time.Second,
+		ShutdownTimeout:   10 * time.Second,
+		MaxItems:          10000,
+		LogLevel:          "info",
+		UpstreamRenewAt:   0.5,
 	}
 }
 
