@@ -132,9 +132,9 @@ func (s *Service) RulesChanged(set *rules.Set) {
 }
 
 // OvershootBound is the worst case one agent can admit per bucket beyond the
-// quota while the rule's store is unreachable (DESIGN section 6): 0 for
-// fail_closed, b_e + r_e*T_e for emergency, +Inf for fail_open. Multiply by
-// the number of agents for the fleet-wide bound.
+// quota while the rule's store is unreachable (docs/architecture.md,
+// Failure policies): 0 for fail_closed, b_e + r_e*T_e for emergency, +Inf
+// for fail_open. Multiply by the number of agents for the fleet-wide bound.
 func OvershootBound(r *rules.Rule) float64 {
 	switch r.OnFailure {
 	case rules.FailOpen:

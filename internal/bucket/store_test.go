@@ -40,10 +40,11 @@ type fixture struct {
 	io func() int64
 }
 
-// runStoreSuite checks the bucket contract (doc.go, DESIGN.md section 3)
-// against the stores newFixture makes. Expectations come from the reference
-// model fed each Result's Now, the store's own clock reading, so they are
-// exact for Redis's real clock too. Every subtest uses its own keys.
+// runStoreSuite checks the bucket contract (doc.go; docs/architecture.md,
+// Redis path) against the stores newFixture makes. Expectations come from
+// the reference model fed each Result's Now, the store's own clock reading,
+// so they are exact for Redis's real clock too. Every subtest uses its own
+// keys.
 func runStoreSuite(t *testing.T, newFixture func(t *testing.T) *fixture) {
 	ctx := context.Background()
 	key := func(t *testing.T, subject string) string { return bucket.Key(t.Name(), subject) }

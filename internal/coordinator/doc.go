@@ -19,12 +19,12 @@
 //     once its entry is applied.
 //   - Client: what agents use to reach the leader (follows the
 //     "ration-leader" trailer, retries UNAVAILABLE with bounded backoff).
-//   - Regions (DESIGN.md section 5): a group started with -upstream is
-//     regional. Its leader holds one lease per scope: global, mode: leased
-//     quota from the global group (upstream.go, holder region/<-region>)
-//     and funds the regional quota with it (lease.Fund); quotaFor gives each
-//     role its shape (regional: the safe share plus funding; global: the
-//     rule less every safe share, regions weighted).
+//   - Regions (docs/architecture.md, Regions): a group started with
+//     -upstream is regional. Its leader holds one lease per scope: global,
+//     mode: leased quota from the global group (upstream.go, holder
+//     region/<-region>) and funds the regional quota with it (lease.Fund);
+//     quotaFor gives each role its shape (regional: the safe share plus
+//     funding; global: the rule less every safe share, regions weighted).
 //   - Operators' tuning (tune.go): Admin.Tune commits lease.Tune records,
 //     which quotaFor and the upstream loop apply when they build commands.
 //

@@ -270,10 +270,10 @@ func itemError(err error) string {
 // rules: the quota id, its shape and the holder's weight (0: the default),
 // or the item's error text.
 //
-// A scope: global, mode: leased rule has three shapes (DESIGN.md section 5).
-// In a regional group (-upstream) it is funded: its own part is the region's
-// safe share (as learned from the global group, else the file's), the rest
-// comes from the leader's upstream lease (Fund). In the global group it is
+// A scope: global, mode: leased rule has three shapes (docs/architecture.md,
+// Regions). In a regional group (-upstream) it is funded: its own part is
+// the region's safe share (as learned from the global group, else the
+// file's), the rest comes from the leader's upstream lease (Fund). In the global group it is
 // the rule less every region's safe share as counted (safe.go: max(old,
 // new) while a change is pending; never leased out), and a region's holder
 // weighs by its region's weight.

@@ -164,19 +164,20 @@ type Funding struct {
 func (f Funding) Active(now int64) bool { return (f.Burst > 0 || f.Rate > 0) && now < f.NotAfter }
 
 // Fund sets what an upstream lease adds to a funded quota, the hierarchy's
-// link between levels (DESIGN.md section 5). A regional coordinator holds a
-// lease L = (b, r, validity) from the global group and spends it by
-// subleasing: the quota's capacity becomes (Burst + b, Rate + r) of its own
-// ConfigureQuota plus this Fund, Deposit (the tokens L's answer moved into
-// the holder's bucket) goes into the pool, within its room, and no lease
-// term granted while the funding is active ends after NotAfter, the end of
-// L's validity on the clock that stamps this state's commands: a sublease
-// never outlives its parent. At NotAfter the funding drops by itself
-// (deterministically, at the first command at or after it), and the quota
-// is back to its own part; a LeaderElected drops it too, since NotAfter was
-// measured on the old leader's clock. Lowering works as in ConfigureQuota:
-// nothing is revoked, the quota is held to a ceiling until the larger
-// subleases have shrunk or ended. Burst and Rate 0 drop the funding.
+// link between levels (docs/architecture.md, Regions). A regional
+// coordinator holds a lease L = (b, r, validity) from the global group and
+// spends it by subleasing: the quota's capacity becomes
+// (Burst + b, Rate + r) of its own ConfigureQuota plus this Fund, Deposit
+// (the tokens L's answer moved into the holder's bucket) goes into the pool,
+// within its room, and no lease term granted while the funding is active
+// ends after NotAfter, the end of L's validity on the clock that stamps this
+// state's commands: a sublease never outlives its parent. At NotAfter the
+// funding drops by itself (deterministically, at the first command at or
+// after it), and the quota is back to its own part; a LeaderElected drops it
+// too, since NotAfter was measured on the old leader's clock. Lowering works
+// as in ConfigureQuota: nothing is revoked, the quota is held to a ceiling
+// until the larger subleases have shrunk or ended. Burst and Rate 0 drop the
+// funding.
 //
 // The pool is the holder's bucket of L: it refills at most at
 // (Rate + r) - sum(r_i), up to (Burst + b) - sum(b_i), exactly the refill L

@@ -1,8 +1,8 @@
 // Package lease owns the lease state machine of the coordinator: the pools
 // and leases of every leased quota, the commands that change them, and the
 // rules that keep the sum of what holders can spend within each quota
-// (DESIGN.md section 4). It is pure and deterministic: no clock, no
-// randomness, no I/O, no dependency on Raft or gRPC. The coordinator's FSM
+// (docs/architecture.md, Leases). It is pure and deterministic: no clock,
+// no randomness, no I/O, no dependency on Raft or gRPC. The coordinator's FSM
 // decodes log entries with DecodeCommand and applies them with
 // State.Apply; agents spend their leases through Holding.
 //

@@ -1,5 +1,5 @@
 // Package region owns what a region is and how a rule's scope maps onto
-// regions (DESIGN.md section 5).
+// regions (docs/architecture.md, Regions).
 //
 // A region is an ID, its own Redis primary, its own coordinator group and
 // the agents that run in it. The Redis path is always region-local. A rule's
