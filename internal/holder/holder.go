@@ -60,6 +60,9 @@ const (
 	// detection, demands that fell); renew points, nudges, dry slices and
 	// new quotas trigger looks of their own.
 	rescan = 250 * time.Millisecond
+	// sampleRequests is how many requests a demand window must hold to be
+	// closed before 8 windows have passed.
+	sampleRequests = 8
 	// itemBytes estimates one renew item's encoded size beyond its rule and
 	// subject, for splitting requests by size.
 	itemBytes = 64
@@ -242,13 +245,15 @@ func (q *quota) demandAt(now int64) float64 {
 	return (q.requested + q.recent*float64(w-max(el, 0))/1e6) / (float64(w) / 1e6)
 }
 
-// sample closes a measurement window of at least demandWindow: the rate it
-// saw, averaged half and half with the earlier ones, becomes recent. So
-// the demand follows a change within about two windows, while one quiet
-// window of a slow subject does not read as its demand gone.
+// sample closes a measurement window once it is at least demandWindow long
+// and holds a few requests (or has run for 8 windows): the rate it saw,
+// averaged half and half with the earlier ones, becomes recent. So a busy
+// subject's demand follows a change within about two windows, while a slow
+// subject's is measured over long enough windows not to read as noise.
 func (q *quota) sample(now int64) {
 	el := now - q.sampledAt
-	if el < demandWindow.Microseconds() {
+	w := demandWindow.Microseconds()
+	if el < w || q.requested < sampleRequests && el < 8*w {
 		return
 	}
 	r := q.requested / (float64(el) / 1e6)
