@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -112,9 +113,24 @@ func writeReport() error {
 	if i < 0 || j < i {
 		return fmt.Errorf("%s: no %s ... %s markers", path, reportBegin, reportEnd)
 	}
-	body := fmt.Sprintf("%s\nMeasured %s (seed %d; `RATION_CHAOS_SEED=%d` replays the fault schedule).\n\n%s%s",
-		reportBegin, time.Now().UTC().Format("2006-01-02 15:04 MST"), seedValue, seedValue, table, reportEnd)
+	body := fmt.Sprintf("%s\nMeasured %s on %s (seed %d; `RATION_CHAOS_SEED=%d` replays the fault schedule).\n\n%s%s",
+		reportBegin, time.Now().UTC().Format("2006-01-02 15:04 MST"), commit(), seedValue, seedValue, table, reportEnd)
 	return os.WriteFile(path, []byte(s[:i]+body+s[j+len(reportEnd):]), 0o644)
+}
+
+// commit names the tree the binaries were built from: the commit, and
+// whether the work tree differed from it (published figures must come from
+// a committed tree).
+func commit() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "an unknown commit (no git)"
+	}
+	c := "commit `" + strings.TrimSpace(string(out)) + "`"
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		c += " (work tree differs)"
+	}
+	return c
 }
 
 // seedValue drives every random choice of the suite (fault timings,
