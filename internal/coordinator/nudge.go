@@ -38,6 +38,10 @@ const (
 	// nudgeFlush coalesces nudges for one holder: a stream sends at most one
 	// message per nudgeFlush.
 	nudgeFlush = 10 * time.Millisecond
+	// maxNudgeQuotas bounds the quotas of one Nudge message, far below
+	// gRPC's default 4 MiB message limit (a quota name is at most 256
+	// bytes).
+	maxNudgeQuotas = 4096
 	// watchIdle is how long a configured agent id's incarnation is
 	// remembered after its last request, for duplicate detection.
 	watchIdle = time.Minute
@@ -149,13 +153,15 @@ func (s *leasesServer) Watch(req *rationv1.WatchRequest, stream rationv1.Leases_
 		if len(ids) == 0 {
 			continue
 		}
-		msg := &rationv1.Nudge{Quotas: make([]*rationv1.QuotaRef, 0, len(ids))}
-		for _, id := range ids {
-			rule, subject, _ := strings.Cut(id, "|")
-			msg.Quotas = append(msg.Quotas, &rationv1.QuotaRef{Rule: rule, Subject: subject})
-		}
-		if err := stream.Send(msg); err != nil {
-			return err
+		for chunk := range slices.Chunk(ids, maxNudgeQuotas) {
+			msg := &rationv1.Nudge{Quotas: make([]*rationv1.QuotaRef, 0, len(chunk))}
+			for _, id := range chunk {
+				rule, subject, _ := strings.Cut(id, "|")
+				msg.Quotas = append(msg.Quotas, &rationv1.QuotaRef{Rule: rule, Subject: subject})
+			}
+			if err := stream.Send(msg); err != nil {
+				return err
+			}
 		}
 		n.m.nudges.Add(float64(len(ids)))
 		// Coalesce: what is nudged meanwhile goes in the next message.
