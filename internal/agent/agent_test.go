@@ -625,3 +625,22 @@ func TestCheckEndpointRedisDown(t *testing.T) {
 		t.Fatalf("fail_closed with Redis down = %d %v, want 503 with Retry-After 1 and no quota fields", closed.StatusCode, closed.Header)
 	}
 }
+
+// A bad request to /v1/check is counted once in
+// ration_requests_invalid_total, whether the query does not decode or the
+// decision refuses it.
+func TestCheckCountsABadRequestOnce(t *testing.T) {
+	a := startAgent(t, oneRule)
+	for _, q := range []string{"user=a&user=b", "user=a&cost=-1", "user=a&cost=101"} {
+		before := metricValue(t, a.srv.Registry, "ration_requests_invalid_total", nil)
+		resp, err := http.Get(a.base + "/v1/check?" + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		after := metricValue(t, a.srv.Registry, "ration_requests_invalid_total", nil)
+		if resp.StatusCode != http.StatusBadRequest || after-before != 1 {
+			t.Errorf("/v1/check?%s: status %d, invalid counter +%v; want 400 and +1", q, resp.StatusCode, after-before)
+		}
+	}
+}

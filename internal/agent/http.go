@@ -133,7 +133,9 @@ func (s *Service) handleCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req, err := DecodeCheck(r.URL.Query())
-	if err == nil {
+	if err != nil {
+		s.metrics.invalid.Inc() // Decide counts the requests it refuses itself
+	} else {
 		var resp Response
 		resp, err = s.Decide(r.Context(), req)
 		if err == nil {
@@ -157,7 +159,6 @@ func (s *Service) handleCheck(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.metrics.invalid.Inc()
 	http.Error(w, err.Error(), http.StatusBadRequest)
 }
 
