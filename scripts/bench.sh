@@ -432,14 +432,10 @@ for rule \`leased\` (\`mode: leased\`, burst and rate 10^9, \`lease: {period:
 10s}\`): the agent decides from the slice it leased, in memory, and only its
 background renewals reach the coordinator. A leased denial (the slice is
 spent until its next refill or renewal) costs the same local check as an
-admission. Each leased row uses subjects no earlier row used: a quota
-idle in an earlier row would start from the small share its idle demand
-earned. The leased rows over 1000 keys admit less than all although the
-rule allows 10^9/s: each key's slice is sized from the demand the agent
-measured before its last renewal (cap: burst/rate times that rate), so a
-key whose demand rises is held to the old share until the next renewal;
-shares converge within about a lease period (docs/leases.md), longer than
-this row's warmup.
+admission. Each leased row uses subjects no earlier row used, so its
+first decisions include the first grants. A lone agent holds the whole
+quota of each leased key whatever demand it measured, and a slice that
+runs dry is asked for again at once (docs/leases.md, How shares move).
 
 ## Targets and ratios
 

@@ -53,24 +53,24 @@ type Plan struct {
 }
 
 // measured holds the defaults of the per-decision costs: the figures of the
-// scripts/bench.sh run recorded in docs/performance.md (2026-11-30 00:47 UTC, code
-// 1e207e4 with uncommitted changes, 2 shared CPUs, load average 4.33 at the start and 7.80 at the
+// scripts/bench.sh run recorded in docs/performance.md (2026-11-30 09:58 UTC, code
+// e417a21, 2 shared CPUs, load average 1.68 at the start and 2.36 at the
 // end), whose section "Per-decision costs for the capacity plan" names the
 // row or benchmark each one comes from. Re-measure on the target hardware
 // and pass the flags that section prints.
 var measured = Plan{
-	RedisUS:       17.8,  // redis-server CPU per script, redis-benchmark P1, 64 clients
-	AgentUS:       90,    // agent CPU per decision, unary Allow at -agent-rate
-	AgentLeasedUS: 87.2,  // agent CPU per decision, leased unary Allow at -agent-rate
+	RedisUS:       29.1,  // redis-server CPU per script, redis-benchmark P1, 64 clients
+	AgentUS:       160.4, // agent CPU per decision, unary Allow at -agent-rate
+	AgentLeasedUS: 153.2, // agent CPU per decision, leased unary Allow at -agent-rate
 	AgentRate:     5000,  // open-loop rate of the two rows above
-	RenewRPS:      3287,  // coordinator BenchmarkRenew/holders=128, 3 nodes
-	RenewItemUS:   2.70,  // lease BenchmarkRenew/items=100/others=1, ns/op / 100
-	RenewHolderUS: 0.399, // lease BenchmarkRenew others=100 less others=1, ns/op / 100 / 99
-	GRPCP99US:     13918, // empty unary at 1000/s
-	RedisRTTP99US: 143,   // redis-benchmark -c 1 -P 1
-	ScriptUS:      11.96, // INFO commandstats usec_per_call of evalsha
-	AllowP99US:    5943,  // unary Allow (Redis path) at 1000/s
-	LeasedP99US:   4850,  // unary Allow (leased) at 1000/s
+	RenewRPS:      7444,  // coordinator BenchmarkRenew/holders=128, 3 nodes
+	RenewItemUS:   1.53,  // lease BenchmarkRenew/items=100/others=1, ns/op / 100
+	RenewHolderUS: 0.311, // lease BenchmarkRenew others=100 less others=1, ns/op / 100 / 99
+	GRPCP99US:     2986,  // empty unary at 1000/s
+	RedisRTTP99US: 239,   // redis-benchmark -c 1 -P 1
+	ScriptUS:      17.97, // INFO commandstats usec_per_call of evalsha
+	AllowP99US:    5399,  // unary Allow (Redis path) at 1000/s
+	LeasedP99US:   2783,  // unary Allow (leased) at 1000/s
 }
 
 // DefaultPlan is the question of issue 5: one million decisions per second,
