@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -45,15 +44,7 @@ rules:
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	recs, err := admission.Read(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := readLog(t, path)
 	if len(recs) != 3 {
 		t.Fatalf("recorded %d decisions, want 3: %+v", len(recs), recs)
 	}
