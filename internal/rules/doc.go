@@ -63,7 +63,12 @@
 //     (the lease length D, a Go duration > 0, default 10s), min_slice (the
 //     smallest slice granted, tokens, in [0, burst], default 0), max_slice
 //     (the largest slice, tokens, default 0 meaning no cap; otherwise
-//     >= min_slice and <= 1e12).
+//     >= min_slice and <= 1e12), max_subjects (at most this many subjects
+//     hold quotas at once, default 0 meaning no bound), default_share (a
+//     fraction f in [0, 1], default 0, only with a "*" key: the part f of
+//     every subject's budget is leased once per rule and each agent spends
+//     its slice of it on every subject with no request to the coordinator;
+//     the rest, 1-f, is leased per subject).
 //
 // Rules of the file as a whole: at most 1000 rules; the file is at most 16
 // MiB and holds one YAML document; unknown fields, duplicate keys, YAML merge

@@ -699,7 +699,7 @@ func (p *parser) lease(src *ruleSrc, v *yaml.Node) bool {
 	field := src.field + ".lease"
 	l := &src.rule.Lease
 	l.Period = DefaultLeasePeriod
-	return p.fields(v, field, "lease", []string{"period", "min_slice", "max_slice", "max_subjects"}, func(name string, _, v *yaml.Node) {
+	return p.fields(v, field, "lease", []string{"period", "min_slice", "max_slice", "max_subjects", "default_share"}, func(name string, _, v *yaml.Node) {
 		rel := "lease." + name
 		src.pos[rel] = v
 		var ok bool
@@ -712,6 +712,8 @@ func (p *parser) lease(src *ruleSrc, v *yaml.Node) bool {
 			l.MaxSlice, ok = p.number(v, field+"."+name)
 		case "max_subjects":
 			l.MaxSubjects, ok = p.count(v, field+"."+name)
+		case "default_share":
+			l.DefaultShare, ok = p.number(v, field+"."+name)
 		}
 		if !ok {
 			src.bad[rel] = true

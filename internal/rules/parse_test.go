@@ -125,7 +125,7 @@ func TestRoundTrip(t *testing.T) {
 			fmt.Fprintf(&b, "  emergency: {burst: %v, rate: %v, max_duration: %v}\n", r.Emergency.Burst, r.Emergency.Rate, r.Emergency.MaxDuration)
 		}
 		if r.Mode == ModeLeased {
-			fmt.Fprintf(&b, "  lease: {period: %v, min_slice: %v, max_slice: %v, max_subjects: %d}\n", r.Lease.Period, r.Lease.MinSlice, r.Lease.MaxSlice, r.Lease.MaxSubjects)
+			fmt.Fprintf(&b, "  lease: {period: %v, min_slice: %v, max_slice: %v, max_subjects: %d, default_share: %v}\n", r.Lease.Period, r.Lease.MinSlice, r.Lease.MaxSlice, r.Lease.MaxSubjects, r.Lease.DefaultShare)
 		}
 	}
 	again := mustParse(t, b.String())
@@ -169,6 +169,8 @@ func TestParseValid(t *testing.T) {
 		{"leased partial lease", head + "  rate: 1\n  mode: leased\n  lease: {min_slice: 2}\n", leaseIs(Lease{Period: DefaultLeasePeriod, MinSlice: 2})},
 		{"leased uncapped", head + "  rate: 1\n  mode: leased\n  lease: {period: 1m, min_slice: 10, max_slice: 0}\n", leaseIs(Lease{Period: time.Minute, MinSlice: 10})},
 		{"leased max subjects", head + "  rate: 1\n  mode: leased\n  lease: {max_subjects: 50000}\n", leaseIs(Lease{Period: DefaultLeasePeriod, MaxSubjects: 50000})},
+		{"leased default share", "rules:\n- name: r\n  match: {user: \"*\"}\n  burst: 10\n  rate: 1\n  mode: leased\n  lease: {default_share: 0.25}\n", leaseIs(Lease{Period: DefaultLeasePeriod, DefaultShare: 0.25})},
+		{"leased default share whole", "rules:\n- name: r\n  match: {user: \"*\", k: v}\n  burst: 10\n  rate: 1\n  mode: leased\n  lease: {default_share: 1}\n", leaseIs(Lease{Period: DefaultLeasePeriod, DefaultShare: 1})},
 		{"fail open", head + "  rate: 1\n  on_failure: fail_open\n", func(r *Rule) string {
 			if r.OnFailure != FailOpen {
 				return fmt.Sprintf("OnFailure = %v", r.OnFailure)
@@ -351,6 +353,12 @@ func TestParseInvalid(t *testing.T) {
 		}},
 		{"lease slices conflict", rule("  mode: leased\n  lease: {min_slice: 5, max_slice: 2}\n"), []want{
 			{"f.yaml:7:36: rules[0].lease.max_slice: ", "2 is below min_slice 5"},
+		}},
+		{"lease default share out of range", rule("  mode: leased\n  lease: {default_share: 1.5}\n"), []want{
+			{"f.yaml:7:26: rules[0].lease.default_share: ", "must be a fraction in [0, 1] (0 means off), got 1.5"},
+		}},
+		{"lease default share one subject", rule("  mode: leased\n  lease: {default_share: 0.5}\n"), []want{
+			{"f.yaml:7:26: rules[0].lease.default_share: ", "match has no \"*\" key"},
 		}},
 		{"lease min slice above burst", rule("  mode: leased\n  lease: {min_slice: 11}\n"), []want{
 			{"f.yaml:7:22: rules[0].lease.min_slice: ", "11 exceeds burst 10"},

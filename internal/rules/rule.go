@@ -37,6 +37,11 @@ const (
 	// MaxSubjectsLimit bounds lease.max_subjects (the coordinator's own
 	// bound on it is the same).
 	MaxSubjectsLimit = 1_000_000_000
+	// DefaultSubject names, in a leased rule with lease.default_share, the
+	// quota that holds the default part of every subject's budget. A
+	// subject of a rule with "*" keys always holds '=' (it is "k=v,..."),
+	// so no subject is ever this one.
+	DefaultSubject = "*"
 )
 
 // Mode says where a rule's buckets live.
@@ -98,10 +103,47 @@ type EmergencyLimit struct {
 // Lease tunes a leased rule's slices. MaxSlice 0 means no cap.
 // MaxSubjects bounds the rule's quotas (one per subject) the coordinator
 // holds at once; 0 means no bound.
+//
+// DefaultShare (f, in [0, 1]) splits every subject's budget in two: the
+// part f is leased once per rule (the quota of DefaultSubject) and every
+// agent spends its slice of it on each subject separately, with no request
+// to the coordinator; the part 1-f is leased per subject as without it.
+// A subject's admissions stay within B + r*T: at most f of it through the
+// default part, 1-f through its own quota. 0 (the default) leases every
+// subject on its own.
 type Lease struct {
 	Period             time.Duration
 	MinSlice, MaxSlice float64
 	MaxSubjects        int
+	DefaultShare       float64
+}
+
+// Split is the part of a leased rule's shape (burst, rate and slices) that
+// the quota of subject has: f for DefaultSubject, 1-f for every other
+// subject, with f the rule's lease.default_share (so the whole when it is
+// 0).
+func (l Lease) Split(subject string) float64 {
+	if l.DefaultShare <= 0 {
+		if subject == DefaultSubject {
+			return 0
+		}
+		return 1
+	}
+	if subject == DefaultSubject {
+		return l.DefaultShare
+	}
+	return 1 - l.DefaultShare
+}
+
+// Wild reports whether the rule has "*" keys: one subject per distinct
+// value, rather than one for every matching request.
+func (r *Rule) Wild() bool {
+	for _, v := range r.Match {
+		if v == Wildcard {
+			return true
+		}
+	}
+	return false
 }
 
 // Rule is one named limit. A Rule obtained from a Set is shared and must not
@@ -239,6 +281,12 @@ func (r *Rule) validate() []fieldProblem {
 		}
 		if l.MaxSubjects < 0 || l.MaxSubjects > MaxSubjectsLimit {
 			add("lease.max_subjects", "must be in [0, %d] (0 means no bound), got %d", MaxSubjectsLimit, l.MaxSubjects)
+		}
+		switch {
+		case !(l.DefaultShare >= 0 && l.DefaultShare <= 1):
+			add("lease.default_share", "must be a fraction in [0, 1] (0 means off), got %s", fmtFloat(l.DefaultShare))
+		case l.DefaultShare > 0 && !r.Wild():
+			add("lease.default_share", "is set, but match has no %q key: the rule has one subject, so there is nothing to share by default; remove it", Wildcard)
 		}
 	} else if r.Lease != (Lease{}) {
 		add("lease", "is set, but mode is %v: it would never be used; remove it or set mode: leased", r.Mode)
