@@ -69,8 +69,8 @@ func startDevAgent() (stop func(), err error) {
 type noLeases struct{}
 
 func (noLeases) Now() int64 { return 0 }
-func (noLeases) Take(context.Context, *rules.Rule, string, float64, int64) (bucket.Result, bool) {
-	return bucket.Result{}, false
+func (noLeases) Spend(context.Context, *rules.Rule, string, float64, int64) (bucket.Result, bool, bool) {
+	return bucket.Result{}, false, false
 }
-func (noLeases) Refund(*rules.Rule, string, float64) {}
-func (noLeases) DownFor() time.Duration              { return 0 }
+func (noLeases) Refund(*rules.Rule, string, float64, bool) {}
+func (noLeases) DownFor() time.Duration                    { return 0 }

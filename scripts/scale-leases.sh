@@ -16,7 +16,9 @@
 # subjects, and its batching (commands per entry, mean apply time).
 #
 # Knobs (environment): SCALE_KEYS ("1000 10000 100000"), SCALE_MODES
-# ("allow batch"), SCALE_DURATION (20s), SCALE_WARMUP (1s),
+# ("allow batch"), SCALE_SHARES (the rule's lease.default_share values to
+# run, "0 0.5": 0 leases every subject on its own, 0.5 leases half of every
+# subject's budget once per rule), SCALE_DURATION (20s), SCALE_WARMUP (1s),
 # SCALE_CONCURRENCY (64), SCALE_BATCH (1000), SCALE_COORD_FLAGS (extra
 # coordinator flags, e.g. "-snapshot-interval 5s -snapshot-threshold 256"),
 # SCALE_BIN (a directory holding coordinator, gateway-agent and
@@ -28,6 +30,7 @@ cd "$(dirname "$0")/.."
 
 KEYS=${SCALE_KEYS:-1000 10000 100000}
 MODES=${SCALE_MODES:-allow batch}
+SHARES=${SCALE_SHARES:-0 0.5}
 DURATION=${SCALE_DURATION:-20s}
 WARMUP=${SCALE_WARMUP:-1s}
 CONC=${SCALE_CONCURRENCY:-64}
@@ -97,7 +100,9 @@ redis_pid=$!
 for _ in $(seq 50); do [ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" = PONG ] && break; sleep 0.1; done
 [ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" = PONG ] || die "redis-server did not start"
 
-cat >"$work/rules.yaml" <<'EOF'
+rows=()
+for share in $SHARES; do
+  cat >"$work/rules.yaml" <<EOF
 rules:
   - name: per-user
     match: {user: "*"}
@@ -105,12 +110,11 @@ rules:
     rate: 1000000
     mode: leased
     on_failure: fail_closed
+    lease: {default_share: $share}
 EOF
-
-rows=()
 for keys in $KEYS; do
   for mode in $MODES; do
-    run="$work/$mode-$keys"
+    run="$work/$mode-$keys-$share"
     mkdir -p "$run/data"
     rp=$(free_port); gp=$(free_port); hp=$(free_port)
     # shellcheck disable=SC2086
@@ -138,6 +142,7 @@ for keys in $KEYS; do
     timeout 120 "$bin/ration-bench" "${args[@]}" >"$run/bench.json" 2>"$run/bench.err" || say "ration-bench exited $? (see $run/bench.err)"
     load1=$(cut -d' ' -f1 /proc/loadavg)
     rss1=$(rss_kb "$cpid")
+    arss=$(rss_kb "$apid")
     curl -s "http://127.0.0.1:$ah/metrics" >"$run/agent.metrics"
     curl -s "http://127.0.0.1:$hp/metrics" >"$run/coordinator.metrics"
     kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true
@@ -155,13 +160,13 @@ for keys in $KEYS; do
     row=$(jq -r --arg mode "$mode" --arg keys "$keys" --arg fb "$fallback" --arg leased "$leased" \
       --arg rss0 "$rss0" --arg rss1 "$rss1" --arg logb "$logb" --arg quotas "$quotas" \
       --arg cmds "$cmds" --arg entries "$entries" --arg apply "${apply_s:-0}" --arg renew "$renew_req" \
-      --arg load "$load0 / $load1" '
+      --arg load "$load0 / $load1" --arg share "$share" --arg arss "$arss" '
       def r(x): (x * 10 | round) / 10;
       def r2(x): (x * 100 | round) / 100;
       def mb(x): r(x / 1048576);
       ($fb | tonumber) as $fb | ($leased | tonumber) as $leased | ($quotas | tonumber) as $q |
       ($entries | tonumber) as $e |
-      "| \($keys) | \(if $mode == "batch" then "AllowBatch \(.batch)" else "Allow" end) | \(.decisions_per_s | round) | " +
+      "| \($share) | \($keys) | \(if $mode == "batch" then "AllowBatch \(.batch)" else "Allow" end) | \(.decisions_per_s | round) | " +
       "\(r(100 * .allowed / ([.decisions, 1] | max)))% | " +
       "\(r2(100 * $fb / ([$fb + $leased, 1] | max)))% (\($fb)) | " +
       "\(r(.latency_us.p50 / 1000)) / \(r(.latency_us.p99 / 1000)) ms | " +
@@ -169,16 +174,17 @@ for keys in $KEYS; do
       "\(mb($logb | tonumber)) MB | \($q) | " +
       "\(if $q > 0 then mb(($logb | tonumber) * 10000 / $q) else "-" end) MB | " +
       "\(if $e > 0 then r(($cmds | tonumber) / $e) else "-" end) / \(if $e > 0 then r(1000 * ($apply | tonumber) / $e) else "-" end) ms | " +
-      "\($renew) | \($load) |"' "$run/bench.json")
+      "\($renew) | \(mb(($arss | tonumber) * 1024)) MB | \($load) |"' "$run/bench.json")
     rows+=("$row")
     printf '%s\n' "$row" >&2
   done
+done
 done
 
 cat <<EOF
 Measured on commit $commit, $(nproc) cores, $(date -u +%Y-%m-%d); -duration $DURATION after -warmup $WARMUP, -concurrency $CONC, uniform subjects.
 
-| subjects | call | decisions/s | admitted | by failure policy (count) | p50 / p99 per call | coordinator RSS start → end | data dir (Raft log + snapshots) | live subjects | data dir per 10,000 live | commands per entry / apply | Renew requests | load average start / end |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| default_share | subjects | call | decisions/s | admitted | by failure policy (count) | p50 / p99 per call | coordinator RSS start → end | data dir (Raft log + snapshots) | quotas at the coordinator | data dir per 10,000 quotas | commands per entry / apply | Renew requests | agent RSS at end | load average start / end |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 EOF
 printf '%s\n' "${rows[@]}"

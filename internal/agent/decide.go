@@ -72,15 +72,19 @@ type Store interface {
 	Ping(ctx context.Context) error
 }
 
-// Leases spends leased budget locally (holder.Leases). Take does no I/O
+// Leases spends leased budget locally (holder.Leases). Spend does no I/O
 // except, once per quota, a bounded wait for its first grant; ok is false
 // when the agent holds no valid lease for the quota (not granted, expired),
 // and the caller then applies the rule's failure policy. now comes from Now,
 // read once per batch: a clock read costs more than a leased decision.
+//
+// shared tells where Spend took the tokens from (a subject's copy of its
+// rule's default lease, with lease.default_share, or its own lease), and
+// Refund gives them back there.
 type Leases interface {
 	Now() int64
-	Take(ctx context.Context, rule *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, ok bool)
-	Refund(rule *rules.Rule, subject string, cost float64)
+	Spend(ctx context.Context, rule *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, shared, ok bool)
+	Refund(rule *rules.Rule, subject string, cost float64, shared bool)
 	// DownFor is how long the coordinators have been unreachable (0 while
 	// they answer): the emergency policy's clock for leased rules.
 	DownFor() time.Duration
@@ -118,6 +122,7 @@ type step struct {
 	allowed bool
 	reason  Reason
 	charged bool // tokens were taken and must be refunded if the request is denied
+	shared  bool // leased: taken from the subject's copy of the default lease
 	item    int  // index of the request in its batch
 	// rid is the request's id (req.RequestID may be cleared for a local
 	// emergency bucket); the admission log carries it.
@@ -314,8 +319,9 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 				if leaseNow == 0 {
 					leaseNow = s.leases.Now()
 				}
-				if res, ok := s.leases.Take(ctx, st.rule, st.subject, st.req.Cost, leaseNow); ok {
+				if res, shared, ok := s.leases.Spend(ctx, st.rule, st.subject, st.req.Cost, leaseNow); ok {
 					st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
+					st.shared = shared
 					st.reason = verdict(res.Allowed)
 					continue
 				}
@@ -537,7 +543,7 @@ func (s *Service) refund(ctx context.Context, steps []step, out []Response) {
 				s.metrics.storeErrors.WithLabelValues("refund").Inc()
 			}
 		case pathLeased:
-			s.leases.Refund(st.rule, st.subject, st.req.Cost)
+			s.leases.Refund(st.rule, st.subject, st.req.Cost, st.shared)
 		case pathFallback:
 			s.fallback.refund(ctx, st)
 		}

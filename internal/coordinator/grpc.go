@@ -343,6 +343,25 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 			c.Rate = 0
 		}
 	}
+	// With lease.default_share f, the quota of rules.DefaultSubject has the
+	// part f of the rule's shape and every other subject's quota the rest:
+	// a subject's admissions through both stay within the whole.
+	switch f := r.Lease.Split(ref.GetSubject()); {
+	case f == 0 && ref.GetSubject() == rules.DefaultSubject:
+		return fail("rule %q has no lease.default_share, so no default quota %q", r.Name, rules.DefaultSubject)
+	case f == 0:
+		return fail("rule %q has lease.default_share 1: every subject's budget is leased by default, none per subject", r.Name)
+	case f < 1:
+		c.Burst, c.Rate, c.MinSlice, c.MaxSlice = c.Burst*f, c.Rate*f, c.MinSlice*f, c.MaxSlice*f
+		if c.Rate < lease.MinRate {
+			c.Rate = 0
+		}
+		if bounds != nil {
+			b := *bounds
+			b.MinSlice, b.MaxSlice = b.MinSlice*f, b.MaxSlice*f
+			bounds = &b
+		}
+	}
 	return id, c, weight, bounds, ""
 }
 

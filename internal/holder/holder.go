@@ -221,6 +221,24 @@ type quota struct {
 	// that wait for several new quotas (a batch) wait out one cold start
 	// in all, not one per quota.
 	coldUntil int64
+
+	// With lease.default_share (see shared.go). own: this quota's own
+	// lease is asked for (always, without a default share; for a subject
+	// of a rule with one, once its copy of the default lease ran dry).
+	own bool
+	// A subject's copy of its rule's default lease: cp mirrors every
+	// command and answer of def's holding and is spent on this subject
+	// alone. removed: forgotten by the loop (a decision that finds it
+	// looks the subject up again).
+	def     *quota
+	cp      *lease.Holding
+	removed bool
+	// The rule's default quota (subject rules.DefaultSubject): never spent
+	// itself; copies are its subjects' copies (under its mu, which is
+	// taken before theirs), and touched is when a subject last used it.
+	isDefault bool
+	copies    map[*quota]struct{}
+	touched   atomic.Int64
 }
 
 func (q *quota) markReady() {
@@ -237,6 +255,11 @@ func (q *quota) answered() bool { return q.got.Load() }
 // last sample, over at least demandWindow (the smoothed rate of earlier
 // samples fills in the rest of it). It changes nothing; q.mu held.
 func (q *quota) demandAt(now int64) float64 {
+	if q.isDefault {
+		// Every agent asks for the whole default part: its slice is spent
+		// on each of its subjects, so the leader splits it evenly.
+		return q.rate
+	}
 	el := now - q.sampledAt
 	w := demandWindow.Microseconds()
 	if el >= w {
@@ -251,6 +274,9 @@ func (q *quota) demandAt(now int64) float64 {
 // subject's demand follows a change within about two windows, while a slow
 // subject's is measured over long enough windows not to read as noise.
 func (q *quota) sample(now int64) {
+	if q.isDefault {
+		return
+	}
 	el := now - q.sampledAt
 	w := demandWindow.Microseconds()
 	if el < w || q.requested < sampleRequests && el < 8*w {
@@ -348,53 +374,83 @@ func (l *Leases) validity(term int64) int64 {
 // for it, up to ColdStart after the quota was added (by the first of them
 // or by Prepare); no other call does any I/O or waits.
 func (l *Leases) Take(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, ok bool) {
+	res, _, ok = l.Spend(ctx, r, subject, cost, now)
+	return res, ok
+}
+
+// Spend is Take, and reports whether the tokens came from the subject's
+// copy of its rule's default lease (lease.default_share): a refund must go
+// back where the tokens came from (Refund's shared).
+func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, shared, ok bool) {
+	if r.Lease.DefaultShare > 0 && subject != "" {
+		return l.takeShared(ctx, r, subject, cost, now)
+	}
 	q := l.lookup(r.Name, subject)
 	if q == nil {
-		q = l.add(r.Name, subject, r.Rate)
+		q = l.add(r.Name, subject, r.Rate, true)
 	}
-	if !q.answered() {
-		// Every decision of a new quota waits for its grant, not only the
-		// one that added it: a second caller of the same new subject would
-		// otherwise fall to the failure policy.
-		if wait := time.Duration(q.coldUntil-l.Now()) * time.Microsecond; wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-q.ready:
-			case <-t.C:
-			case <-ctx.Done():
-			}
-			t.Stop()
-		}
-		now = l.Now()
-	}
+	now = l.waitFirst(ctx, q, now)
 	q.mu.Lock()
 	q.requested += cost
 	q.lastUsed = now
-	if !q.h.Valid(now) {
-		q.mu.Unlock()
-		return bucket.Result{}, false
-	}
-	allowed := q.h.Spend(now, cost)
-	bal, rate, capa := q.h.Balance, q.h.Lease.Rate, q.h.Lease.Cap
-	wasDry := q.dry
-	if !allowed {
-		q.dry = true
-	}
+	res, ok, flag := l.spendOwn(q, cost, now)
 	q.mu.Unlock()
-	if !allowed && !wasDry {
+	if flag {
 		// The slice ran dry: the loop decides whether the demand is worth
 		// asking for more at once.
 		l.flag(q)
 	}
+	return res, false, ok
+}
 
-	res = bucket.Result{Allowed: allowed, Remaining: bal}
+// waitFirst waits, if q's first answer has not arrived, until it does or
+// its cold start ends (or ctx is done), and returns the time then.
+func (l *Leases) waitFirst(ctx context.Context, q *quota, now int64) int64 {
+	if q.answered() {
+		return now
+	}
+	// Every decision of a new quota waits for its grant, not only the
+	// one that added it: a second caller of the same new subject would
+	// otherwise fall to the failure policy.
+	q.mu.Lock()
+	until := q.coldUntil
+	q.mu.Unlock()
+	if wait := time.Duration(until-l.Now()) * time.Microsecond; wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-q.ready:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	return l.Now()
+}
+
+// spendOwn spends cost from q's own lease at now; q.mu held. flag is true
+// when the slice just ran dry (the caller flags q once q.mu is released).
+func (l *Leases) spendOwn(q *quota, cost float64, now int64) (res bucket.Result, ok, flag bool) {
+	if !q.h.Valid(now) {
+		return bucket.Result{}, false, false
+	}
+	allowed := q.h.Spend(now, cost)
+	if !allowed && !q.dry {
+		q.dry, flag = true, true
+	}
+	return result(&q.h, allowed, cost), true, flag
+}
+
+// result is a decision's answer from the holding it was taken from.
+func result(h *lease.Holding, allowed bool, cost float64) bucket.Result {
+	bal, rate, capa := h.Balance, h.Lease.Rate, h.Lease.Cap
+	res := bucket.Result{Allowed: allowed, Remaining: bal}
 	if rate > 0 {
 		res.Reset = micros((capa - bal) / rate)
 		if !allowed {
 			res.RetryAfter = micros((cost - bal) / rate)
 		}
 	}
-	return res, true
+	return res
 }
 
 // Prepare starts acquiring the lease of (rule, subject) if this agent has
@@ -403,8 +459,15 @@ func (l *Leases) Take(ctx context.Context, r *rules.Rule, subject string, cost f
 // grants then share requests, and their decisions wait out one cold start
 // together instead of one after another.
 func (l *Leases) Prepare(r *rules.Rule, subject string) {
+	if r.Lease.DefaultShare > 0 && subject != "" {
+		// Its decisions wait for the rule's default lease, if for anything.
+		if l.lookup(r.Name, rules.DefaultSubject) == nil {
+			l.addDefault(r)
+		}
+		return
+	}
 	if l.lookup(r.Name, subject) == nil {
-		l.add(r.Name, subject, r.Rate)
+		l.add(r.Name, subject, r.Rate, true)
 	}
 }
 
@@ -422,16 +485,21 @@ func (l *Leases) Share(rule, subject string) (capacity, rate float64, valid bool
 }
 
 // Refund gives back tokens a denied multi-rule request took; they return
-// to the local bucket (never above its cap), never to the coordinator.
-func (l *Leases) Refund(r *rules.Rule, subject string, cost float64) {
+// to the local bucket they came from (never above its cap), never to the
+// coordinator. shared is Spend's: the subject's copy of the default lease.
+func (l *Leases) Refund(r *rules.Rule, subject string, cost float64, shared bool) {
 	q := l.lookup(r.Name, subject)
 	if q == nil {
 		return
 	}
 	now := l.Now()
 	q.mu.Lock()
-	if q.h.Valid(now) {
-		q.h.Balance = min(q.h.Lease.Cap, q.h.Balance+cost)
+	h := &q.h
+	if shared {
+		h = q.cp // nil once removed: the tokens are lost, never doubled
+	}
+	if h != nil && h.Valid(now) {
+		h.Balance = min(h.Lease.Cap, h.Available(now)+cost)
 	}
 	q.mu.Unlock()
 }
@@ -464,7 +532,14 @@ func (l *Leases) lookup(rule, subject string) *quota {
 	return nil
 }
 
-func (l *Leases) add(rule, subject string, rate float64) *quota {
+func (l *Leases) add(rule, subject string, rate float64, own bool) *quota {
+	return l.addQuota(rule, subject, rate, own, nil)
+}
+
+// addQuota adds (rule, subject) unless it exists, and returns the quota.
+// own: ask for its lease at once. init, if set, finishes a new quota
+// before anyone can see it.
+func (l *Leases) addQuota(rule, subject string, rate float64, own bool, init func(*quota)) *quota {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	cur := *l.quotas.Load()
@@ -484,14 +559,17 @@ func (l *Leases) add(rule, subject string, rate float64) *quota {
 	id := rule + "|" + subject
 	now := l.Now()
 	q := &quota{rule: rule, subject: subject, id: id, rate: rate, ready: make(chan struct{}), lastUsed: now, reportedAt: now, sampledAt: now, created: now,
-		coldUntil: now + l.o.ColdStart.Microseconds()}
+		coldUntil: now + l.o.ColdStart.Microseconds(), own: own}
 	q.h = lease.Holding{Quota: id, Validity: l.validity}
+	if init != nil {
+		init(q)
+	}
 	if len(id) > lease.MaxNameLen {
 		// The coordinator would refuse it: never ask (the agent's request
 		// checks normally stop such a subject before it gets here).
 		q.invalid, q.failed = true, fmt.Sprintf("%s: quota %q is %d bytes, at most %d", itemErrInvalid, id[:32]+"...", len(id), lease.MaxNameLen)
 		q.markReady()
-	} else {
+	} else if own {
 		l.fresh = append(l.fresh, q)
 		l.kick()
 	}
@@ -564,6 +642,37 @@ func (l *Leases) snapshot() []*quota {
 // removed quota's (released, so invalid) holding and falls to its policy
 // once, then re-acquires.
 func (l *Leases) remove(qs []*quota) {
+	// Copies of a default lease first (their quota's lock is taken after
+	// the default quota's, and neither under l.mu): a copy spent since the
+	// loop looked stays, with its quota.
+	now := l.Now()
+	keep := qs[:0:0]
+	for _, q := range qs {
+		if d := q.def; d != nil {
+			d.mu.Lock()
+			q.mu.Lock()
+			ok := q.evictable(now)
+			if ok {
+				delete(d.copies, q)
+				q.cp, q.removed = nil, true
+			}
+			q.mu.Unlock()
+			d.mu.Unlock()
+			if !ok {
+				continue
+			}
+		} else if q.isDefault {
+			q.mu.Lock()
+			ok := len(q.copies) == 0
+			q.removed = ok
+			q.mu.Unlock()
+			if !ok {
+				continue
+			}
+		}
+		keep = append(keep, q)
+	}
+	qs = keep
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	cur := *l.quotas.Load()
@@ -627,9 +736,17 @@ func (l *Leases) look(qs []*quota, now, next int64) (pick, int64) {
 		}
 		seen[q] = true
 		q.mu.Lock()
+		idle := now-max(q.lastUsed, q.touched.Load()) > l.o.IdleAfter.Microseconds()
 		switch {
-		case now-q.lastUsed > l.o.IdleAfter.Microseconds():
+		case idle && q.isDefault && len(q.copies) > 0:
+			// Its subjects' copies still mirror it: it goes after them.
+			// (They go once full again; renewing it meanwhile costs one
+			// item.)
+		case idle && q.evictable(now):
 			p.idle = append(p.idle, q)
+		case !q.own:
+			// A subject spending only its copy of the default lease:
+			// nothing to ask the coordinator.
 		case q.invalid:
 		case q.failed != "" && now-q.failedAt < failedRetry.Microseconds():
 			// The coordinator refused this quota; ask again later in case
@@ -809,8 +926,11 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 		// A new lease asks for at least the whole rate: a demand measured
 		// before the key existed says nothing, and the coordinator gives a
 		// lone holder all of it anyway.
-		demand := max(q.report(now), q.rate)
+		demand := max(q.report(now)-q.copyRate(), q.rate)
 		q.h.Grant(now, l.name, seq, demand)
+		if q.isDefault {
+			q.mirror(func(c *lease.Holding) { c.Grant(now, l.name, seq, demand) })
+		}
 		q.nudged, q.confirm = false, false
 		q.mu.Unlock()
 		seqs = append(seqs, seq)
@@ -822,8 +942,14 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 	for _, q := range renews {
 		q.mu.Lock()
 		dryAsk := q.dry && !q.nudged && !q.confirm
-		demand := q.report(now)
+		demand := max(0, q.report(now)-q.copyRate())
 		it := q.h.Renewal(now, renewSeq, demand, 0)
+		if q.isDefault {
+			// Give back only what every copy gives back.
+			q.mirror(func(c *lease.Holding) {
+				it.Unused = min(it.Unused, c.Renewal(now, renewSeq, demand, 0).Unused)
+			})
+		}
 		q.dryAsk = dryAsk
 		q.nudged, q.confirm, q.dry = false, false, false
 		q.sentAt = now
@@ -890,6 +1016,25 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 	return true, false
 }
 
+// drop forgets q's lease (and, for a default quota, every copy's); q.mu
+// held.
+func (q *quota) drop() {
+	q.h.Drop()
+	if q.isDefault {
+		q.mirror((*lease.Holding).Drop)
+	}
+}
+
+// copyRate is what q's copy of its rule's default lease refills per
+// second, 0 without one; q.mu held. A subject's own lease is asked for
+// the demand beyond it.
+func (q *quota) copyRate() float64 {
+	if q.cp == nil {
+		return 0
+	}
+	return q.cp.Lease.Rate
+}
+
 func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 	defer q.markReady()
 	q.mu.Lock()
@@ -898,11 +1043,12 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 	case e == "":
 		q.failed = ""
 		oldCap, oldRate := q.h.Lease.Cap, q.h.Lease.Rate
-		ok := q.h.Adopt(now, seq, lease.Lease{
-			ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs,
-		})
-		if !ok {
+		nl := lease.Lease{ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs}
+		if !q.h.Adopt(now, seq, nl) {
 			return
+		}
+		if q.isDefault {
+			q.mirror(func(c *lease.Holding) { c.Adopt(now, seq, nl) })
 		}
 		l.m.granted.Add(g.Balance)
 		if q.h.Lease.Cap < oldCap || q.h.Lease.Rate < oldRate || q.h.Owed > 0 {
@@ -926,12 +1072,12 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 		}
 		q.dryAt = q.sentAt + max(q.dryGap, l.o.EarlyGap.Microseconds())
 	case strings.HasPrefix(e, itemErrLeaseExpired), strings.HasPrefix(e, itemErrRetryGrant):
-		q.h.Drop()
+		q.drop()
 		l.m.expired.Inc()
 	case strings.HasPrefix(e, itemErrInvalid):
 		// Refused alone, and would be again: stop asking for it; its
 		// decisions take the rule's failure policy.
-		q.h.Drop()
+		q.drop()
 		q.invalid = true
 		q.failed, q.failedAt = e, now
 		l.o.Logger.Error("coordinator refused a leased quota as invalid: its failure policy applies", "rule", q.rule, "err", e)
@@ -939,7 +1085,7 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 		// Unknown quota, too many subjects, or an error this build does not
 		// know: the quota's decisions take the failure policy; ask again
 		// after failedRetry in case the coordinator's rules change.
-		q.h.Drop()
+		q.drop()
 		if q.failed == "" {
 			l.o.Logger.Error("coordinator refused a leased quota: its failure policy applies", "rule", q.rule, "err", e)
 		}
@@ -968,6 +1114,9 @@ func (l *Leases) releaseOnce(ctx context.Context, qs []*quota) {
 		}
 		seq := req.Seq + uint64(len(req.Items))
 		rel := q.h.Release(now, l.name, seq)
+		if q.isDefault {
+			q.mirror(func(c *lease.Holding) { rel.Unused = min(rel.Unused, c.Release(now, l.name, seq).Unused) })
+		}
 		q.mu.Unlock()
 		req.Items = append(req.Items, &rationv1.RenewItem{
 			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, LeaseId: rel.LeaseID, Unused: rel.Unused,

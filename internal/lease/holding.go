@@ -122,6 +122,16 @@ func (h *Holding) Drop() {
 	h.Lease, h.Balance, h.Owed, h.ValidUntil = Lease{}, 0, 0, 0
 }
 
+// Available reports the tokens that may be spent at now: the balance
+// refilled to now, or 0 when the lease is not valid.
+func (h *Holding) Available(now int64) float64 {
+	if !h.Valid(now) {
+		return 0
+	}
+	h.refill(now)
+	return h.Balance
+}
+
 // Valid reports whether the lease may be spent at now.
 func (h *Holding) Valid(now int64) bool { return h.Lease.ID != 0 && now < h.ValidUntil }
 

@@ -1,0 +1,152 @@
+package holder
+
+import (
+	"context"
+
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// A leased rule with lease.default_share f leases the part f of every
+// subject's budget once per rule: the quota of rules.DefaultSubject. This
+// agent holds one lease of it (the "default lease"), and every subject the
+// agent decides gets a copy of that lease: a lease.Holding that goes
+// through exactly the commands and answers the default lease goes through
+// (the same grants, renewals, adoptions, drops and releases, at the same
+// times, with the same sequence numbers), but is spent on its subject
+// alone. So each subject's copy spends at most what the coordinator
+// counts this holder as having taken from the default quota, and the
+// default quota's own conservation bounds every subject's admissions
+// through the default part by f of B + r*T. A renewal gives back only what
+// every copy gives back (the least of them), so no copy keeps tokens the
+// pool has been given back.
+//
+// A copy is created as a clone of the default lease's holding, which is
+// never spent: it is the copy of a subject untouched so far. For the same
+// reason a copy may be forgotten once it is full again (or its lease is
+// no longer valid): a new clone then holds no more than it did.
+//
+// The rest of a subject's budget, 1-f, is its own quota, asked for only
+// once the subject's copy runs dry: subjects that stay within their copy
+// cost the coordinator nothing, and a subject's first decision needs no
+// request of its own.
+
+// addDefault adds the rule's default quota unless it exists.
+func (l *Leases) addDefault(r *rules.Rule) *quota {
+	return l.addQuota(r.Name, rules.DefaultSubject, r.Rate*r.Lease.Split(rules.DefaultSubject), true, func(q *quota) {
+		q.isDefault = true
+		q.copies = map[*quota]struct{}{}
+	})
+}
+
+// copyOf gives q a copy of d's holding (a fresh clone), unless it has one
+// of d already, and registers it with d so that it mirrors d from now on.
+func (l *Leases) copyOf(d, q *quota) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.removed || (q.cp != nil && q.def == d) {
+		return
+	}
+	cp := d.h
+	q.cp, q.def = &cp, d
+	d.copies[q] = struct{}{}
+}
+
+// mirror applies fn to every copy of d's holding; d.mu held.
+func (d *quota) mirror(fn func(*lease.Holding)) {
+	for c := range d.copies {
+		c.mu.Lock()
+		if c.cp != nil && c.def == d {
+			fn(c.cp)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// evictable reports whether q's copy, if any, may be forgotten at now: a
+// new clone would hold no more than it does. q.mu held.
+func (q *quota) evictable(now int64) bool {
+	cp := q.cp
+	return cp == nil || !cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap
+}
+
+// takeShared decides cost for subject of r, a rule with a default share:
+// from the subject's copy of the default lease first, then from its own
+// lease, asked for the first time the copy cannot pay.
+func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (bucket.Result, bool, bool) {
+	d := l.lookup(r.Name, rules.DefaultSubject)
+	if d == nil {
+		d = l.addDefault(r)
+	}
+	now = l.waitFirst(ctx, d, now)
+	d.touched.Store(now)
+	ownPart := r.Lease.DefaultShare < 1
+	var q *quota
+	for attempt := 0; ; attempt++ {
+		q = l.lookup(r.Name, subject)
+		if q == nil {
+			q = l.add(r.Name, subject, r.Rate*r.Lease.Split(subject), false)
+		}
+		q.mu.Lock()
+		if q.cp == nil || q.def != d {
+			q.mu.Unlock()
+			l.copyOf(d, q)
+			q.mu.Lock()
+		}
+		if !q.removed {
+			break
+		}
+		q.mu.Unlock()
+		if attempt > 0 {
+			// Removed twice in a row under our feet: not worth a third
+			// look; nothing was spent.
+			return bucket.Result{}, false, false
+		}
+	}
+	q.requested += cost
+	q.lastUsed = now
+	if q.cp.Spend(now, cost) {
+		res := result(q.cp, true, cost)
+		q.mu.Unlock()
+		return res, true, true
+	}
+	copyValid := q.cp.Valid(now)
+	if !ownPart || q.invalid {
+		defer q.mu.Unlock()
+		if !copyValid {
+			return bucket.Result{}, false, false
+		}
+		return result(q.cp, false, cost), true, true
+	}
+	if !q.own {
+		// The copy cannot pay: from now on this subject has a lease of its
+		// own too, and this decision waits for it like any first one.
+		q.own = true
+		q.coldUntil = now + l.o.ColdStart.Microseconds()
+		q.mu.Unlock()
+		l.mu.Lock()
+		l.fresh = append(l.fresh, q)
+		l.mu.Unlock()
+		l.kick()
+		now = l.waitFirst(ctx, q, now)
+		q.mu.Lock()
+	} else if !q.answered() {
+		q.mu.Unlock()
+		now = l.waitFirst(ctx, q, now)
+		q.mu.Lock()
+	}
+	res, ok, flag := l.spendOwn(q, cost, now)
+	if !ok && copyValid && q.cp != nil {
+		// No own lease yet (or any more), but a valid copy that is dry:
+		// a denial, not a failure.
+		res, ok = result(q.cp, false, cost), true
+	}
+	q.mu.Unlock()
+	if flag {
+		l.flag(q)
+	}
+	return res, false, ok
+}

@@ -1,0 +1,135 @@
+package holder_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/holder"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+const sharedRules = `
+rules:
+  - name: shared
+    match: {user: "*"}
+    burst: 20
+    rate: 10
+    mode: leased
+    lease: {period: 1s, default_share: 0.5}
+  - name: many
+    match: {user: "*"}
+    burst: 1000000
+    rate: 1000000
+    mode: leased
+    lease: {default_share: 0.5}
+`
+
+// Three agents hammer the same five subjects of a rule with a default
+// share, far above its limit, while the leader is killed: every subject's
+// admissions (through the agents' copies of the default lease and through
+// its own quota together) stay within B + r*(t1-t0) in every window, both
+// parts are spent, and most of the budget is used.
+func TestDefaultShareBoundedPerSubject(t *testing.T) {
+	c := harness.StartCoordinators(t, 3, sharedRules)
+	r := rule(t, sharedRules, "shared")
+	rec := admission.NewRecorder()
+	const agents, subjects = 3, 5
+	hs := make([]*holder.Leases, agents)
+	for i := range hs {
+		hs[i] = startHolder(t, c, fmt.Sprintf("a%d", i))
+	}
+	const run = 5 * time.Second
+	const offer = 40.0 // per agent and subject, 4x the rule's rate
+	var shared, own atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, h := range hs {
+		for s := range subjects {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				subject := fmt.Sprintf("user=u%d", s)
+				interval := time.Duration(float64(time.Second) / offer)
+				for k := 0; time.Since(start) < run && k < int(offer*run.Seconds())+10; k++ {
+					if d := time.Until(start.Add(time.Duration(k) * interval)); d > 0 {
+						time.Sleep(d)
+					}
+					res, fromCopy, ok := h.Spend(context.Background(), r, subject, 1, h.Now())
+					if ok && res.Allowed {
+						rec.Admit(fmt.Sprint(i), "shared|"+subject, 1)
+						if fromCopy {
+							shared.Add(1)
+						} else {
+							own.Add(1)
+						}
+					}
+				}
+			}()
+		}
+	}
+	time.Sleep(run / 2)
+	li, _ := c.Leader(t)
+	c.Kill(li)
+	wg.Wait()
+
+	recs := rec.Records()
+	for s := range subjects {
+		q := fmt.Sprintf("shared|user=u%d", s)
+		rep := admission.Check(recs, q, r.Burst, r.Rate)
+		t.Logf("%s: admitted %v, utilisation %.2f, worst window [%v, %v] overshoot %.3f",
+			q, rep.Admitted, rep.Utilisation, rep.From, rep.To, rep.Overshoot)
+		if rep.Overshoot > 1e-6 {
+			t.Errorf("%s admitted more than B + r*(t1-t0): overshoot %.3f tokens in [%v, %v]", q, rep.Overshoot, rep.From, rep.To)
+		}
+		// The leader's loss costs up to a lease period of a part; the
+		// rest of the run must use the budget.
+		if rep.Utilisation < 0.5 {
+			t.Errorf("%s: utilisation %.2f, want >= 0.5", q, rep.Utilisation)
+		}
+	}
+	t.Logf("admitted %d from copies of the default lease, %d from subjects' own leases", shared.Load(), own.Load())
+	if shared.Load() == 0 || own.Load() == 0 {
+		t.Errorf("admitted %d from copies and %d from own leases: both parts should be spent", shared.Load(), own.Load())
+	}
+}
+
+// Many fresh subjects of a rule with a default share are admitted from
+// their first decision without a request of their own: the coordinator
+// holds one lease (the agent's default lease) however many subjects the
+// agent decides, and a refund goes back to the copy it came from.
+func TestDefaultShareFreshSubjectsNeedNoGrant(t *testing.T) {
+	c := harness.StartCoordinators(t, 1, sharedRules)
+	r := rule(t, sharedRules, "many")
+	h := startHolder(t, c, "a")
+	const n = 5000
+	for i := range n {
+		subject := fmt.Sprintf("user=%d", i)
+		res, fromCopy, ok := h.Spend(context.Background(), r, subject, 1, h.Now())
+		if !ok || !res.Allowed || !fromCopy {
+			t.Fatalf("decision %d (%s): ok %v, allowed %v, from the copy %v; want an admission from the copy of the default lease", i, subject, ok, res.Allowed, fromCopy)
+		}
+	}
+	_, leader := c.Leader(t)
+	leases := listLeases(t, leader.GRPCAddr())
+	if len(leases) != 1 || leases[0].Quota != "many|"+rules.DefaultSubject {
+		var qs []string
+		for _, l := range leases {
+			qs = append(qs, l.Quota)
+		}
+		t.Fatalf("coordinator holds leases of %v after %d fresh subjects; want only the default quota %q", qs, n, "many|"+rules.DefaultSubject)
+	}
+
+	// A refund restores the copy's balance.
+	res1, _, _ := h.Spend(context.Background(), r, "user=refund", 100, h.Now())
+	h.Refund(r, "user=refund", 100, true)
+	res2, fromCopy, _ := h.Spend(context.Background(), r, "user=refund", 100, h.Now())
+	if !fromCopy || res2.Remaining < res1.Remaining {
+		t.Errorf("after a refund of 100 to the copy, remaining %.0f (from the copy %v); want at least %.0f as before the refund", res2.Remaining, fromCopy, res1.Remaining)
+	}
+}
