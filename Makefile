@@ -5,13 +5,27 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN := $(shell $(GO) env GOPATH)/bin
 
-.PHONY: help dev test deps bench lint proto ci fuzz chaos demo-regions
+# What -version and ration_build_info report (internal/buildinfo). A
+# release: make build VERSION=0.1.0.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
+LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
+
+.PHONY: help dev build install test deps bench lint proto ci fuzz chaos demo-regions
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 dev: ## run a complete single-process system (in-memory store, embedded coordinator)
 	$(GO) run ./cmd/gateway-agent -dev
+
+build: ## build every binary (cmd/*) into bin/, stamped with VERSION and COMMIT
+	@mkdir -p bin
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ ./cmd/...
+
+install: ## go install every binary, stamped like make build
+	$(GO) install -trimpath -ldflags '$(LDFLAGS)' ./cmd/...
 
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh

@@ -153,12 +153,23 @@ func (d *dockerfile) buildStage(t testing.TB) (runs []string, env []string, copi
 		case "WORKDIR":
 			workdir = in.rest
 		case "ARG":
+			// A build argument is in the RUN commands' environment: the
+			// test's value (as --build-arg would give it), else the default.
+			k, v, _ := strings.Cut(in.rest, "=")
+			if a, ok := dockerBuildArgs[k]; ok {
+				v = a
+			}
+			env = append(env, k+"="+v)
 		default:
 			t.Fatalf("Dockerfile line %d: %s in the build stage: the test does not know how to run it", in.line, in.cmd)
 		}
 	}
 	return runs, env, copies, workdir
 }
+
+// dockerBuildArgs are the --build-arg values the test builds with: the
+// stamp -version and ration_build_info must report (TestVersion).
+var dockerBuildArgs = map[string]string{"VERSION": "0.1.0-deploy-test", "COMMIT": "0123456789abcdef0123456789abcdef01234567"}
 
 // dockerignore reports whether a context path is excluded: the last
 // pattern matching the path or one of its parents decides.
@@ -408,6 +419,23 @@ func TestBinariesStatic(t *testing.T) {
 			t.Errorf("%s links %v (%v): not static", name, libs, err)
 		}
 		f.Close()
+	}
+}
+
+// TestVersion: the binaries the Dockerfile built report the VERSION and
+// COMMIT build arguments under -version, and exit 0.
+func TestVersion(t *testing.T) {
+	for _, name := range []string{"gateway-agent", "coordinator"} {
+		out, err := exec.Command(binary(t, name), "-version").Output()
+		if err != nil {
+			t.Errorf("%s -version: %v", name, err)
+			continue
+		}
+		want := regexp.MustCompile(`^` + name + ` version ` + regexp.QuoteMeta(dockerBuildArgs["VERSION"]) +
+			`, commit ` + dockerBuildArgs["COMMIT"] + `, go1\.[0-9.]+\n$`)
+		if !want.Match(out) {
+			t.Errorf("%s -version printed %q, want %s", name, out, want)
+		}
 	}
 }
 

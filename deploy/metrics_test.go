@@ -294,6 +294,17 @@ func TestMetricsExported(t *testing.T) {
 			t.Errorf("%s not exported", name)
 		}
 	}
+	// Both binaries say which build they are, stamped as the Dockerfile
+	// stamps them.
+	if b := ex["ration_build_info"]; b == nil || !b.from["gateway-agent"] || !b.from["coordinator"] {
+		t.Errorf("ration_build_info not exported by both binaries: %+v", b)
+	} else {
+		for k, v := range map[string]string{"version": dockerBuildArgs["VERSION"], "commit": dockerBuildArgs["COMMIT"]} {
+			if len(b.labels[k]) != 1 || !b.labels[k][v] {
+				t.Errorf("ration_build_info{%s} = %v, want only %q", k, sortedKeys(b.labels[k]), v)
+			}
+		}
+	}
 	if d := ex["ration_decisions_total"]; d != nil {
 		for _, p := range []string{"store", "leased", "fallback"} {
 			if !d.labels["path"][p] {

@@ -9,6 +9,7 @@
 //	coordinator status -addr 127.0.0.1:8301           # operator commands
 //	coordinator quotas -addr 127.0.0.1:8301
 //	coordinator leases -addr 127.0.0.1:8301 [-quota rule|subject]
+//	coordinator -version                              # version, commit, Go version
 //
 // Every flag can also be set with a RATION_* environment variable (-h
 // names them). SIGTERM or SIGINT: a leader hands leadership over, then the
@@ -31,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/ration-dev/ration/internal/buildinfo"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/rules"
 )
@@ -76,18 +78,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	if v, ok := lookup("RATION_DEV"); ok && (v == "1" || strings.EqualFold(v, "true")) {
 		cfg = coordinator.DevConfig()
 	}
-	if err := cfg.LoadEnv(lookup); err != nil {
-		return err
-	}
-	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: coordinator [flags]\n       coordinator status|quotas|leases -addr HOST:PORT [-quota Q]\n\nflags:")
-		fs.PrintDefaults()
-	}
-	cfg.BindFlags(fs)
+	// A malformed variable is reported after the flags are parsed, so that
+	// -version works whatever the environment holds.
+	envErr := cfg.LoadEnv(lookup)
+	fs, version := newFlagSet(&cfg, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *version {
+		buildinfo.Print(stdout, "coordinator")
+		return nil
+	}
+	if envErr != nil {
+		return envErr
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q (flags only; see -h)", fs.Args())
@@ -123,7 +126,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	level, _ := coordinator.ParseLogLevel(cfg.LogLevel)
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	if err := coordinator.BridgeRaftMetrics(reg); err != nil {
 		return err
 	}
@@ -167,6 +170,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 		return err
 	}
 	return shutdownErr
+}
+
+// usage is what -h prints before the flags.
+const usage = "usage: coordinator [flags]\n       coordinator status|quotas|leases -addr HOST:PORT [-quota Q]\n\nflags:"
+
+// newFlagSet is the node's command line: every setting of cfg (flags over
+// the environment already loaded into it) and -version.
+// docs/configuration.md lists the same flags (TestFlagDocs).
+func newFlagSet(cfg *coordinator.Config, stderr io.Writer) (*flag.FlagSet, *bool) {
+	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, usage)
+		fs.PrintDefaults()
+	}
+	cfg.BindFlags(fs)
+	version := fs.Bool("version", false, buildinfo.FlagUsage)
+	return fs, version
 }
 
 // loadRules reads -rules, or under -dev without -rules the embedded

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ration-dev/ration/internal/buildinfo"
 	"github.com/ration-dev/ration/internal/harness"
 )
 
@@ -59,6 +63,7 @@ func TestValidate(t *testing.T) {
 		{"dev is valid", []string{"-dev", "-validate"}, "", 0, "configuration valid"},
 		{"stray argument", []string{"-dev", "-validate", "--", "x"}, "unexpected arguments", 2, ""},
 		{"unknown command", []string{"frobnicate"}, "unknown command", 2, ""},
+		{"version", []string{"-version"}, "", 0, "coordinator " + buildinfo.Get().String() + "\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,12 +100,12 @@ func TestDevAndCommands(t *testing.T) {
 		done <- run(ctx, []string{"-dev", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-level", "warn"},
 			&bytes.Buffer{}, &stderr, noEnv)
 	}()
-	re := regexp.MustCompile(`gRPC (\S+),`)
-	var addr string
+	re := regexp.MustCompile(`gRPC (\S+), HTTP (\S+),`)
+	var addr, httpAddr string
 	deadline := time.Now().Add(30 * time.Second)
 	for addr == "" {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
-			addr = m[1]
+			addr, httpAddr = m[1], m[2]
 			break
 		}
 		select {
@@ -159,6 +164,7 @@ func TestDevAndCommands(t *testing.T) {
 	if err := run(ctx, []string{"status", "-addr", addr, "-timeout", "x"}, &out, &bytes.Buffer{}, noEnv); err == nil {
 		t.Error("status with a bad -timeout succeeded")
 	}
+	checkBuildInfo(t, "http://"+httpAddr+"/metrics")
 	cancel()
 	select {
 	case err := <-done:
@@ -181,5 +187,24 @@ func TestTuneThroughFollower(t *testing.T) {
 	}
 	if !regexp.MustCompile(`export-global\s+eu\s+-\s+-\s+-\s+-\s+2`).MatchString(out.String()) {
 		t.Errorf("tune printed %q, want the new tuning", out.String())
+	}
+}
+
+// checkBuildInfo: /metrics at url serves ration_build_info for this build.
+func checkBuildInfo(t *testing.T, url string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := buildinfo.Get()
+	want := fmt.Sprintf(`ration_build_info{commit=%q,go=%q,version=%q} 1`, i.Commit, i.Go, i.Version)
+	if !strings.Contains(string(body), "\n"+want+"\n") {
+		t.Errorf("%s lacks %s", url, want)
 	}
 }

@@ -4,6 +4,7 @@
 //	gateway-agent -dev                              # try it: no Redis needed
 //	gateway-agent -rules rules.yaml -redis host:6379
 //	gateway-agent -validate -rules rules.yaml       # check a file and exit
+//	gateway-agent -version                          # version, commit, Go version
 //
 // Every flag can also be set with a RATION_* environment variable; see
 // docs/configuration.md.
@@ -24,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/buildinfo"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -56,14 +58,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 			cfg = agent.DevConfig()
 		}
 	}
-	if err := cfg.LoadEnv(lookup); err != nil {
-		return err
-	}
-	fs := flag.NewFlagSet("gateway-agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfg.BindFlags(fs)
+	// A malformed variable is reported after the flags are parsed, so that
+	// -version and -h work whatever the environment holds.
+	envErr := cfg.LoadEnv(lookup)
+	fs, version := newFlagSet(&cfg, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *version {
+		buildinfo.Print(stdout, "gateway-agent")
+		return nil
+	}
+	if envErr != nil {
+		return envErr
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q (flags only; see -h)", fs.Args())
@@ -90,6 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	if err != nil {
 		return err
 	}
+	srv.Registry.MustRegister(buildinfo.Collector())
 	if cfg.Dev {
 		printDevGuide(stdout, srv)
 	}
@@ -109,6 +117,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 			return srv.Shutdown(sctx)
 		}
 	}
+}
+
+// newFlagSet is the command line: every setting of cfg (flags over the
+// environment already loaded into it) and -version. docs/configuration.md
+// lists the same flags (TestFlagDocs).
+func newFlagSet(cfg *agent.Config, stderr io.Writer) (*flag.FlagSet, *bool) {
+	fs := flag.NewFlagSet("gateway-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg.BindFlags(fs)
+	version := fs.Bool("version", false, buildinfo.FlagUsage)
+	return fs, version
 }
 
 func level(s string) slog.Level {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/internal/buildinfo"
 )
 
 func noEnv(string) (string, bool) { return "", false }
@@ -65,6 +69,19 @@ func TestConfigErrorsAreAllReported(t *testing.T) {
 	}
 }
 
+// -version prints the build and exits 0, even with a malformed variable
+// in the environment.
+func TestVersion(t *testing.T) {
+	bad := func(k string) (string, bool) { return "soon", k == "RATION_DECISION_TIMEOUT" }
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"-version"}, &stdout, &stderr, bad); err != nil {
+		t.Fatalf("run(-version) = %v (exit %d)", err, exitCode(err))
+	}
+	if want := "gateway-agent " + buildinfo.Get().String() + "\n"; stdout.String() != want {
+		t.Fatalf("-version printed %q, want %q", stdout.String(), want)
+	}
+}
+
 // -dev starts a complete system with no other process and prints how to use
 // it; a curl-equivalent request against the printed address is admitted.
 func TestDevModeServes(t *testing.T) {
@@ -99,9 +116,29 @@ func TestDevModeServes(t *testing.T) {
 	if codes[0] != 200 || codes[10] != 429 {
 		t.Fatalf("check codes = %v, want 200 first and 429 on the 11th (burst 10)", codes)
 	}
+	checkBuildInfo(t, strings.Split(url, "/v1/")[0]+"/metrics")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run returned %v after cancel, want a clean shutdown", err)
+	}
+}
+
+// checkBuildInfo: /metrics at url serves ration_build_info for this build.
+func checkBuildInfo(t *testing.T, url string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := buildinfo.Get()
+	want := fmt.Sprintf(`ration_build_info{commit=%q,go=%q,version=%q} 1`, i.Commit, i.Go, i.Version)
+	if !strings.Contains(string(body), "\n"+want+"\n") {
+		t.Errorf("%s lacks %s", url, want)
 	}
 }
 

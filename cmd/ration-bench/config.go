@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ration-dev/ration/internal/buildinfo"
 )
 
 // Modes: what one call is.
@@ -101,6 +103,9 @@ func DefaultConfig() Config {
 // errUsage marks a problem with the command line (exit status 2).
 var errUsage = errors.New("usage")
 
+// errVersion: -version was given; run prints the build and exits 0.
+var errVersion = errors.New("version requested")
+
 // usageError wraps every flag problem so main can pick the exit status.
 type usageError struct{ err error }
 
@@ -179,11 +184,15 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&pids, "pids", "", "comma list of process ids whose CPU time (utime+stime from /proc) is reported per decision")
 	fs.BoolVar(&cfg.JSON, "json", false, "print the report as JSON on stdout (instead of text)")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write this tool's own CPU profile to the file (is the load generator the bottleneck?)")
+	version := fs.Bool("version", false, buildinfo.FlagUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, err
 		}
 		return cfg, usageError{err}
+	}
+	if *version {
+		return cfg, errVersion
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

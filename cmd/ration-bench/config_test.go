@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/internal/buildinfo"
 )
 
 func TestParseFlagsDefaults(t *testing.T) {
@@ -97,6 +99,18 @@ func TestHelp(t *testing.T) {
 		if !strings.Contains(stderr.String(), w) {
 			t.Errorf("-h output does not mention %q", w)
 		}
+	}
+}
+
+// -version prints the build and exits 0, whatever else the command line
+// holds, and runs nothing.
+func TestVersion(t *testing.T) {
+	var stdout bytes.Buffer
+	if err := run(context.Background(), []string{"-version", "-duration", "0"}, &stdout, &bytes.Buffer{}); err != nil {
+		t.Fatalf("-version: %v", err)
+	}
+	if want := "ration-bench " + buildinfo.Get().String() + "\n"; stdout.String() != want {
+		t.Fatalf("-version printed %q, want %q", stdout.String(), want)
 	}
 }
 

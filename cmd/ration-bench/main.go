@@ -9,6 +9,7 @@
 //	ration-bench -mode batch -batch 100 -dist zipf -pids 1234,5678 -json
 //	ration-bench -mode http -http-target 127.0.0.1:8080 -rate 5000
 //	ration-bench plan -decisions 1000000 -leased-share 0.2 -gateways 200 -lease-period 10s -headroom 0.3
+//	ration-bench -version
 //
 // The plan subcommand sizes Redis shards, agent cores and coordinator
 // nodes for a decision rate and traffic mix from the per-decision costs
@@ -30,6 +31,8 @@ import (
 	"runtime/pprof"
 	"syscall"
 	"time"
+
+	"github.com/ration-dev/ration/internal/buildinfo"
 )
 
 func main() {
@@ -72,6 +75,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runPlan(args[1:], stdout, stderr)
 	}
 	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, errVersion) {
+		buildinfo.Print(stdout, "ration-bench")
+		return nil
+	}
 	if err != nil {
 		return err
 	}

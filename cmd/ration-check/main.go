@@ -5,6 +5,7 @@
 //
 //	ration-check agent1.log agent2.log             # bound 0 for every quota
 //	ration-check -bound 'per-user|alice=40' -default-bound 0 *.log
+//	ration-check -version
 //
 // The logs of several agents on one host merge: their timestamps are
 // CLOCK_MONOTONIC. Exit status 1 when a quota went over its bound.
@@ -20,6 +21,7 @@ import (
 	"strings"
 
 	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/buildinfo"
 )
 
 func main() {
@@ -58,8 +60,13 @@ func run(args []string, stdout, stderr io.Writer) (bool, error) {
 	per := bounds{}
 	fs.Var(per, "bound", "QUOTA=TOKENS: the overshoot a quota may show (repeatable; QUOTA is rule|subject)")
 	def := fs.Float64("default-bound", 0, "bound for quotas without -bound (0: leased or fail_closed)")
+	version := fs.Bool("version", false, buildinfo.FlagUsage)
 	if err := fs.Parse(args); err != nil {
 		return false, err
+	}
+	if *version {
+		buildinfo.Print(stdout, "ration-check")
+		return true, nil
 	}
 	if fs.NArg() == 0 {
 		return false, errors.New("no admission logs given (see -h)")

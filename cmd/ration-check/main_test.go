@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/buildinfo"
 )
 
 func writeLog(t *testing.T, recs ...admission.Record) string {
@@ -52,5 +53,16 @@ func TestRun(t *testing.T) {
 	}
 	if _, err := run(nil, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 		t.Error("run() with no logs = nil error, want one")
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	ok, err := run([]string{"-version"}, &stdout, &stderr)
+	if err != nil || !ok {
+		t.Fatalf("run(-version) = %v, %v", ok, err)
+	}
+	if want := "ration-check " + buildinfo.Get().String() + "\n"; stdout.String() != want {
+		t.Fatalf("-version printed %q, want %q", stdout.String(), want)
 	}
 }
