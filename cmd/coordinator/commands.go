@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -20,6 +21,10 @@ import (
 
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
+
+// commands are the operator commands; the usage text names each
+// (TestUsageNamesEveryCommand).
+var commands = []string{"status", "quotas", "leases", "tune", "tunings"}
 
 // runCommand runs an operator command against one node's admin API. It
 // asks that node, not the leader: status shows what the node itself
@@ -38,10 +43,9 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 	if name == "tune" {
 		tf.bind(fs)
 	}
-	switch name {
-	case "status", "quotas", "leases", "tune", "tunings":
-	default:
-		return fmt.Errorf("unknown command %q: want status, quotas, leases, tune or tunings (or flags: see -h)", name)
+	if !slices.Contains(commands, name) {
+		return fmt.Errorf("unknown command %q: want %s or %s (or flags: see -h)", name,
+			strings.Join(commands[:len(commands)-1], ", "), commands[len(commands)-1])
 	}
 	if err := fs.Parse(args); err != nil {
 		return err

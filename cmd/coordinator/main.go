@@ -9,6 +9,8 @@
 //	coordinator status -addr 127.0.0.1:8301           # operator commands
 //	coordinator quotas -addr 127.0.0.1:8301
 //	coordinator leases -addr 127.0.0.1:8301 [-quota rule|subject]
+//	coordinator tune -addr 127.0.0.1:8301 -rule export-global -max-slice 200
+//	coordinator tunings -addr 127.0.0.1:8301
 //	coordinator -version                              # version, commit, Go version
 //
 // Every flag can also be set with a RATION_* environment variable (-h
@@ -172,8 +174,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	return shutdownErr
 }
 
-// usage is what -h prints before the flags.
-const usage = "usage: coordinator [flags]\n       coordinator status|quotas|leases -addr HOST:PORT [-quota Q]\n\nflags:"
+// usage is what -h prints before the flags: the node's command line and
+// the operator commands (commands.go).
+const usage = `usage: coordinator [flags]                  run a node (flags below)
+       coordinator status -addr HOST:PORT    the node's Raft state, members and tunings
+       coordinator quotas -addr HOST:PORT    leased quotas: pool, leased caps and rates
+       coordinator leases -addr HOST:PORT [-quota RULE|SUBJECT]
+                                             live leases, per holder
+       coordinator tune -addr HOST:PORT -rule RULE [-region R] [-lease-period D]
+                        [-renew-at F] [-min-slice N] [-max-slice N] [-weight W]
+                        [-safe-share N [-allow-overshoot]] [-clear]
+                                             set (or -clear) a rule's lease tuning at run time
+       coordinator tunings -addr HOST:PORT   the tunings in force
+       coordinator COMMAND -h                a command's flags
+
+flags:`
 
 // newFlagSet is the node's command line: every setting of cfg (flags over
 // the environment already loaded into it) and -version.

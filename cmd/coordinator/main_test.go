@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -85,6 +86,40 @@ func TestValidate(t *testing.T) {
 				t.Errorf("exit code %d, want %d", got, tc.wantCode)
 			}
 		})
+	}
+}
+
+// -h names every operator command with its flags, and each command's own
+// -h works.
+func TestUsageNamesEveryCommand(t *testing.T) {
+	var stderr bytes.Buffer
+	if err := run(context.Background(), []string{"-h"}, &bytes.Buffer{}, &stderr, noEnv); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h = %v, want flag.ErrHelp", err)
+	}
+	for _, c := range commands {
+		if !strings.Contains(stderr.String(), "coordinator "+c+" -addr HOST:PORT") {
+			t.Errorf("-h does not show the command %q:\n%s", c, stderr.String())
+		}
+		var cmdHelp bytes.Buffer
+		if err := run(context.Background(), []string{c, "-h"}, &bytes.Buffer{}, &cmdHelp, noEnv); !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("%s -h = %v, want flag.ErrHelp", c, err)
+		}
+		// Every flag of the command is in the usage line of tune (the
+		// others take only -addr, -timeout and -quota).
+		if c == "tune" {
+			fs := flag.NewFlagSet("tune", flag.ContinueOnError)
+			var tf tuneFlags
+			tf.bind(fs)
+			fs.VisitAll(func(f *flag.Flag) {
+				if !strings.Contains(stderr.String(), "-"+f.Name+" ") && !strings.Contains(stderr.String(), "-"+f.Name+"]") {
+					t.Errorf("-h does not show tune's flag -%s", f.Name)
+				}
+			})
+		}
+	}
+	err := run(context.Background(), []string{"frobnicate"}, &bytes.Buffer{}, &bytes.Buffer{}, noEnv)
+	if err == nil || !strings.Contains(err.Error(), "status, quotas, leases, tune or tunings") {
+		t.Errorf("unknown command: %v, want every command named", err)
 	}
 }
 
