@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -28,6 +29,12 @@ import (
 //     tokens handed to it plus its possible refill;
 //   - with honest agents: the tokens they actually spent in any window of
 //     real time [t0, t1] are <= B + r*(t1 - t0);
+//   - copies of a lease (lease.default_share: an agent spends a copy of
+//     its default lease per subject, each mirroring every command and
+//     answer of the lease, and a renewal or release gives back only what
+//     every copy gives back): with honest agents, each subject's spends
+//     through every agent's copies in any window are <= B + r*(t1 - t0),
+//     as for the lease itself;
 //   - removal of idle quotas loses nothing: a shadow state that keeps every
 //     quota (keepIdle) gets the same commands and must give the same
 //     answers, hold the same quotas (but for the time of a full pool), and
@@ -42,7 +49,7 @@ import (
 // through a snapshot (MarshalBinary/UnmarshalBinary) or a Clone taken
 // midway, gives the same answers and byte-identical state.
 func TestStateMachineProperties(t *testing.T) {
-	var removed, runs int
+	var removed, copySpends, runs int
 	rapid.Check(t, func(rt *rapid.T) {
 		w := newWorld(rt)
 		steps := rapid.IntRange(50, 800).Draw(rt, "steps")
@@ -51,9 +58,10 @@ func TestStateMachineProperties(t *testing.T) {
 		}
 		w.checkReplay()
 		removed += w.removed
+		copySpends += w.copySpends
 		runs++
 	})
-	t.Logf("%d runs removed %d idle quotas", runs, removed)
+	t.Logf("%d runs removed %d idle quotas and spent copies of leases %d times", runs, removed, copySpends)
 }
 
 type simAgent struct {
@@ -61,6 +69,26 @@ type simAgent struct {
 	seq   uint64
 	holds map[string]*Holding
 	liar  bool // over-reports what it gives back, and keeps spending it
+	// copies of holds[q] per subject, as an agent keeps them for a rule
+	// with a default share (holder's shared.go).
+	copies map[string]*copySet
+}
+
+// copySet is an agent's copies of one lease: tmpl mirrors it unspent (a
+// subject untouched so far), subjects are spent; a subject's copy starts
+// as a clone of tmpl.
+type copySet struct {
+	tmpl     *Holding
+	subjects map[int]*Holding
+}
+
+// all is tmpl and every subject's copy.
+func (c *copySet) all() []*Holding {
+	out := []*Holding{c.tmpl}
+	for _, h := range c.subjects {
+		out = append(out, h)
+	}
+	return out
 }
 
 type flight struct {
@@ -112,6 +140,8 @@ type world struct {
 	// shadow keeps idle quotas (nil with maxSubjects).
 	shadow  *State
 	removed int // quotas removed so far, for the coverage log
+	// copySpends counts spends of copies, for the coverage log.
+	copySpends int
 	// shape is each quota's shape when last seen.
 	shape map[string]QuotaConfig
 }
@@ -142,6 +172,7 @@ func newWorld(t *rapid.T) *world {
 	for i := range rapid.IntRange(2, 4).Draw(t, "agents") {
 		w.agents = append(w.agents, &simAgent{
 			name: fmt.Sprintf("a%d", i), holds: map[string]*Holding{}, liar: !w.honest && i == 0,
+			copies: map[string]*copySet{},
 		})
 	}
 	return w
@@ -203,7 +234,7 @@ func (w *world) step() {
 	switch rapid.SampledFrom([]string{
 		"deliver", "spend all", "grant", "wait", "renew", "deliver", "spend", "deliver", "spend all",
 		"grant", "renew", "wait", "tick", "duplicate", "release", "leader", "tick", "leader", "configure", "reply",
-		"quiet",
+		"quiet", "spend copy", "spend copy",
 	}).Draw(t, "action") {
 	case "quiet":
 		// Every agent releases everything, and time passes with ticks: the
@@ -212,9 +243,10 @@ func (w *world) step() {
 			for _, q := range w.quotas {
 				if h := a.holds[q]; h != nil && h.Lease.ID != 0 {
 					a.seq++
-					w.inflight = append(w.inflight, flight{agent: a, cmd: h.Release(w.real, a.name, a.seq), seq: a.seq, sentAt: w.real})
+					w.inflight = append(w.inflight, flight{agent: a, cmd: w.release(a, q, h), seq: a.seq, sentAt: w.real})
 				}
 				delete(a.holds, q)
+				delete(a.copies, q)
 			}
 		}
 		for len(w.inflight) > 0 {
@@ -248,7 +280,14 @@ func (w *world) step() {
 			return
 		}
 		a.seq++
-		g := h.Grant(w.real, a.name, a.seq, w.demand())
+		demand := w.demand()
+		g := h.Grant(w.real, a.name, a.seq, demand)
+		if a.copies[q] == nil {
+			a.copies[q] = &copySet{tmpl: &Holding{Quota: q}, subjects: map[int]*Holding{}}
+		}
+		for _, c := range a.copies[q].all() {
+			c.Grant(w.real, a.name, a.seq, demand)
+		}
 		// As the coordinator does: the grant carries the quota's shape,
 		// and recreates the quota if it was removed.
 		cfg := w.cfgs[q].Config()
@@ -267,7 +306,13 @@ func (w *world) step() {
 			if rapid.Bool().Draw(t, "surrender") {
 				surrender = rapid.Float64Range(0, h.Lease.Cap).Draw(t, "surrender amount")
 			}
-			it := h.Renewal(w.real, a.seq, w.demand(), surrender)
+			demand := w.demand()
+			it := h.Renewal(w.real, a.seq, demand, surrender)
+			if cs := a.copies[q]; cs != nil {
+				for _, c := range cs.all() {
+					it.Unused = min(it.Unused, c.Renewal(w.real, a.seq, demand, surrender).Unused)
+				}
+			}
 			if a.liar {
 				it.Unused += rapid.Float64Range(0, 1000).Draw(t, "lie")
 			}
@@ -286,11 +331,12 @@ func (w *world) step() {
 			return
 		}
 		a.seq++
-		rel := h.Release(w.real, a.name, a.seq)
+		rel := w.release(a, q, h)
 		if a.liar {
 			rel.Unused += rapid.Float64Range(0, 1000).Draw(t, "lie")
 		}
 		delete(a.holds, q)
+		delete(a.copies, q)
 		w.inflight = append(w.inflight, flight{agent: a, cmd: rel, seq: a.seq, sentAt: w.real})
 	case "deliver":
 		if len(w.inflight) == 0 {
@@ -360,7 +406,46 @@ func (w *world) step() {
 						w.recordSpend(q, cost)
 					}
 				}
+				if cs := a.copies[q]; cs != nil {
+					for j := range 3 {
+						c := cs.subjects[j]
+						if c == nil {
+							clone := *cs.tmpl
+							c = &clone
+							cs.subjects[j] = c
+						}
+						if cost := c.Available(w.real); cost > 0 && c.Spend(w.real, cost) {
+							w.recordSpend(subjectKey(q, j), cost)
+							w.copySpends++
+						}
+					}
+				}
 			}
+		}
+	case "spend copy":
+		// A subject spends its copy of an agent's lease; a subject the
+		// agent has not seen yet gets a clone of the untouched copy.
+		a := rapid.SampledFrom(w.agents).Draw(t, "agent")
+		q := rapid.SampledFrom(w.quotas).Draw(t, "quota")
+		cs := a.copies[q]
+		if cs == nil {
+			return
+		}
+		j := rapid.IntRange(0, 2).Draw(t, "subject")
+		c := cs.subjects[j]
+		if c == nil || rapid.IntRange(0, 5).Draw(t, "forget subject") == 0 && c.Available(w.real) >= c.Lease.Cap {
+			// New, or forgotten once full again (the holder's evictable).
+			clone := *cs.tmpl
+			c = &clone
+			cs.subjects[j] = c
+		}
+		cost := c.Available(w.real)
+		if rapid.Bool().Draw(t, "spend part of copy") {
+			cost *= rapid.Float64Range(0, 1).Draw(t, "copy part")
+		}
+		if cost > 0 && c.Spend(w.real, cost) {
+			w.recordSpend(subjectKey(q, j), cost)
+			w.copySpends++
 		}
 	case "tick":
 		w.apply(Tick{Now: w.stamp()})
@@ -419,26 +504,55 @@ func (w *world) reply(f flight, r Result, err error) {
 // receive is the agent getting an answer.
 func (w *world) receive(f flight, r Result, err error) {
 	a := f.agent
+	// hs is an agent's holding of q and every copy of it.
+	hs := func(q string) []*Holding {
+		h := a.holds[q]
+		if h == nil {
+			return nil
+		}
+		out := []*Holding{h}
+		if cs := a.copies[q]; cs != nil {
+			out = append(out, cs.all()...)
+		}
+		return out
+	}
 	switch c := f.cmd.(type) {
 	case Grant:
-		if h := a.holds[c.Quota]; err == nil && h != nil {
-			h.Adopt(w.real, f.seq, *r.Lease)
+		if err == nil {
+			for _, h := range hs(c.Quota) {
+				h.Adopt(w.real, f.seq, *r.Lease)
+			}
 		}
 	case Renew:
 		for _, it := range r.Items {
-			h := a.holds[it.Quota]
-			switch {
-			case h == nil:
-			case errors.Is(it.Err, ErrLeaseExpired):
-				if h.Lease.ID == it.LeaseID {
-					h.Drop()
+			for _, h := range hs(it.Quota) {
+				switch {
+				case errors.Is(it.Err, ErrLeaseExpired):
+					if h.Lease.ID == it.LeaseID {
+						h.Drop()
+					}
+				case it.Err == nil:
+					h.Adopt(w.real, f.seq, *it.Lease)
 				}
-			case it.Err == nil:
-				h.Adopt(w.real, f.seq, *it.Lease)
 			}
 		}
 	}
 }
+
+// release releases a's lease h of q and every copy of it, giving back
+// only what every copy gives back.
+func (w *world) release(a *simAgent, q string, h *Holding) Release {
+	rel := h.Release(w.real, a.name, a.seq)
+	if cs := a.copies[q]; cs != nil {
+		for _, c := range cs.all() {
+			rel.Unused = min(rel.Unused, c.Release(w.real, a.name, a.seq).Unused)
+		}
+	}
+	return rel
+}
+
+// subjectKey names the spends of subject j through copies of q's leases.
+func subjectKey(q string, j int) string { return fmt.Sprintf("%s#%d", q, j) }
 
 // apply applies a command and checks every per-step property.
 func (w *world) apply(c Command) (Result, error) {
@@ -498,6 +612,9 @@ func (w *world) apply(c Command) (Result, error) {
 			w.t0[q] = w.s.Now()
 			w.byQuota[q] = &ledger{}
 			w.spends[q] = nil
+			for j := range 3 {
+				w.spends[subjectKey(q, j)] = nil
+			}
 			w.maxB[q], w.maxR[q] = info.Burst, info.Rate
 		}
 		if ok {
@@ -517,7 +634,8 @@ func (w *world) apply(c Command) (Result, error) {
 			}
 		}
 		l := w.byQuota[q]
-		limit := w.maxB[q] + w.maxR[q]*float64(w.s.Now()-w.t0[q])/1e6
+		// A stale stamp can read before t0: the bound there is B.
+		limit := w.maxB[q] + w.maxR[q]*float64(max(0, w.s.Now()-w.t0[q]))/1e6
 		if got := l.handed + l.accrued - l.credited; got > limit+1e-6*max(1, limit) {
 			t.Fatalf("quota %s ledger: handed %v + refill bound %v - credited %v = %v > B + r*T = %v",
 				q, l.handed, l.accrued, l.credited, got, limit)
@@ -624,18 +742,19 @@ func (w *world) checkHolders() {
 
 // recordSpend checks every window of real time ending now: with honest
 // agents, what was spent in [t0, now] is at most B + r*(now - t0).
-func (w *world) recordSpend(q string, cost float64) {
-	w.spends[q] = append(w.spends[q], spent{at: w.real, cost: cost})
+func (w *world) recordSpend(key string, cost float64) {
+	w.spends[key] = append(w.spends[key], spent{at: w.real, cost: cost})
 	if !w.honest {
 		return
 	}
-	s := w.spends[q]
+	q, _, _ := strings.Cut(key, "#") // a subject's spends have its quota's bound
+	s := w.spends[key]
 	var sum float64
 	for k := len(s) - 1; k >= 0; k-- {
 		sum += s[k].cost
 		limit := w.maxB[q] + w.maxR[q]*float64(w.real-s[k].at)/1e6
 		if sum > limit+1e-9*max(1, limit) {
-			w.t.Fatalf("quota %s: %v spent in [%d, %d], more than B + r*T = %v", q, sum, s[k].at, w.real, limit)
+			w.t.Fatalf("quota %s: %v spent in [%d, %d], more than B + r*T = %v", key, sum, s[k].at, w.real, limit)
 		}
 	}
 }
