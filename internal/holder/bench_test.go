@@ -3,6 +3,7 @@ package holder_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,4 +74,85 @@ rules:
 			})
 		})
 	}
+}
+
+// BenchmarkSharedTake measures a decision of a rule with
+// lease.default_share: spent from the subject's copy of the agent's
+// default lease, for 1000 subjects seen before and for a new subject at
+// every decision (its copy made then; the subject name is formatted in
+// the loop, as a request's would be parsed).
+//
+//	go test -run '^$' -bench SharedTake -benchmem -cpu 1,2 ./internal/holder/
+func BenchmarkSharedTake(b *testing.B) {
+	const yaml = `
+rules:
+  - name: hot
+    match: {k: "*"}
+    burst: 1000000000000
+    rate: 1000000000000
+    mode: leased
+    lease: {period: 30s, default_share: 0.5}
+`
+	set, err := rules.Parse("bench.yaml", []byte(yaml))
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, _ := set.Rule("hot")
+	ctx := context.Background()
+	node, addr, err := coordinator.StartDev(ctx, nil, set)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { node.Close() })
+	client := coordinator.NewClient([]string{addr}, coordinator.ClientOptions{})
+	b.Cleanup(func() { client.Close() })
+	h, err := holder.New(holder.Options{Client: client, Holder: "bench", ColdStart: 5 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	b.Cleanup(cancel)
+	go h.Run(rctx)
+
+	const keys = 1000
+	subjects := make([]string, keys)
+	for i := range subjects {
+		subjects[i] = fmt.Sprintf("k=s%d", i)
+		if _, ok := h.Take(ctx, r, subjects[i], 1, h.Now()); !ok {
+			b.Fatalf("no lease for %s", subjects[i])
+		}
+	}
+	b.Run("keys=1000", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i, now := 0, h.Now()
+			for pb.Next() {
+				if i%1000 == 0 {
+					now = h.Now()
+				}
+				if _, ok := h.Take(ctx, r, subjects[i%keys], 1, now); !ok {
+					b.Error("lease lost during the benchmark")
+					return
+				}
+				i++
+			}
+		})
+	})
+	var next atomic.Int64
+	b.Run("new subject each", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i, now := 0, h.Now()
+			for pb.Next() {
+				if i%1000 == 0 {
+					now = h.Now()
+				}
+				if _, ok := h.Take(ctx, r, fmt.Sprintf("k=n%d", next.Add(1)), 1, now); !ok {
+					b.Error("lease lost during the benchmark")
+					return
+				}
+				i++
+			}
+		})
+	})
 }
