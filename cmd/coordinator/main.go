@@ -2,7 +2,7 @@
 // group that replicates the lease state and hands budget slices to gateway
 // agents (docs/leases.md).
 //
-//	coordinator -dev                                  # one node, temporary data, sample rules
+//	coordinator -dev                                  # one node, temporary data, examples/rules.yaml
 //	coordinator -id n1 -bootstrap -data-dir /var/lib/ration -rules rules.yaml
 //	coordinator -id n2 -join 10.0.0.1:8301 -data-dir /var/lib/ration -rules rules.yaml
 //	coordinator -validate -rules rules.yaml           # check config and rules, then exit
@@ -20,7 +20,6 @@ package main
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,13 +33,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/ration-dev/ration/examples"
 	"github.com/ration-dev/ration/internal/buildinfo"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
-//go:embed devrules.yaml
-var devRules []byte
+// devRules are the rules of -dev without -rules: examples/rules.yaml,
+// which gateway-agent -dev runs with too.
+var devRules = examples.Rules()
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -212,7 +213,7 @@ func loadRules(cfg coordinator.Config) (*rules.Set, error) {
 		return rules.Load(cfg.RulesFile)
 	}
 	if cfg.Dev {
-		return rules.Parse("devrules.yaml (embedded)", devRules)
+		return rules.Parse(examples.RulesFile+" (embedded)", devRules)
 	}
 	return nil, nil // Validate reports the missing -rules
 }

@@ -58,6 +58,7 @@ func TestValidate(t *testing.T) {
 		wantOut  string
 	}{
 		{"valid", []string{"-validate", "-rules", good, "-data-dir", dir}, "", 0, "2 leased"},
+		{"example rules", []string{"-validate", "-rules", exampleRules, "-data-dir", dir}, "", 0, "2 leased"},
 		{"invalid rules", []string{"-validate", "-rules", bad, "-data-dir", dir}, "rules file is invalid", 1, ""},
 		{"missing rules", []string{"-validate", "-data-dir", dir}, "-rules", 2, ""},
 		{"bad flags named", []string{"-validate", "-rules", good, "-data-dir", "", "-tick", "0s"}, "-tick", 2, ""},
@@ -86,6 +87,22 @@ func TestValidate(t *testing.T) {
 				t.Errorf("exit code %d, want %d", got, tc.wantCode)
 			}
 		})
+	}
+}
+
+// exampleRules is examples/rules.yaml, which gateway-agent -dev runs with.
+const exampleRules = "../../examples/rules.yaml"
+
+// -dev runs with examples/rules.yaml, as gateway-agent -dev does (its test
+// holds it to the same file), so an agent under -dev pointed at this
+// node knows the same leased rules.
+func TestDevRulesAreTheExample(t *testing.T) {
+	b, err := os.ReadFile(exampleRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(devRules, b) {
+		t.Fatalf("-dev does not run with %s", exampleRules)
 	}
 }
 

@@ -157,6 +157,6 @@ Ration gateway-agent is running in -dev mode (in-memory store, sample rules).
   Metrics:           curl -s http://%[1]s/metrics | grep ^ration_
   gRPC:              %[2]s (ration.v1.RateLimiter)
 
-The sample rules are in internal/agent/devrules.yaml.
+The sample rules are examples/rules.yaml; coordinator -dev runs with them too.
 `, h, srv.GRPCAddr())
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/buildinfo"
 )
 
@@ -66,6 +67,24 @@ func TestConfigErrorsAreAllReported(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"extra"}, &stdout, &stderr, noEnv); err == nil {
 		t.Error("a stray argument must be an error")
+	}
+}
+
+// examples/rules.yaml is valid for the agent, and is what -dev runs with
+// (coordinator -dev too: its test holds it to the same file), so an agent
+// under -dev pointed at coordinator -dev knows the same leased rules.
+func TestExampleRules(t *testing.T) {
+	const file = "../../examples/rules.yaml"
+	var stdout bytes.Buffer
+	if err := run(context.Background(), []string{"-validate", "-rules", file}, &stdout, &bytes.Buffer{}, noEnv); err != nil {
+		t.Fatalf("-validate %s: %v", file, err)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(agent.DevRules(), b) {
+		t.Fatalf("-dev does not run with %s", file)
 	}
 }
 

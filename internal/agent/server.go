@@ -4,7 +4,6 @@ import (
 	"github.com/ration-dev/ration/internal/region"
 
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/ration-dev/ration/examples"
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/holder"
@@ -27,11 +27,9 @@ import (
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
-//go:embed devrules.yaml
-var devRules []byte
-
-// DevRules returns the sample rules -dev runs with.
-func DevRules() []byte { return append([]byte(nil), devRules...) }
+// DevRules returns the sample rules -dev runs with: examples/rules.yaml,
+// which coordinator -dev runs with too.
+func DevRules() []byte { return examples.Rules() }
 
 // Server is a running gateway-agent: the Service behind its gRPC and HTTP
 // listeners, the rules watcher and the store prober.
@@ -204,7 +202,7 @@ func loadRules(cfg Config) (*rules.Set, error) {
 	if cfg.RulesFile != "" {
 		return rules.Load(cfg.RulesFile)
 	}
-	return rules.Parse("<dev rules>", devRules)
+	return rules.Parse(examples.RulesFile+" (embedded)", examples.Rules())
 }
 
 func (s *Server) openStore(ctx context.Context, cfg Config) (Store, error) {

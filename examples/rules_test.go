@@ -1,0 +1,35 @@
+package examples
+
+import (
+	"os"
+	"testing"
+
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// The example file parses with the rules parser both binaries use and
+// shows both modes; Rules is the file.
+func TestRules(t *testing.T) {
+	b, err := os.ReadFile("rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != string(Rules()) {
+		t.Fatal("Rules() is not rules.yaml")
+	}
+	set, err := rules.Load("rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	modes := map[rules.Mode]int{}
+	for _, r := range set.Rules() {
+		modes[r.Mode]++
+	}
+	if modes[rules.ModeRedis] == 0 || modes[rules.ModeLeased] == 0 {
+		t.Fatalf("rules by mode %v: want redis and leased rules", modes)
+	}
+	// The README's leased rule.
+	if r, ok := set.Rule("hot-endpoint"); !ok || r.Mode != rules.ModeLeased {
+		t.Fatalf("hot-endpoint = %+v, want a leased rule", r)
+	}
+}
