@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install test deps bench lint proto ci fuzz chaos demo-regions
+.PHONY: help dev build install docs test deps bench lint proto ci fuzz chaos demo-regions
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -26,6 +26,10 @@ build: ## build every binary (cmd/*) into bin/, stamped with VERSION and COMMIT
 
 install: ## go install every binary, stamped like make build
 	$(GO) install -trimpath -ldflags '$(LDFLAGS)' ./cmd/...
+
+docs: ## regenerate the generated tables in docs/ from the code (their tests fail when they drift)
+	$(GO) test -count=1 -run '^TestFlagDocs$$' ./cmd/gateway-agent -update
+	$(GO) test -count=1 -run '^TestFlagDocs$$' ./cmd/coordinator -update
 
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh

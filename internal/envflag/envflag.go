@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"regexp"
 	"strconv"
 	"time"
 )
@@ -45,6 +46,7 @@ func Bind(fs *flag.FlagSet, prefix string, settings []Setting) {
 		if s.Env != "" {
 			usage = fmt.Sprintf("%s (env %s%s)", s.Usage, prefix, s.Env)
 		}
+		// Describe reads the variable back from this suffix.
 		switch p := s.Value.(type) {
 		case *string:
 			fs.StringVar(p, s.Flag, *p, usage)
@@ -102,4 +104,33 @@ func set(dst any, v string) error {
 		return fmt.Errorf("unsupported type %T", dst)
 	}
 	return nil
+}
+
+// Flag is one flag of a FlagSet as the documentation shows it.
+type Flag struct {
+	Name    string // without the dash
+	Arg     string // what -h names its value ("string", "duration", "int", ...; "" for a boolean)
+	Env     string // the variable Bind named, prefix included ("" for none)
+	Default string // the default as -h would print it ("" for an empty string)
+	Usage   string // the usage text, without the variable
+}
+
+// envSuffix is what Bind appends to the usage of a setting with a variable.
+var envSuffix = regexp.MustCompile(`(?s)^(.*) \(env ([A-Za-z0-9_]+)\)$`)
+
+// Describe lists every flag of fs in name order, with the variable Bind
+// named in its usage: the table docs/configuration.md is generated from.
+// Flags registered on fs other than by Bind are listed without a variable.
+func Describe(fs *flag.FlagSet) []Flag {
+	var out []Flag
+	fs.VisitAll(func(f *flag.Flag) {
+		d := Flag{Name: f.Name, Default: f.DefValue}
+		cp := *f
+		if m := envSuffix.FindStringSubmatch(f.Usage); m != nil {
+			cp.Usage, d.Env = m[1], m[2]
+		}
+		d.Arg, d.Usage = flag.UnquoteUsage(&cp)
+		out = append(out, d)
+	})
+	return out
 }

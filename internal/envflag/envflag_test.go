@@ -73,3 +73,32 @@ func TestLoadReportsEveryBadValue(t *testing.T) {
 	fs.SetOutput(io.Discard)
 	Bind(fs, "X_", c.settings())
 }
+
+// Describe reads back what Bind registered: the variable, the default (the
+// field's value when bound), the usage without the variable, and the
+// argument name -h shows.
+func TestDescribe(t *testing.T) {
+	c := cfg{S: "x", D: 2 * time.Second}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	Bind(fs, "X_", c.settings())
+	fs.Bool("version", false, "print the version")
+	got := Describe(fs)
+	want := []Flag{
+		{Name: "b", Arg: "", Env: "X_B", Default: "false", Usage: "a bool"},
+		{Name: "d", Arg: "duration", Env: "X_D", Default: "2s", Usage: "a duration"},
+		{Name: "f", Arg: "float", Env: "X_F", Default: "0", Usage: "a float"},
+		{Name: "i", Arg: "int", Env: "X_I", Default: "0", Usage: "an int"},
+		{Name: "n", Arg: "string", Env: "", Default: "", Usage: "flag only"},
+		{Name: "s", Arg: "string", Env: "X_S", Default: "x", Usage: "a string"},
+		{Name: "u", Arg: "uint", Env: "X_U", Default: "0", Usage: "a uint"},
+		{Name: "version", Arg: "", Env: "", Default: "false", Usage: "print the version"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Describe = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("Describe[%d] = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
