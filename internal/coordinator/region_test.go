@@ -632,3 +632,44 @@ func TestHierarchyRegionalLeaderFailover(t *testing.T) {
 		t.Fatal("eu admitted nothing after its new leader took over: its quota was never funded again")
 	}
 }
+
+// A global leased rule with lease.default_share: the default quota (g|*)
+// is leased by each region from the global group and subleased to its
+// agents like any quota, and every subject's admissions across the
+// regions (through the agents' copies of their default leases and
+// through its own quota) stay within B + r*T in every window.
+func TestHierarchyDefaultShare(t *testing.T) {
+	yaml := strings.Replace(hierRules, "    lease: {period: 1s}\n", "    lease: {period: 1s, default_share: 0.5}\n", 1)
+	hr := startHierarchy(t, yaml, 3, 1, 2, []string{"eu", "us"})
+	const run = 5 * time.Second
+	for _, subject := range []string{"k=x", "k=y"} {
+		hr.drive("g", subject, run, func(*regionAgent, time.Duration) float64 { return 40 })
+		recs := hr.rec.Records()
+		q := "g|" + subject
+		rep := admission.Check(recs, q, 40, 60)
+		var mine []admission.Record
+		for _, r := range recs {
+			if r.Quota == q {
+				mine = append(mine, r)
+			}
+		}
+		steady := hr.admittedIn(mine, "", 2*time.Second, run) / (60 * (run - 2*time.Second).Seconds())
+		t.Logf("%s: admitted %v, overshoot %.3f in [%v, %v], steady utilisation %.3f", q, rep.Admitted, rep.Overshoot, rep.From, rep.To, steady)
+		if rep.Overshoot > 1e-6 {
+			t.Errorf("%s: admitted more than B + r*(t1-t0) across the regions: overshoot %.3f tokens in [%v, %v]", q, rep.Overshoot, rep.From, rep.To)
+		}
+		if steady < 0.7 {
+			t.Errorf("%s: steady-state utilisation %.3f of r, want at least 0.7", q, steady)
+		}
+	}
+	_, leader := hr.global.Leader(t)
+	holders := map[string]bool{}
+	leader.ReadState(func(s *lease.State) {
+		for _, l := range s.Leases("g|" + rules.DefaultSubject) {
+			holders[l.Holder] = true
+		}
+	})
+	if !holders["region/eu"] || !holders["region/us"] {
+		t.Errorf("the global group's default quota g|* is leased by %v; want both regions", holders)
+	}
+}
