@@ -172,7 +172,7 @@ for keys in $KEYS; do
       "\(r(.latency_us.p50 / 1000)) / \(r(.latency_us.p99 / 1000)) ms | " +
       "\(mb(($rss0 | tonumber) * 1024)) → \(mb(($rss1 | tonumber) * 1024)) MB | " +
       "\(mb($logb | tonumber)) MB | \($q) | " +
-      "\(if $q > 0 then mb(($logb | tonumber) * 10000 / $q) else "-" end) MB | " +
+      "\(if $q >= 1000 then "\(mb(($logb | tonumber) * 10000 / $q)) MB" else "-" end) | " +
       "\(if $e > 0 then r(($cmds | tonumber) / $e) else "-" end) / \(if $e > 0 then r(1000 * ($apply | tonumber) / $e) else "-" end) ms | " +
       "\($renew) | \(mb(($arss | tonumber) * 1024)) MB | \($load) |"' "$run/bench.json")
     rows+=("$row")
