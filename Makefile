@@ -30,6 +30,7 @@ install: ## go install every binary, stamped like make build
 docs: ## regenerate the generated tables in docs/ from the code (their tests fail when they drift)
 	$(GO) test -count=1 -run '^TestFlagDocs$$' ./cmd/gateway-agent -update
 	$(GO) test -count=1 -run '^TestFlagDocs$$' ./cmd/coordinator -update
+	cd deploy && $(GO) test -count=1 -run '^TestMetricsDocs$$' . -update
 
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh

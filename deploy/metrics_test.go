@@ -23,6 +23,7 @@ import (
 // the label values seen per label name.
 type family struct {
 	typ    dto.MetricType
+	help   string
 	labels map[string]map[string]bool
 	from   map[string]bool // which binaries export it
 }
@@ -121,6 +122,11 @@ func exportedMetrics(t *testing.T) exported {
 	eventually(t, 20*time.Second, "a leased decision on the healthy agent", func() bool {
 		return strings.Contains(allow(healthyHTTP, export), `"reason":"ok"`)
 	})
+	// A retry with the same request id is answered from the agent's record
+	// (ration_request_id_replays_total).
+	replayed := `{"descriptors":{"endpoint":"export"},"request_id":"metrics-test-1"}`
+	allow(healthyHTTP, replayed)
+	allow(healthyHTTP, replayed)
 	eventually(t, 20*time.Second, "a decision of a global leased rule on the healthy agent", func() bool {
 		return strings.Contains(allow(healthyHTTP, partner), `"reason":"ok"`)
 	})
@@ -213,7 +219,7 @@ func exportedMetrics(t *testing.T) exported {
 		for n, f := range fams {
 			e := out[n]
 			if e == nil {
-				e = &family{typ: f.GetType(), labels: map[string]map[string]bool{}, from: map[string]bool{}}
+				e = &family{typ: f.GetType(), help: f.GetHelp(), labels: map[string]map[string]bool{}, from: map[string]bool{}}
 				out[n] = e
 			}
 			e.from[name] = true
