@@ -90,11 +90,15 @@ type Report struct {
 	From, To  time.Duration
 	// First is the time of the first counted admission.
 	First time.Duration
-	// Slack is Rate x the longest Latency of a counted admission: how much
-	// of Overshoot the uncertainty of the timestamps can explain. A store
-	// charge recorded when its answer arrived may look up to that much
-	// later than it was made.
+	// Slack is Rate x the longest Latency of a counted admission: the
+	// most that the uncertainty of the timestamps could explain of
+	// Overshoot in any window (shown for reference; Judge uses Certain,
+	// which widens each window only by its own admissions' latencies).
 	Slack float64
+	// Certain is the overshoot that holds wherever in [At - Latency, At]
+	// each counted admission was really charged (CertainOvershoot): a
+	// lower bound of the true overshoot, and never above Overshoot.
+	Certain Certain
 	// Utilisation is Admitted / (Burst + Rate * span), span being from the
 	// first to the last admission.
 	Utilisation float64
@@ -115,6 +119,7 @@ func Check(recs []Record, quota string, burst, rate float64) Report {
 	var maxLat time.Duration
 	seen := false
 	ids := map[string]bool{}
+	var spans []Span
 	for _, r := range recs {
 		if r.Quota != quota || !r.Allowed {
 			continue
@@ -140,11 +145,13 @@ func Check(recs []Record, quota string, burst, rate float64) Report {
 		rep.Admitted += r.Cost
 		rep.Count++
 		maxLat = max(maxLat, r.Latency)
+		spans = append(spans, Span{From: r.At - r.Latency, To: r.At, Cost: r.Cost})
 		if o := level - burst; o > rep.Overshoot {
 			rep.Overshoot, rep.From, rep.To = o, emptySince, r.At
 		}
 	}
 	rep.Slack = rate * maxLat.Seconds()
+	rep.Certain = CertainOvershoot(spans, burst, rate)
 	rep.First = first
 	if seen {
 		if allowed := burst + rate*(last-first).Seconds(); allowed > 0 {
@@ -204,10 +211,11 @@ type Verdict struct {
 // Tolerance absorbs float rounding in the replay.
 const Tolerance = 1e-6
 
-// Judge passes a report when its overshoot is within bound plus the
-// timestamp slack.
+// Judge passes a report when its certain overshoot (each window widened
+// by its own admissions' latencies, not the run's slowest) is within
+// bound.
 func Judge(rep Report, bound float64) Verdict {
-	return Verdict{Report: rep, Bound: bound, Pass: rep.Overshoot <= bound+rep.Slack+Tolerance}
+	return Verdict{Report: rep, Bound: bound, Pass: rep.Certain.Overshoot <= bound+Tolerance}
 }
 
 // Table formats verdicts, one row per quota, for people. Overshoot is shown

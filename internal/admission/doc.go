@@ -9,7 +9,9 @@
 // r*dt) + cost, that holds for every window exactly when max(level) <= B;
 // max(level) - B is the largest overshoot in tokens. Check counts a
 // repeated admitted request id once (a retry answered from the store's
-// record) and reports the slack that timestamp uncertainty allows (Rate x
-// the longest decision latency); Judge passes a report within its bound
-// plus that slack. cmd/ration-check runs it over log files.
+// record) and the overshoot that holds wherever in [At - Latency, At]
+// each charge really happened (CertainOvershoot: each window widened by
+// its own admissions' latencies only); Judge passes a report whose
+// certain overshoot is within its bound. cmd/ration-check runs it over
+// log files.
 package admission
