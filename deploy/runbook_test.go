@@ -1,10 +1,12 @@
 package deploy
 
 import (
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,6 +72,17 @@ func TestRunbook(t *testing.T) {
 	for _, m := range regexp.MustCompile(`msg="([^"]+)"`).FindAllStringSubmatch(doc, -1) {
 		if !inSource(t, m[1]) {
 			t.Errorf("runbook quotes log message %q, which the code does not log", m[1])
+		}
+	}
+
+	// Words in inline code (rule fields and their values, commands,
+	// metrics) are the code's own: each is a string literal of the code
+	// or a key of the manifests, so the runbook cannot suggest a rule field
+	// or a setting that does not exist.
+	keys := manifestKeys(t)
+	for _, w := range inlineCodeWords(doc) {
+		if !inSource(t, w) && !keys[w] {
+			t.Errorf("runbook names `%s`, which is neither a string of the code nor a key of the manifests", w)
 		}
 	}
 
@@ -208,6 +221,54 @@ func uniq(s []string) []string {
 	return out
 }
 
+// inlineCodeWords returns the inline code spans of a Markdown text that
+// are one lower-case word (`on_failure`, `fail_closed`), and the keys of
+// the spans written as YAML (`mode: leased`, `scope: global, mode: redis`).
+func inlineCodeWords(doc string) []string {
+	prose := regexp.MustCompile("(?s)```.*?```").ReplaceAllString(doc, "")
+	word := regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+	yamlKey := regexp.MustCompile(`(?:^|, )([a-z][a-z0-9_.]*): `)
+	var out []string
+	for _, m := range regexp.MustCompile("`([^`\n]+)`").FindAllStringSubmatch(prose, -1) {
+		span := m[1]
+		if word.MatchString(span) {
+			out = append(out, span)
+			continue
+		}
+		for _, k := range yamlKey.FindAllStringSubmatch(span, -1) {
+			out = append(out, strings.Split(k[1], ".")...)
+		}
+	}
+	return uniq(out)
+}
+
+// manifestKeys returns every mapping key of the Kubernetes manifests.
+func manifestKeys(t testing.TB) map[string]bool {
+	t.Helper()
+	key := regexp.MustCompile(`(?m)^\s*(?:-\s+)?([A-Za-z][A-Za-z0-9_]*):`)
+	keys := map[string]bool{}
+	err := filepath.WalkDir(kubeDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range key.FindAllStringSubmatch(string(b), -1) {
+			keys[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !keys["replicas"] || !keys["containers"] {
+		t.Fatalf("read %d keys from the manifests: the scan is not reading them", len(keys))
+	}
+	return keys
+}
+
 // codeOf returns the fenced code blocks and inline code spans of a
 // Markdown text, one per line (continuation lines joined).
 func codeOf(doc string) string {
@@ -229,4 +290,23 @@ func codeOf(doc string) string {
 		b.WriteString(strings.Join(strings.Fields(m[1]), " ") + "\n")
 	}
 	return strings.ReplaceAll(b.String(), "\\\n", " ")
+}
+
+// TestRunbookCodeWords: the word check of TestRunbook reads inline code
+// and YAML keys, not fenced blocks, and would refuse a rule field the code
+// does not have (the runbook once suggested `reserve`).
+func TestRunbookCodeWords(t *testing.T) {
+	got := inlineCodeWords("a leased rule with `reserve`; `mode: leased`, `scope: global, mode: redis`, `lease.min_slice: 1`, `kubectl get pods`\n```\n`fenced`\n```\n")
+	want := []string{"reserve", "mode", "scope", "lease", "min_slice"}
+	if !slices.Equal(got, want) {
+		t.Errorf("inlineCodeWords = %q, want %q", got, want)
+	}
+	if inSource(t, "reserve") || manifestKeys(t)["reserve"] {
+		t.Error("reserve is a string of the code or a manifest key: the check would not catch it")
+	}
+	for _, w := range []string{"on_failure", "max_slice", "fail_closed", "mode"} {
+		if !inSource(t, w) {
+			t.Errorf("%s is not found in the code: the source scan is not reading it", w)
+		}
+	}
 }
