@@ -82,7 +82,11 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		d = l.addDefault(r)
 	}
 	now = l.waitFirst(ctx, d, now)
-	d.touched.Store(now)
+	if now-d.touched.Load() > 100_000 {
+		// Every decision of the rule reads this; writing it only every
+		// 100ms keeps its cache line shared between cores.
+		d.touched.Store(now)
+	}
 	ownPart := r.Lease.DefaultShare < 1
 	var q *quota
 	for attempt := 0; ; attempt++ {
