@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/holder"
@@ -131,5 +133,48 @@ func TestDefaultShareFreshSubjectsNeedNoGrant(t *testing.T) {
 	res2, fromCopy, _ := h.Spend(context.Background(), r, "user=refund", 100, h.Now())
 	if !fromCopy || res2.Remaining < res1.Remaining {
 		t.Errorf("after a refund of 100 to the copy, remaining %.0f (from the copy %v); want at least %.0f as before the refund", res2.Remaining, fromCopy, res1.Remaining)
+	}
+}
+
+// An agent forgets the copies of subjects it no longer decides once they
+// are full again, and then the default lease itself: its memory follows
+// the subjects in use, not every subject ever seen. A subject decided
+// again afterwards starts from a fresh copy and is admitted.
+func TestDefaultShareCopiesForgotten(t *testing.T) {
+	c := harness.StartCoordinators(t, 1, sharedRules)
+	r := rule(t, sharedRules, "many")
+	reg := prometheus.NewRegistry()
+	h, _ := runHolder(t, c, holder.Options{Holder: "a", IdleAfter: 300 * time.Millisecond, Registry: reg})
+	const n = 2000
+	for i := range n {
+		if res, _, ok := h.Spend(context.Background(), r, fmt.Sprintf("user=%d", i), 1, h.Now()); !ok || !res.Allowed {
+			t.Fatalf("decision %d not admitted (ok %v)", i, ok)
+		}
+	}
+	quotas := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "ration_agent_leased_quotas" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no ration_agent_leased_quotas")
+		return 0
+	}
+	if got := quotas(); got != n+1 {
+		t.Fatalf("ration_agent_leased_quotas = %v after %d subjects, want %d (theirs and the default quota)", got, n, n+1)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for quotas() > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := quotas(); got != 0 {
+		t.Fatalf("ration_agent_leased_quotas = %v 10s after the last decision (idle after 300ms), want 0", got)
+	}
+	if res, fromCopy, ok := h.Spend(context.Background(), r, "user=7", 1, h.Now()); !ok || !res.Allowed || !fromCopy {
+		t.Fatalf("a forgotten subject decided again: ok %v, allowed %v, from a copy %v; want admitted from a fresh copy", ok, res.Allowed, fromCopy)
 	}
 }
