@@ -362,6 +362,11 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 			bounds = &b
 		}
 	}
+	if ref.GetSubject() == rules.DefaultSubject {
+		// Not one of the rule's subjects: max_subjects never refuses it
+		// (every subject's default part would go with it).
+		c.Rule, c.MaxSubjects = "", 0
+	}
 	return id, c, weight, bounds, ""
 }
 

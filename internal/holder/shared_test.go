@@ -178,3 +178,46 @@ func TestDefaultShareCopiesForgotten(t *testing.T) {
 		t.Fatalf("a forgotten subject decided again: ok %v, allowed %v, from a copy %v; want admitted from a fresh copy", ok, res.Allowed, fromCopy)
 	}
 }
+
+// lease.max_subjects counts the rule's subjects, not its default quota: with
+// max_subjects 1, the default quota and one subject's own quota both exist,
+// and a second subject still decides from its copy (its own quota refused).
+func TestDefaultShareMaxSubjects(t *testing.T) {
+	const yaml = `
+rules:
+  - name: capped
+    match: {user: "*"}
+    burst: 4
+    rate: 0.001
+    mode: leased
+    lease: {default_share: 0.5, max_subjects: 1}
+`
+	c := harness.StartCoordinators(t, 1, yaml)
+	r := rule(t, yaml, "capped")
+	h := startHolder(t, c, "a")
+	ctx := context.Background()
+	spend := func(subject string) (allowed, fromCopy, ok bool) {
+		res, fromCopy, ok := h.Spend(ctx, r, subject, 1, h.Now())
+		return res.Allowed, fromCopy, ok
+	}
+	// The copy holds 2 (half of burst 4, one agent): the third decision
+	// needs u1's own quota.
+	for i := range 2 {
+		if allowed, fromCopy, ok := spend("user=u1"); !allowed || !fromCopy || !ok {
+			t.Fatalf("u1 decision %d: allowed %v, from the copy %v, ok %v; want admitted from the copy", i, allowed, fromCopy, ok)
+		}
+	}
+	if allowed, fromCopy, ok := spend("user=u1"); !allowed || fromCopy || !ok {
+		t.Fatalf("u1 decision 3: allowed %v, from the copy %v, ok %v; want admitted from its own quota (the default quota is not one of max_subjects)", allowed, fromCopy, ok)
+	}
+	for i := range 2 {
+		if allowed, fromCopy, ok := spend("user=u2"); !allowed || !fromCopy || !ok {
+			t.Fatalf("u2 decision %d: allowed %v, from the copy %v, ok %v; want admitted from the copy", i, allowed, fromCopy, ok)
+		}
+	}
+	// u2's own quota would be the rule's second subject: refused, so a
+	// denial from its (valid, dry) copy.
+	if allowed, _, ok := spend("user=u2"); allowed || !ok {
+		t.Fatalf("u2 decision 3: allowed %v, ok %v; want denied (max_subjects reached, copy dry)", allowed, ok)
+	}
+}
