@@ -57,8 +57,8 @@ func TestValidate(t *testing.T) {
 		wantCode int
 		wantOut  string
 	}{
-		{"valid", []string{"-validate", "-rules", good, "-data-dir", dir}, "", 0, "2 leased"},
-		{"example rules", []string{"-validate", "-rules", exampleRules, "-data-dir", dir}, "", 0, "2 leased"},
+		{"valid", []string{"-validate", "-rules", good, "-data-dir", dir}, "", 0, "3 leased"},
+		{"example rules", []string{"-validate", "-rules", exampleRules, "-data-dir", dir}, "", 0, "3 leased"},
 		{"invalid rules", []string{"-validate", "-rules", bad, "-data-dir", dir}, "rules file is invalid", 1, ""},
 		{"missing rules", []string{"-validate", "-data-dir", dir}, "-rules", 2, ""},
 		{"bad flags named", []string{"-validate", "-rules", good, "-data-dir", "", "-tick", "0s"}, "-tick", 2, ""},

@@ -138,13 +138,13 @@ var (
 	descLeases = prometheus.NewDesc("ration_coordinator_leases",
 		"Live leases in the replicated state, by rule.", []string{"rule"}, nil)
 	descFunded = prometheus.NewDesc("ration_coordinator_quota_funded_burst_tokens",
-		"What upstream leases add to the rule's funded quotas (a regional group), summed: the rest of descBurst is the safe shares.", []string{"rule"}, nil)
+		"What upstream leases add to the rule's funded quotas (a regional group), summed: the rest of ration_coordinator_quota_burst_tokens is the safe shares.", []string{"rule"}, nil)
 	descOvershootRate = prometheus.NewDesc("ration_coordinator_safe_overshoot_tokens_per_second",
 		"Worst-case overshoot rate of a scope: global, mode: leased rule while its regions are cut off from the global group: sum(safe shares) - rate when positive (allow_overshoot), else 0.", []string{"rule"}, nil)
 	descOvershootBurst = prometheus.NewDesc("ration_coordinator_safe_overshoot_tokens",
 		"Worst-case overshoot of a global leased rule's burst by its regions' safe bursts (sum(safe bursts) - burst when positive, else 0): the bound over a partition of length T is this plus the rate gauge times T.", []string{"rule"}, nil)
 	descTuning = prometheus.NewDesc("ration_coordinator_tuning",
-		"Operators' run-time tunings in the replicated state, by rule, region (\"\" = default) and setting (lease_period_seconds, renew_at, min_slice, max_slice, weight).", []string{"rule", "region", "setting"}, nil)
+		"Operators' run-time tunings in the replicated state, by rule, region (\"\" = default) and setting (lease_period_seconds, renew_at, min_slice, max_slice, weight, safe_share, safe_share_pending_from).", []string{"rule", "region", "setting"}, nil)
 	descRestores = prometheus.NewDesc("ration_coordinator_snapshot_restores_total",
 		"Snapshots restored into the state machine (from disk at start, or installed from the leader).", nil, nil)
 	descStopped = prometheus.NewDesc("ration_coordinator_fsm_stopped",
