@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -108,11 +107,7 @@ func TestS14EnvoyLeaderKilled(t *testing.T) {
 	recs := readRecords(t, agents...)
 
 	q := quota("s14", "")
-	v := judge(recs, q, 0)
-	obs := callsObserved(calls, q, burst, rate)
-	client := observedRecords(obs)
-	vc := admission.Judge(admission.Check(client, q, burst, rate), 0)
-	logged := admittedIn(recs, q, "", "", 0, math.MaxInt64)
+	j := judgeBoth(recs, calls, nil, Spec{Quota: q, Burst: burst, Rate: rate, FailClosed: true})
 	after := admittedIn(recs, q, "", "leased", kill+leasePeriod+200*time.Millisecond, kill+2*time.Second)
 	var errs int
 	for _, c := range calls {
@@ -120,20 +115,15 @@ func TestS14EnvoyLeaderKilled(t *testing.T) {
 			errs++
 		}
 	}
-	ok := v.Pass && vc.Pass && logged >= vc.Admitted && vc.Admitted > 0 && after > 0
-	addRow(t, Row{Scenario: "S14", Fault: "Envoy RLS, leased rule, Raft leader SIGKILLed", Bound: "0 in the logs and as the clients saw it",
-		Overshoot: math.Max(v.Overshoot, vc.Overshoot), Util: v.Utilisation, Pass: ok,
-		Note: fmt.Sprintf("logs: %s, overshoot %.2f; clients: admitted %.0f, overshoot %.2f, slack %.2f; %d calls, %d errors (UNAVAILABLE: fail_closed); election %v; admitted in [D+0.2s, 2s] after the kill: %.0f",
-			verdictNote(v), v.Overshoot, vc.Admitted, vc.Overshoot, vc.Slack, len(calls), errs, (elected - kill).Round(time.Millisecond), after)})
-	if !v.Pass {
-		t.Errorf("logs: overshoot %.3f (slack %.3f, bound 0), window [%v, %v] after the first admission", v.Overshoot, v.Slack, v.From-v.First, v.To-v.First)
+	ok := j.Client.Admitted > 0 && after > 0 && j.Util() >= leasedUtil
+	judgedRow(t, "S14", "Envoy RLS, leased rule, Raft leader SIGKILLed", fmt.Sprintf("0 in the logs and as the clients saw it; utilisation >= %.1f; leases after the election", leasedUtil),
+		j, j.Util(), ok, fmt.Sprintf("%d calls, %d errors (UNAVAILABLE: fail_closed, or cut off at the stop); election %v; admitted in [D+0.2s, 2s] after the kill: %.0f",
+			len(calls), errs, (elected-kill).Round(time.Millisecond), after))
+	if j.Client.Admitted == 0 {
+		t.Errorf("the clients received no admission")
 	}
-	if !vc.Pass {
-		t.Errorf("clients: overshoot %.3f (slack %.3f, bound 0) over the admissions they received, window [%v, %v] after the first",
-			vc.Overshoot, vc.Slack, vc.From-vc.First, vc.To-vc.First)
-	}
-	if logged < vc.Admitted || vc.Admitted == 0 {
-		t.Errorf("the logs hold %.0f admissions, the clients received %.0f: every RLS admission must be logged", logged, vc.Admitted)
+	if j.Util() < leasedUtil {
+		t.Errorf("utilisation %.3f, want >= %.1f", j.Util(), leasedUtil)
 	}
 	if after == 0 {
 		t.Errorf("no leased admission between D+200ms and 2s after the kill: leases not granted after the election")

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"fmt"
-	"math"
 	"strings"
 	"testing"
 	"time"
@@ -32,15 +31,26 @@ func fallbackSpan(recs []admission.Record, q, agent string, t0 time.Duration) ti
 // nothing more (overshoot 0); emergency stays within
 // sum over agents of (b_e + r_e P_i), P_i being how long agent i decided
 // by policy (measured; the stated bound takes P = 5s, and the row shows
-// both).
+// both). Every agent is granted leases again after quorum is back.
+//
+// Break: RATION_CHAOS_BREAK=S5 gives the agents looser policies than the
+// scenario's (s5LooseRules); the judges hold them to its constants.
 func TestS5NoQuorum(t *testing.T) {
 	fullOnly(t)
 	r := rng(t)
 	coords := harness.StartCoordinators(t, 3, leasedRules)
 	redis := harness.StartRedis(t)
+	agentRules := leasedRules
+	if broken("S5") {
+		// The agents decide by looser policies than the scenario states
+		// (fail_open for the fail_closed rule, ten times the emergency
+		// shape); the judges hold them to the scenario's constants.
+		t.Log("chaos: S5 protection removed: the agents' rules are fail_open and emergency {burst: 50, rate: 100}")
+		agentRules = s5LooseRules
+	}
 	var agents []*Agent
 	for i := range 2 {
-		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s5a%d", i), Rules: leasedRules,
+		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s5a%d", i), Rules: agentRules,
 			Redis: redis.Addr, Coordinators: joinAddrs(coords.GRPCAddrs())}))
 	}
 	l := StartLoad(append(loadOn("closed", "x", false, agents...), loadOn("emergency", "x", false, agents...)...))
@@ -57,19 +67,36 @@ func TestS5NoQuorum(t *testing.T) {
 	}
 	coords.Leader(t)
 	back := mono()
-	time.Sleep(3 * time.Second)
-	l.Stop()
+	// An agent decides by policy until its next renewal gets through: up
+	// to the holder's request timeout (2s) and backoff (1s) after quorum
+	// is back; 4s covers it.
+	time.Sleep(4 * time.Second)
+	calls := l.Stop()
 	recs := readRecords(t, agents...)
 
-	qc := quota("closed", "x")
-	vc := judge(recs, qc, 0)
-	byPolicy := admittedIn(recs, qc, "", "fallback", 0, math.MaxInt64)
-	passC := vc.Pass && byPolicy == 0
-	addRow(t, Row{Scenario: "S5 fail_closed", Fault: "no quorum for 5s", Bound: "0", Overshoot: vc.Overshoot, Util: math.NaN(), Pass: passC,
-		Note: fmt.Sprintf("%s; %.0f admitted by policy; quorum back after %v", verdictNote(vc), byPolicy, (back - lost).Round(time.Millisecond))})
-	if !passC {
-		t.Errorf("fail_closed: overshoot %.3f (slack %.3f), %.0f admitted by policy; want 0 and 0", vc.Overshoot, vc.Slack, byPolicy)
+	// Recovery: every agent is granted leases again after quorum is back.
+	recovered := func(q string) (bool, string) {
+		ok := true
+		var got []string
+		for _, a := range agents {
+			n := admittedIn(recs, q, a.ID, "leased", back, back+4*time.Second)
+			got = append(got, fmt.Sprintf("%s %.0f", a.ID, n))
+			if n == 0 {
+				ok = false
+				t.Errorf("%s: agent %s admitted nothing on a lease within 4s of quorum being back", q, a.ID)
+			}
+		}
+		return ok, "leased admissions within 4s of quorum back: " + strings.Join(got, ", ")
 	}
+	qc := quota("closed", "x")
+	jc := judgeBoth(recs, calls, nil, Spec{Quota: qc, Burst: burst, Rate: rate, FailClosed: true})
+	okC, noteC := recovered(qc)
+	if jc.Util() < s5Util {
+		okC = false
+		t.Errorf("fail_closed: utilisation %.3f, want >= %.2f", jc.Util(), s5Util)
+	}
+	judgedRow(t, "S5 fail_closed", "no quorum for 5s", fmt.Sprintf("0; utilisation >= %.2f; leases again after quorum is back", s5Util), jc, jc.Util(), okC,
+		fmt.Sprintf("quorum back after %v; %s", (back-lost).Round(time.Millisecond), noteC))
 	qe := quota("emergency", "x")
 	var bound float64
 	var ps []string
@@ -79,14 +106,43 @@ func TestS5NoQuorum(t *testing.T) {
 		ps = append(ps, fmt.Sprintf("%.2fs", p))
 	}
 	stated := float64(len(agents)) * (emergencyBurst + emergencyRate*5)
-	ve := judge(recs, qe, bound)
-	addRow(t, Row{Scenario: "S5 emergency", Fault: "no quorum for 5s",
-		Bound:     fmt.Sprintf("N(b_e + r_e x 5s) = %.0f; with measured P %s: %.1f", stated, strings.Join(ps, ", "), bound),
-		Overshoot: ve.Overshoot, Util: math.NaN(), Pass: ve.Pass, Note: verdictNote(ve)})
-	if !ve.Pass {
-		t.Errorf("emergency: overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v] after the first admission", ve.Overshoot, bound, ve.Slack, ve.From-ve.First, ve.To-ve.First)
+	je := judgeBoth(recs, calls, nil, Spec{Quota: qe, Burst: burst, Rate: rate, Bound: bound})
+	okE, noteE := recovered(qe)
+	if je.Util() < s5Util {
+		okE = false
+		t.Errorf("emergency: utilisation %.3f, want >= %.2f", je.Util(), s5Util)
 	}
+	judgedRow(t, "S5 emergency", "no quorum for 5s",
+		fmt.Sprintf("N(b_e + r_e x 5s) = %.0f; with measured P %s: %.1f; utilisation >= %.2f; leases again after quorum is back", stated, strings.Join(ps, ", "), bound, s5Util),
+		je, je.Util(), okE, noteE)
 }
+
+// s5Util is S5's utilisation floor: of about 12s of load, leases serve
+// about 2s before the loss and 1-4s after quorum is back, and about 1s
+// of the outage on leases still valid; the policy admits little or
+// nothing in between.
+const s5Util = 0.4
+
+// s5LooseRules is leasedRules with the policies S5's break gives the
+// agents.
+const s5LooseRules = `
+rules:
+  - name: closed
+    match: {leased: closed}
+    burst: 20
+    rate: 100
+    mode: leased
+    lease: {period: 1s}
+    on_failure: fail_open
+  - name: emergency
+    match: {leased: emergency}
+    burst: 20
+    rate: 100
+    mode: leased
+    lease: {period: 1s}
+    on_failure: emergency
+    emergency: {burst: 50, rate: 100, max_duration: 30s}
+`
 
 // S6: an agent is paused (SIGSTOP) for 2.5 lease periods, past its lease
 // expiry, while another agent keeps asking for the whole quota and is
@@ -95,7 +151,9 @@ func TestS5NoQuorum(t *testing.T) {
 // agent finds its lease expired and must not admit on it: overshoot 0.
 // (The admission log carries no lease id yet, so the check is the
 // overshoot itself: an admission on the stale lease spends tokens the
-// other agent was granted.)
+// other agent was granted.) The resumed agent is granted leases again.
+//
+// Break: RATION_CHAOS_BREAK=S6 (splitBrain).
 func TestS6AgentPaused(t *testing.T) {
 	fullOnly(t)
 	r := rng(t)
@@ -104,7 +162,7 @@ func TestS6AgentPaused(t *testing.T) {
 	var agents []*Agent
 	for i := range 2 {
 		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s6a%d", i), Rules: leasedRules,
-			Redis: redis.Addr, Coordinators: joinAddrs(coords.GRPCAddrs())}))
+			Redis: redis.Addr, Coordinators: splitBrain(t, "S6", i, leasedRules, joinAddrs(coords.GRPCAddrs()))}))
 	}
 	l := StartLoad(loadOn("closed", "x", false, agents...))
 	time.Sleep(2*time.Second + time.Duration(r.Int64N(int64(500*time.Millisecond))))
@@ -115,16 +173,21 @@ func TestS6AgentPaused(t *testing.T) {
 	paused.Resume()
 	resumed := mono()
 	time.Sleep(3 * time.Second)
-	l.Stop()
+	calls := l.Stop()
 	recs := readRecords(t, agents...)
 	q := quota("closed", "x")
-	v := judge(recs, q, 0)
+	j := judgeBoth(recs, calls, nil, Spec{Quota: q, Burst: burst, Rate: rate, FailClosed: true})
 	early := admittedIn(recs, q, paused.ID, "leased", resumed, resumed+100*time.Millisecond)
 	other := admittedIn(recs, q, agents[1].ID, "leased", stop+leasePeriod+500*time.Millisecond, resumed)
-	addRow(t, Row{Scenario: "S6", Fault: "agent SIGSTOPped for 2.5D, resumed", Bound: "0", Overshoot: v.Overshoot, Util: v.Utilisation, Pass: v.Pass,
-		Note: fmt.Sprintf("%s; paused agent admitted %.0f on a lease in its first 100ms back; the other took %.0f while it was stopped", verdictNote(v), early, other)})
-	if !v.Pass {
-		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v] after the first admission", v.Overshoot, v.Slack, v.From-v.First, v.To-v.First)
+	again := admittedIn(recs, q, paused.ID, "leased", resumed, resumed+3*time.Second)
+	ok := j.Util() >= leasedUtil && again > 0
+	judgedRow(t, "S6", "agent SIGSTOPped for 2.5D, resumed", fmt.Sprintf("0; utilisation >= %.1f; the resumed agent is granted leases again", leasedUtil), j, j.Util(), ok,
+		fmt.Sprintf("paused agent admitted %.0f on a lease in its first 100ms back, %.0f in 3s; the other took %.0f while it was stopped", early, again, other))
+	if j.Util() < leasedUtil {
+		t.Errorf("utilisation %.3f, want >= %.1f", j.Util(), leasedUtil)
+	}
+	if again == 0 {
+		t.Errorf("the resumed agent admitted nothing on a lease in the 3s after SIGCONT: not granted again")
 	}
 }
 
@@ -136,6 +199,9 @@ func TestS6AgentPaused(t *testing.T) {
 // credited twice would let the pool hand out tokens twice).
 //
 // One coordinator node, so no redirect routes an agent around the proxy.
+//
+// Break: RATION_CHAOS_BREAK=S4 (splitBrain; the second agent's own group
+// is not behind the dropper).
 func TestS4LeaseRepliesDropped(t *testing.T) {
 	fullOnly(t)
 	r := rng(t)
@@ -145,29 +211,28 @@ func TestS4LeaseRepliesDropped(t *testing.T) {
 	var agents []*Agent
 	for i := range 2 {
 		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s4a%d", i), Rules: leasedRules,
-			Redis: redis.Addr, Coordinators: d.Addr()}))
+			Redis: redis.Addr, Coordinators: splitBrain(t, "S4", i, leasedRules, d.Addr())}))
 	}
 	l := StartLoad(loadOn("closed", "x", false, agents...))
 	time.Sleep(10 * time.Second)
-	l.Stop()
+	calls := l.Stop()
 	recs := readRecords(t, agents...)
 	q := quota("closed", "x")
-	v := judge(recs, q, 0)
+	j := judgeBoth(recs, calls, nil, Spec{Quota: q, Burst: burst, Rate: rate, FailClosed: true})
 	d.mu.Lock()
 	st := d.Stats
 	d.mu.Unlock()
-	ok := v.Pass && len(st.Mismatched) == 0 && st.Retried > 0
-	addRow(t, Row{Scenario: "S4", Fault: "30% of lease replies dropped after apply, retried", Bound: "0; every retry answered from the record",
-		Overshoot: v.Overshoot, Util: v.Utilisation, Pass: ok,
-		Note: fmt.Sprintf("%s; %d calls, %d replies dropped, %d retries checked, %d answered differently", verdictNote(v), st.Calls, st.Dropped, st.Retried, len(st.Mismatched))})
-	if !v.Pass {
-		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v] after the first admission", v.Overshoot, v.Slack, v.From-v.First, v.To-v.First)
-	}
+	ok := len(st.Mismatched) == 0 && st.Retried > 0 && j.Util() >= leasedUtil
+	judgedRow(t, "S4", "30% of lease replies dropped after apply, retried", fmt.Sprintf("0; every retry answered from the record; utilisation >= %.1f", leasedUtil),
+		j, j.Util(), ok, fmt.Sprintf("%d calls, %d replies dropped, %d retries checked, %d answered differently", st.Calls, st.Dropped, st.Retried, len(st.Mismatched)))
 	for _, m := range st.Mismatched {
 		t.Errorf("retry not answered from the record: %s", m)
 	}
 	if st.Retried == 0 {
 		t.Errorf("no dropped request was retried (%d calls, %d dropped)", st.Calls, st.Dropped)
+	}
+	if j.Util() < leasedUtil {
+		t.Errorf("utilisation %.3f, want >= %.1f", j.Util(), leasedUtil)
 	}
 }
 
@@ -178,11 +243,9 @@ func TestS4LeaseRepliesDropped(t *testing.T) {
 // waking, the old leader cannot commit in a term that is over. Overshoot
 // 0, and leases granted while the old leader is stopped.
 //
-// FAILS today (reported): the agents' coordinator client sticks to the
-// last leader and gives each attempt the whole call timeout (2s, the
-// holder's request timeout too), so against a silent leader no renewal
-// reaches the new one until the old one wakes; the 1s leases lapse and
-// fail_closed denies with a healthy majority up.
+// It failed before the fix in docs/reliability.md ("Bugs found"): the
+// agents' coordinator client stuck to the silent leader for the whole
+// renewal. Break: RATION_CHAOS_BREAK=S1pause (splitBrain).
 func TestS1LeaderPaused(t *testing.T) {
 	fullOnly(t)
 	r := rng(t)
@@ -191,7 +254,7 @@ func TestS1LeaderPaused(t *testing.T) {
 	var agents []*Agent
 	for i := range 2 {
 		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s1pa%d", i), Rules: leasedRules,
-			Redis: redis.Addr, Coordinators: joinAddrs(coords.GRPC)}))
+			Redis: redis.Addr, Coordinators: splitBrain(t, "S1pause", i, leasedRules, joinAddrs(coords.GRPC))}))
 	}
 	l := StartLoad(loadOn("closed", "x", false, agents...))
 	time.Sleep(2 * time.Second)
@@ -207,13 +270,16 @@ func TestS1LeaderPaused(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
-	l.Stop()
+	calls := l.Stop()
 	recs := readRecords(t, agents...)
 	q := quota("closed", "x")
-	v := judge(recs, q, 0)
-	ok := v.Pass
+	j := judgeBoth(recs, calls, nil, Spec{Quota: q, Burst: burst, Rate: rate, FailClosed: true})
+	ok := j.Util() >= leasedUtil
+	if !ok {
+		t.Errorf("utilisation %.3f, want >= %.1f", j.Util(), leasedUtil)
+	}
 	var after, gaps []string
-	for j, p := range pauses {
+	for n, p := range pauses {
 		got := admittedIn(recs, q, "", "leased", p+leasePeriod+200*time.Millisecond, p+2*time.Second)
 		after = append(after, fmt.Sprintf("%.0f", got))
 		// The first leased admission once every lease from before the
@@ -228,13 +294,9 @@ func TestS1LeaderPaused(t *testing.T) {
 		gaps = append(gaps, gap)
 		if got == 0 {
 			ok = false
-			t.Errorf("pause %d: no leased admission between D+200ms and 2s after the leader was stopped (first one %s after the stop; resumed at 2s)", j+1, gap)
+			t.Errorf("pause %d: no leased admission between D+200ms and 2s after the leader was stopped (first one %s after the stop; resumed at 2s)", n+1, gap)
 		}
 	}
-	addRow(t, Row{Scenario: "S1 pause", Fault: "Raft leader SIGSTOPped 2s, 3 times", Bound: "0; leases granted during each pause",
-		Overshoot: v.Overshoot, Util: v.Utilisation, Pass: ok,
-		Note: fmt.Sprintf("%s; admitted in [D+0.2s, 2s] after each stop: %v (of 80 possible); first leased admission after the old leases expired: %v after the stop", verdictNote(v), after, gaps)})
-	if !v.Pass {
-		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v] after the first admission", v.Overshoot, v.Slack, v.From-v.First, v.To-v.First)
-	}
+	judgedRow(t, "S1 pause", "Raft leader SIGSTOPped 2s, 3 times", fmt.Sprintf("0; leases granted during each pause; utilisation >= %.1f", leasedUtil), j, j.Util(), ok,
+		fmt.Sprintf("admitted in [D+0.2s, 2s] after each stop: %v (of 80 possible); first leased admission after the old leases expired: %v after the stop", after, gaps))
 }

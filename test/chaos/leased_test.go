@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -12,6 +11,11 @@ import (
 
 // leasePeriod is D, the lease term of every leased rule below.
 const leasePeriod = time.Second
+
+// leasedUtil is the utilisation floor of a leased scenario whose fault
+// leaves a quorum serving (S1, S1 pause, S2, S4, S6, S13, S14): the
+// leases lapse for at most about one election and one renewal.
+const leasedUtil = 0.8
 
 const leasedRules = `
 rules:
@@ -55,6 +59,8 @@ func admittedIn(recs []admission.Record, q, agent, path string, from, to time.Du
 //
 // The coordinators are processes: the leader gets SIGKILL, and is
 // restarted on its data dir 2s later.
+//
+// Break: RATION_CHAOS_BREAK=S1 (splitBrain).
 func TestS1LeaderKilled(t *testing.T) {
 	smoke(t)
 	r := rng(t)
@@ -63,7 +69,7 @@ func TestS1LeaderKilled(t *testing.T) {
 	var agents []*Agent
 	for i := range 2 {
 		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s1a%d", i), Rules: leasedRules,
-			Redis: redis.Addr, Coordinators: joinAddrs(coords.GRPC)}))
+			Redis: redis.Addr, Coordinators: splitBrain(t, "S1", i, leasedRules, joinAddrs(coords.GRPC))}))
 	}
 	l := StartLoad(loadOn("closed", "x", false, agents...))
 	time.Sleep(2 * time.Second)
@@ -82,28 +88,27 @@ func TestS1LeaderKilled(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
-	l.Stop()
+	calls := l.Stop()
 	recs := readRecords(t, agents...)
 	q := quota("closed", "x")
-	v := judge(recs, q, 0)
-	ok := v.Pass
+	j := judgeBoth(recs, calls, nil, Spec{Quota: q, Burst: burst, Rate: rate, FailClosed: true})
+	ok := j.Util() >= leasedUtil
+	if !ok {
+		t.Errorf("utilisation %.3f, want >= %.1f", j.Util(), leasedUtil)
+	}
 	var after []string
-	for j, k := range kills {
+	for n, k := range kills {
 		from, to := k+leasePeriod+200*time.Millisecond, k+2*time.Second
 		got := admittedIn(recs, q, "", "leased", from, to)
 		after = append(after, fmt.Sprintf("%.0f", got))
 		if got == 0 {
 			ok = false
 			t.Errorf("kill %d: no leased admission between D+200ms and 2s after the kill (election took %v): leases not granted after the election",
-				j+1, elections[j])
+				n+1, elections[n])
 		}
 	}
-	addRow(t, Row{Scenario: "S1", Fault: "Raft leader SIGKILLed 3 times", Bound: "0; leases granted after each election",
-		Overshoot: v.Overshoot, Util: v.Utilisation, Pass: ok,
-		Note: fmt.Sprintf("%s; elections %v; admitted in [D+0.2s, 2s] after each kill: %v (of 80 possible)", verdictNote(v), roundAll(elections), after)})
-	if !v.Pass {
-		t.Errorf("overshoot %.3f (slack %.3f, bound 0), window [%v, %v] after the first admission", v.Overshoot, v.Slack, v.From-v.First, v.To-v.First)
-	}
+	judgedRow(t, "S1", "Raft leader SIGKILLed 3 times", fmt.Sprintf("0; leases granted after each election; utilisation >= %.1f", leasedUtil), j, j.Util(), ok,
+		fmt.Sprintf("elections %v; admitted in [D+0.2s, 2s] after each kill: %v (of 80 possible)", roundAll(elections), after))
 }
 
 func roundAll(ds []time.Duration) []time.Duration {
@@ -127,13 +132,24 @@ func roundAll(ds []time.Duration) []time.Duration {
 // One coordinator node, so that no redirect can route the cut agent
 // around its proxy (a follower redirects to the leader's advertised
 // address).
+//
+// Break: RATION_CHAOS_BREAK=S3 gives the cut agent looser policies than
+// the scenario's (fail_open, and ten times the emergency shape): both
+// judges report the overshoot, and fail_closed's "0 by policy".
 func TestS3AgentCutOff(t *testing.T) {
 	smoke(t)
 	r := rng(t)
 	coords := harness.StartCoordinators(t, 1, leasedRules)
 	redis := harness.StartRedis(t)
 	px := NewProxy(t, "coordinator", coords.GRPCAddrs()[0])
-	cutAgent := StartAgent(t, AgentOptions{ID: "s3cut", Rules: leasedRules, Redis: redis.Addr, Coordinators: px.Addr()})
+	cutRules := leasedRules
+	if broken("S3") {
+		// The cut agent decides by looser policies than the scenario
+		// states; the judges hold it to the scenario's constants.
+		t.Log("chaos: S3 protection removed: the cut agent's rules are fail_open and emergency {burst: 50, rate: 100}")
+		cutRules = s5LooseRules
+	}
+	cutAgent := StartAgent(t, AgentOptions{ID: "s3cut", Rules: cutRules, Redis: redis.Addr, Coordinators: px.Addr()})
 	other := StartAgent(t, AgentOptions{ID: "s3other", Rules: leasedRules, Redis: redis.Addr, Coordinators: coords.GRPCAddrs()[0]})
 	agents := []*Agent{cutAgent, other}
 	// Most of the traffic goes to the agent about to be cut, so it holds
@@ -158,12 +174,12 @@ func TestS3AgentCutOff(t *testing.T) {
 	px.Heal()
 	healed := mono()
 	time.Sleep(2 * time.Second)
-	moved.Stop()
-	l.Stop()
+	calls := append(moved.Stop(), l.Stop()...)
 	recs := readRecords(t, agents...)
 
 	ok := true
-	// No leased admission at the cut agent after its local expiry.
+	// No leased admission at the cut agent after its local expiry; leases
+	// granted to it again after the heal.
 	for _, rule := range []string{"closed", "emergency"} {
 		q := quota(rule, "x")
 		if n := admittedIn(recs, q, cutAgent.ID, "leased", cut+leasePeriod, healed); n > 0 {
@@ -177,33 +193,28 @@ func TestS3AgentCutOff(t *testing.T) {
 	}
 	// fail_closed: nothing by policy, overshoot 0.
 	qc := quota("closed", "x")
-	vc := judge(recs, qc, 0)
-	fallbackClosed := admittedIn(recs, qc, "", "fallback", 0, math.MaxInt64)
-	passC := vc.Pass && fallbackClosed == 0
-	addRow(t, Row{Scenario: "S3 fail_closed", Fault: "one agent cut from coordinators for 3D", Bound: "0",
-		Overshoot: vc.Overshoot, Util: math.NaN(), Pass: passC && ok,
-		Note: fmt.Sprintf("%s; %.0f admitted by policy", verdictNote(vc), fallbackClosed)})
-	if !passC {
-		t.Errorf("fail_closed: overshoot %.3f (slack %.3f), %.0f admitted by policy; want 0 and 0", vc.Overshoot, vc.Slack, fallbackClosed)
+	jc := judgeBoth(recs, calls, nil, Spec{Quota: qc, Burst: burst, Rate: rate, FailClosed: true})
+	okC := jc.Util() >= s3Util
+	if !okC {
+		t.Errorf("fail_closed: utilisation %.3f, want >= %.1f", jc.Util(), s3Util)
 	}
-	// emergency: within b_e + r_e P for the one cut agent.
+	judgedRow(t, "S3 fail_closed", "one agent cut from coordinators for 3D", fmt.Sprintf("0; utilisation >= %.1f; leases again after the heal", s3Util),
+		jc, jc.Util(), okC && ok, "")
+	// emergency: within b_e + r_e P for the one cut agent, P how long it
+	// decided by policy.
 	qe := quota("emergency", "x")
-	var first, last time.Duration
-	for _, rec := range recs {
-		if rec.Quota == qe && rec.Agent == cutAgent.ID && rec.Path == "fallback" && rec.At > cut {
-			if first == 0 {
-				first = rec.At
-			}
-			last = rec.At
-		}
-	}
-	p := (last - first).Seconds()
+	p := fallbackSpan(recs, qe, cutAgent.ID, cut).Seconds()
 	bound := emergencyBurst + emergencyRate*p
-	ve := judge(recs, qe, bound)
-	addRow(t, Row{Scenario: "S3 emergency", Fault: "one agent cut from coordinators for 3D",
-		Bound:     fmt.Sprintf("N(b_e + r_e P) = %.1f (N=1, P=%.2fs)", bound, p),
-		Overshoot: ve.Overshoot, Util: math.NaN(), Pass: ve.Pass && ok, Note: verdictNote(ve)})
-	if !ve.Pass {
-		t.Errorf("emergency: overshoot %.3f over bound %.3f (slack %.3f), window [%v, %v] after the first admission", ve.Overshoot, bound, ve.Slack, ve.From-ve.First, ve.To-ve.First)
+	je := judgeBoth(recs, calls, nil, Spec{Quota: qe, Burst: burst, Rate: rate, Bound: bound})
+	okE := je.Util() >= s3Util
+	if !okE {
+		t.Errorf("emergency: utilisation %.3f, want >= %.1f", je.Util(), s3Util)
 	}
+	judgedRow(t, "S3 emergency", "one agent cut from coordinators for 3D",
+		fmt.Sprintf("N(b_e + r_e P) = %.1f (N=1, P=%.2fs); utilisation >= %.1f; leases again after the heal", bound, p, s3Util),
+		je, je.Util(), okE && ok, "")
 }
+
+// s3Util is S3's utilisation floor: the other agent takes the traffic and
+// the reclaimed budget at the cut, so the quota stays nearly fully used.
+const s3Util = 0.7

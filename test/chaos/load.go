@@ -47,7 +47,9 @@ type Target struct {
 	Check url.Values
 }
 
-// Call is one answered (or failed) call, timed on the client.
+// Call is one answered (or failed) call, timed on the client. A call cut
+// off when the load stopped has Err errStopped: the agent may have
+// charged it, and the cross-check must know of it.
 type Call struct {
 	Target     int
 	Start, End time.Duration // mono()
@@ -136,7 +138,7 @@ func (l *Load) call(ctx context.Context, ti int, tg Target, n int64) {
 	resp, err := tg.Agent.Client.Allow(cctx, req)
 	c.End = mono()
 	if ctx.Err() != nil {
-		return // stopping: not an answer
+		err = errStopped // stopping: not an answer, but maybe a charge
 	}
 	if err != nil {
 		c.Err = err
@@ -163,7 +165,7 @@ func (l *Load) callEnvoy(ctx context.Context, ti int, tg Target) {
 	resp, err := tg.Agent.RLS.ShouldRateLimit(cctx, req)
 	c.End = mono()
 	if ctx.Err() != nil {
-		return // stopping: not an answer
+		err = errStopped // stopping: not an answer, but maybe a charge
 	}
 	switch {
 	case err != nil:
@@ -192,7 +194,7 @@ func (l *Load) callCheck(ctx context.Context, ti int, tg Target) {
 		if err == nil {
 			resp.Body.Close()
 		}
-		return // stopping: not an answer
+		err = errStopped // stopping: not an answer, but maybe a charge
 	}
 	if err == nil {
 		resp.Body.Close()
@@ -211,7 +213,8 @@ func (l *Load) callCheck(ctx context.Context, ti int, tg Target) {
 	l.mu.Unlock()
 }
 
-// Stop ends the load and returns every call made.
+// Stop ends the load and returns every call made (those cut off by the
+// stop with Err errStopped).
 func (l *Load) Stop() []Call {
 	l.cancel()
 	l.wg.Wait()

@@ -12,8 +12,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/ration-dev/ration/internal/admission"
 )
 
 // Row is one line of the chaos table: a scenario's worst quota against
@@ -169,16 +167,4 @@ func broken(s string) bool {
 		}
 	}
 	return false
-}
-
-// judge checks quota q of recs against bound and returns the verdict.
-func judge(recs []admission.Record, q string, bound float64) admission.Verdict {
-	var burst, rate float64
-	for _, r := range recs {
-		if r.Quota == q {
-			burst, rate = r.Burst, r.Rate
-			break
-		}
-	}
-	return admission.Judge(admission.Check(recs, q, burst, rate), bound)
 }
