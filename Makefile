@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test deps bench lint proto ci fuzz chaos demo-regions
+.PHONY: help dev build install docs test deps bench lint proto ci fuzz chaos chaos-breaks demo-regions
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ chaos: deps ## every chaos scenario incl. S12 (regions) (<= 15 min); writes the 
 	set -o pipefail; $(GO) test -count=1 -run 'TestS12' -v ./internal/coordinator/ | grep -E '^(---|ok|FAIL)|region_test'
 	@RATION_CHAOS=full RATION_CHAOS_REPORT=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 15m ./test/chaos/; s=$$?; \
 	  sed -n '/<!-- chaos:begin -->/,/<!-- chaos:end -->/p' docs/reliability.md; exit $$s
+
+chaos-breaks: deps ## every chaos scenario with its protection removed (RATION_CHAOS_BREAK): each must fail by a judge
+	./test/chaos/breaks.sh
 
 demo-regions: ## two regions + a 3-node global coordinator group on loopback, with a guide
 	./deploy/local/demo-regions.sh
