@@ -73,12 +73,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 		return runCommand(ctx, args[0], args[1:], stdout, stderr)
 	}
 	cfg := coordinator.DefaultConfig()
-	for _, a := range args {
-		if a == "-dev" || a == "--dev" || a == "-dev=true" || a == "--dev=true" {
-			cfg = coordinator.DevConfig()
-		}
-	}
-	if v, ok := lookup("RATION_DEV"); ok && (v == "1" || strings.EqualFold(v, "true")) {
+	if devMode(args, lookup) {
 		cfg = coordinator.DevConfig()
 	}
 	// A malformed variable is reported after the flags are parsed, so that
@@ -204,6 +199,20 @@ func newFlagSet(cfg *coordinator.Config, stderr io.Writer) (*flag.FlagSet, *bool
 	cfg.BindFlags(fs)
 	version := fs.Bool("version", false, buildinfo.FlagUsage)
 	return fs, version
+}
+
+// devMode reports whether the command line (over RATION_DEV) turns -dev
+// on, read as the flag package reads it, since the defaults it picks
+// (DevConfig) come before the flags: every boolean spelling (-dev, --dev,
+// -dev=true, -dev=1, -dev=t, ...; -dev=false and -dev=0 turn it off), the
+// last one winning, and not a -dev past the end of the flags or taken as
+// another flag's value (-rules -dev). Errors are left to the real parse.
+func devMode(args []string, lookup func(string) (string, bool)) bool {
+	cfg := coordinator.DefaultConfig()
+	_ = cfg.LoadEnv(lookup)
+	fs, _ := newFlagSet(&cfg, io.Discard)
+	_ = fs.Parse(args)
+	return cfg.Dev
 }
 
 // loadRules reads -rules, or under -dev without -rules the embedded

@@ -63,6 +63,9 @@ func TestValidate(t *testing.T) {
 		{"missing rules", []string{"-validate", "-data-dir", dir}, "-rules", 2, ""},
 		{"bad flags named", []string{"-validate", "-rules", good, "-data-dir", "", "-tick", "0s"}, "-tick", 2, ""},
 		{"dev is valid", []string{"-dev", "-validate"}, "", 0, "configuration valid"},
+		{"dev=1 is valid", []string{"-dev=1", "-validate"}, "", 0, "configuration valid"},
+		{"--dev=t is valid", []string{"--dev=t", "-validate"}, "", 0, "configuration valid"},
+		{"dev=false is not dev", []string{"-dev", "-dev=false", "-validate"}, "-rules", 2, ""},
 		{"stray argument", []string{"-dev", "-validate", "--", "x"}, "unexpected arguments", 2, ""},
 		{"unknown command", []string{"frobnicate"}, "unknown command", 2, ""},
 		{"version", []string{"-version"}, "", 0, "coordinator " + buildinfo.Get().String() + "\n"},
@@ -140,16 +143,17 @@ func TestUsageNamesEveryCommand(t *testing.T) {
 	}
 }
 
-// TestDevAndCommands runs `coordinator -dev` on free ports, asks it for its
-// status, quotas and leases with the operator commands, then stops it as
-// SIGTERM would.
+// TestDevAndCommands runs `coordinator -dev=1` on free ports (a node that
+// bootstraps itself: -dev's defaults, whatever the spelling), asks it for
+// its status, quotas and leases with the operator commands, then stops it
+// as SIGTERM would.
 func TestDevAndCommands(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-dev", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-level", "warn"},
+		done <- run(ctx, []string{"-dev=1", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-level", "warn"},
 			&bytes.Buffer{}, &stderr, noEnv)
 	}()
 	re := regexp.MustCompile(`gRPC (\S+), HTTP (\S+),`)
@@ -239,6 +243,55 @@ func TestTuneThroughFollower(t *testing.T) {
 	}
 	if !regexp.MustCompile(`export-global\s+eu\s+-\s+-\s+-\s+-\s+2`).MatchString(out.String()) {
 		t.Errorf("tune printed %q, want the new tuning", out.String())
+	}
+}
+
+// devMode reads -dev as the flag package does: every boolean spelling,
+// the last one winning, over RATION_DEV; not past the end of the flags,
+// nor as another flag's value.
+func TestDevMode(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string // RATION_DEV; "" = unset
+		want bool
+	}{
+		{nil, "", false},
+		{[]string{"-dev"}, "", true},
+		{[]string{"--dev"}, "", true},
+		{[]string{"-dev=true"}, "", true},
+		{[]string{"--dev=true"}, "", true},
+		{[]string{"-dev=1"}, "", true},
+		{[]string{"-dev=t"}, "", true},
+		{[]string{"-dev=T"}, "", true},
+		{[]string{"-dev=TRUE"}, "", true},
+		{[]string{"-dev=True"}, "", true},
+		{[]string{"--dev=1"}, "", true},
+		{[]string{"-dev=false"}, "", false},
+		{[]string{"-dev=0"}, "", false},
+		{[]string{"-dev=f"}, "", false},
+		{[]string{"-dev=F"}, "", false},
+		{[]string{"-dev=FALSE"}, "", false},
+		{[]string{"--dev=False"}, "", false},
+		{[]string{"-dev", "-dev=false"}, "", false},
+		{[]string{"-dev=false", "-dev"}, "", true},
+		{[]string{"-raft", "127.0.0.1:0", "-dev", "-grpc", "127.0.0.1:0"}, "", true},
+		{[]string{"-rules", "-dev"}, "", false}, // a rules file named -dev
+		{[]string{"-id=n1", "-dev"}, "", true},  // -name=value takes no next argument
+		{[]string{"--", "-dev"}, "", false},     // past the end of the flags
+		{[]string{"-dev=yes"}, "", false},       // not a boolean: the real parse refuses it
+		{[]string{"-bogus", "-dev"}, "", false}, // stops at the unknown flag, which the real parse reports
+		{nil, "1", true},
+		{nil, "t", true},
+		{nil, "TRUE", true},
+		{nil, "false", false},
+		{nil, "yes", false}, // malformed: reported after parsing
+		{[]string{"-dev=false"}, "true", false},
+		{[]string{"-dev"}, "0", true},
+	} {
+		lookup := func(k string) (string, bool) { return tc.env, tc.env != "" && k == "RATION_DEV" }
+		if got := devMode(tc.args, lookup); got != tc.want {
+			t.Errorf("devMode(%q, RATION_DEV=%q) = %v, want %v", tc.args, tc.env, got, tc.want)
+		}
 	}
 }
 

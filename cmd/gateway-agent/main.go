@@ -53,10 +53,8 @@ func exitCode(err error) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup func(string) (string, bool)) error {
 	cfg := agent.DefaultConfig()
-	for _, a := range args {
-		if a == "-dev" || a == "--dev" || a == "-dev=true" || a == "--dev=true" {
-			cfg = agent.DevConfig()
-		}
+	if devMode(args, lookup) {
+		cfg = agent.DevConfig()
 	}
 	// A malformed variable is reported after the flags are parsed, so that
 	// -version and -h work whatever the environment holds.
@@ -117,6 +115,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 			return srv.Shutdown(sctx)
 		}
 	}
+}
+
+// devMode reports whether the command line (over RATION_DEV) turns -dev
+// on, read as the flag package reads it, since the defaults it picks come
+// before the flags: every boolean spelling (-dev, --dev, -dev=true,
+// -dev=1, -dev=t, ...; -dev=false and -dev=0 turn it off), the last one
+// winning, and not a -dev past the end of the flags or taken as another
+// flag's value (-rules -dev). Errors are left to the real parse.
+func devMode(args []string, lookup func(string) (string, bool)) bool {
+	cfg := agent.DefaultConfig()
+	_ = cfg.LoadEnv(lookup)
+	fs, _ := newFlagSet(&cfg, io.Discard)
+	_ = fs.Parse(args)
+	return cfg.Dev
 }
 
 // newFlagSet is the command line: every setting of cfg (flags over the

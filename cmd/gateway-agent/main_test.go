@@ -70,6 +70,56 @@ func TestConfigErrorsAreAllReported(t *testing.T) {
 	}
 }
 
+// devMode reads -dev as the flag package does: every boolean spelling,
+// the last one winning, over RATION_DEV; not past the end of the flags,
+// nor as another flag's value.
+func TestDevMode(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string // RATION_DEV; "" = unset
+		want bool
+	}{
+		{nil, "", false},
+		{[]string{"-dev"}, "", true},
+		{[]string{"--dev"}, "", true},
+		{[]string{"-dev=true"}, "", true},
+		{[]string{"--dev=true"}, "", true},
+		{[]string{"-dev=1"}, "", true},
+		{[]string{"-dev=t"}, "", true},
+		{[]string{"-dev=T"}, "", true},
+		{[]string{"-dev=TRUE"}, "", true},
+		{[]string{"-dev=True"}, "", true},
+		{[]string{"--dev=1"}, "", true},
+		{[]string{"-dev=false"}, "", false},
+		{[]string{"-dev=0"}, "", false},
+		{[]string{"-dev=f"}, "", false},
+		{[]string{"-dev=F"}, "", false},
+		{[]string{"-dev=FALSE"}, "", false},
+		{[]string{"--dev=False"}, "", false},
+		{[]string{"-dev", "-dev=false"}, "", false},
+		{[]string{"-dev=false", "-dev"}, "", true},
+		{[]string{"-http", "127.0.0.1:0", "-dev", "-grpc", "127.0.0.1:0"}, "", true},
+		{[]string{"-rules", "-dev"}, "", false},         // a rules file named -dev
+		{[]string{"-log-level=warn", "-dev"}, "", true}, // -name=value takes no next argument
+		{[]string{"--", "-dev"}, "", false},             // past the end of the flags
+		{[]string{"extra", "-dev"}, "", false},          // past the first argument
+		{[]string{"-dev=yes"}, "", false},               // not a boolean: the real parse refuses it
+		{[]string{"-bogus", "-dev"}, "", false},         // stops at the unknown flag, which the real parse reports
+		{nil, "1", true},
+		{nil, "t", true},
+		{nil, "TRUE", true},
+		{nil, "false", false},
+		{nil, "yes", false}, // malformed: reported after parsing
+		{[]string{"-dev=false"}, "true", false},
+		{[]string{"-dev"}, "0", true},
+	} {
+		lookup := func(k string) (string, bool) { return tc.env, tc.env != "" && k == "RATION_DEV" }
+		if got := devMode(tc.args, lookup); got != tc.want {
+			t.Errorf("devMode(%q, RATION_DEV=%q) = %v, want %v", tc.args, tc.env, got, tc.want)
+		}
+	}
+}
+
 // examples/rules.yaml is valid for the agent, and is what -dev runs with
 // (coordinator -dev too: its test holds it to the same file), so an agent
 // under -dev pointed at coordinator -dev knows the same leased rules.
@@ -109,7 +159,7 @@ func TestDevModeServes(t *testing.T) {
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-dev", "-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0"}, &stdout, &stderr, noEnv)
+		done <- run(ctx, []string{"-dev=1", "-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0"}, &stdout, &stderr, noEnv)
 	}()
 	var url string
 	for i := 0; i < 500 && url == ""; i++ {
