@@ -86,14 +86,26 @@ func take(s State, exists bool, l Limit, cost float64, now int64) (State, decisi
 	if s.Tokens >= cost {
 		s.Tokens -= cost
 		d.allowed = true
-	} else if l.Rate > 0 {
-		d.retry = (cost - s.Tokens) / l.Rate
 	}
+	return s, decided(d.allowed, s.Tokens, l, cost)
+}
+
+// decided completes a take decision from what it left in the bucket:
+// retry = (cost - tokens) / Rate when denied, reset = (Burst - tokens) /
+// Rate, both 0 when Rate is 0. A denial leaves tokens as they were before
+// it, so these are the operations the model description above lists, in
+// its order. The Redis store calls this on the tokens the script replies
+// (the script formats one float, not three), so the two cannot drift
+// apart.
+func decided(allowed bool, tokens float64, l Limit, cost float64) decision {
+	d := decision{allowed: allowed, tokens: tokens}
 	if l.Rate > 0 {
-		d.reset = (l.Burst - s.Tokens) / l.Rate
+		if !allowed {
+			d.retry = (cost - tokens) / l.Rate
+		}
+		d.reset = (l.Burst - tokens) / l.Rate
 	}
-	d.tokens = s.Tokens
-	return s, d
+	return d
 }
 
 func refill(s State, l Limit, now int64) State {

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -69,7 +71,8 @@ type RedisStore struct {
 	c       redis.UniversalClient
 	ap      *redis.AutoPipeliner // nil: plain pooled calls
 	timeout time.Duration
-	ridTTL  string // request-id TTL, milliseconds
+	ridTTL  any // request-id TTL, milliseconds (a string)
+	args    argCache
 	log     *slog.Logger
 	// lastReload is when a NOSCRIPT reload was last logged (unix ns), so a
 	// failover that reloads on many connections logs once.
@@ -84,6 +87,10 @@ var scriptSHA = func() string {
 	sum := sha1.Sum([]byte(scriptSrc))
 	return hex.EncodeToString(sum[:])
 }()
+
+// The script and its name as command arguments, boxed once rather than
+// once per call.
+var scriptSHAArg, scriptSrcArg any = scriptSHA, scriptSrc
 
 const (
 	opTake   = "take"
@@ -108,7 +115,7 @@ func NewRedisStore(c redis.UniversalClient, opts RedisOptions) *RedisStore {
 	s := &RedisStore{
 		c:       c,
 		timeout: opts.Timeout,
-		ridTTL:  strconv.FormatInt(int64(ms), 10),
+		ridTTL:  any(strconv.FormatInt(int64(ms), 10)),
 		log:     opts.Logger,
 	}
 	if !opts.DisableAutoPipeline {
@@ -139,7 +146,7 @@ func (s *RedisStore) take(ctx context.Context, req Request) (takeReply, error) {
 	if err := req.Validate(); err != nil {
 		return takeReply{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	cmd := s.cmd(ctx, opTake, req, true)
 	err := s.do(ctx, cmd)
@@ -151,8 +158,21 @@ func (s *RedisStore) take(ctx context.Context, req Request) (takeReply, error) {
 	if err != nil {
 		return takeReply{}, s.fail(opTake, err)
 	}
-	return parseTake(cmd)
+	return parseTake(cmd, req)
 }
+
+// bound limits ctx to the store's timeout. A context whose deadline comes
+// no later is used as it is: the agent gives every decision a deadline of
+// its own, as long as this timeout, and a second timer per call would only
+// cost (a timer, two contexts and the parent's map of children).
+func (s *RedisStore) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.timeout {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+func noCancel() {}
 
 // TakeBatch decides every request in one pipeline round trip (a Redis
 // Cluster client splits it per node and runs the parts concurrently).
@@ -162,7 +182,7 @@ func (s *RedisStore) take(ctx context.Context, req Request) (takeReply, error) {
 func (s *RedisStore) TakeBatch(ctx context.Context, reqs []Request, out []Outcome) {
 	out = out[:len(reqs)]
 	cmds := make([]*redis.Cmd, len(reqs))
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	pipe := s.c.Pipeline()
 	for i, req := range reqs {
@@ -200,7 +220,7 @@ func (s *RedisStore) TakeBatch(ctx context.Context, reqs []Request, out []Outcom
 			out[i].Err = s.fail(opTake, err)
 			continue
 		}
-		r, err := parseTake(cmd)
+		r, err := parseTake(cmd, reqs[i])
 		if err != nil {
 			out[i].Err = err
 			continue
@@ -224,7 +244,7 @@ func (s *RedisStore) refund(ctx context.Context, req Request) (refunded bool, no
 	if err := req.Validate(); err != nil {
 		return false, 0, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	run := func(sha bool) (*redis.Cmd, error) {
 		cmd := s.cmd(ctx, opRefund, req, sha)
@@ -280,22 +300,67 @@ func (s *RedisStore) do(ctx context.Context, cmd redis.Cmder) error {
 }
 
 // cmd builds one script call. sha selects EVALSHA (else EVAL, which also
-// caches the script on that server).
+// caches the script on that server). The request-id TTL goes only with a
+// request id, the one case the script reads it.
 func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) *redis.Cmd {
 	args := make([]any, 0, 10)
 	if sha {
-		args = append(args, "evalsha", scriptSHA)
+		args = append(args, "evalsha", scriptSHAArg)
 	} else {
-		args = append(args, "eval", scriptSrc)
+		args = append(args, "eval", scriptSrcArg)
 	}
 	if req.RequestID != "" {
 		args = append(args, 2, req.Key, requestIDKey(req.Key, req.RequestID))
 	} else {
 		args = append(args, 1, req.Key)
 	}
-	args = append(args, op, formatFloat(req.Limit.Burst), formatFloat(req.Limit.Rate),
-		formatFloat(req.Cost), s.ridTTL)
+	args = append(args, op, s.args.number(req.Limit.Burst), s.args.number(req.Limit.Rate), s.args.number(req.Cost))
+	if req.RequestID != "" {
+		args = append(args, s.ridTTL)
+	}
 	return redis.NewCmd(ctx, args...)
+}
+
+// argCache holds numbers as script arguments: formatted (formatFloat) and
+// boxed once, not once per call. Requests carry few distinct numbers (the
+// rules' bursts and rates, and costs, nearly always 1); past maxCachedArgs
+// of them, further ones are formatted per call. Reads take no lock.
+type argCache struct {
+	m  atomic.Pointer[map[uint64]any] // by math.Float64bits, so -0 is not 0
+	mu sync.Mutex                     // serializes writers (copy on write)
+}
+
+const maxCachedArgs = 1024
+
+func (c *argCache) number(v float64) any {
+	bits := math.Float64bits(v)
+	m := c.m.Load()
+	if m != nil {
+		if a, ok := (*m)[bits]; ok {
+			return a
+		}
+	}
+	a := any(formatFloat(v))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.m.Load()
+	if old != nil && len(*old) >= maxCachedArgs {
+		return a
+	}
+	next := make(map[uint64]any, 1+len(mapOrNil(old)))
+	for k, v := range mapOrNil(old) {
+		next[k] = v
+	}
+	next[bits] = a
+	c.m.Store(&next)
+	return a
+}
+
+func mapOrNil(m *map[uint64]any) map[uint64]any {
+	if m == nil {
+		return nil
+	}
+	return *m
 }
 
 // requestIDKey names the record of one request id. It shares the bucket
@@ -307,14 +372,13 @@ func requestIDKey(key, id string) string { return key + ":r:" + id }
 // script) as exactly v.
 func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 
-// parseTake reads the script's take reply:
-// "<allowed> <tokens> <retry s> <reset s> <now µs> <replayed>".
-func parseTake(cmd *redis.Cmd) (takeReply, error) {
+// parseTake reads the script's take reply to req (see parseTakeReply).
+func parseTake(cmd *redis.Cmd, req Request) (takeReply, error) {
 	reply, err := cmd.Text()
 	if err != nil {
 		return takeReply{}, fmt.Errorf("bucket: redis take: reply: %w", err)
 	}
-	return parseTakeReply(reply)
+	return parseTakeReply(reply, req.Limit, req.Cost)
 }
 
 // takeReply is the script's take reply, floats as the script computed them.
@@ -330,25 +394,46 @@ func (r takeReply) result() Result {
 	return res
 }
 
-func parseTakeReply(reply string) (takeReply, error) {
+// parseTakeReply reads a take reply of the script for limit l and cost:
+//
+//	"<allowed> <tokens> <now µs>"                              a decision just made
+//	"<allowed> <tokens> <retry s> <reset s> <now µs> <replayed>"  with a request id
+//
+// In the short form retry and reset are derived from tokens here, by the
+// model's own operations (decided), exactly as the script would have
+// computed them. The long form is what a request id's record holds: a
+// replay answers with the waits as they were decided, even if the rule's
+// shape has changed since.
+func parseTakeReply(reply string, l Limit, cost float64) (takeReply, error) {
 	var r takeReply
 	var f [6]string
-	rest := reply
-	for i := range f {
-		var ok bool
-		f[i], rest, ok = strings.Cut(rest, " ")
-		if ok != (i < len(f)-1) {
+	n := 0
+	for rest, more := reply, true; more; n++ {
+		if n == len(f) {
 			return r, fmt.Errorf("bucket: redis take: unexpected reply %q", reply)
 		}
+		f[n], rest, more = strings.Cut(rest, " ")
 	}
 	var errs [5]error
-	r.allowed = f[0] == "1"
-	r.tokens, errs[0] = strconv.ParseFloat(f[1], 64)
-	r.retry, errs[1] = strconv.ParseFloat(f[2], 64)
-	r.reset, errs[2] = strconv.ParseFloat(f[3], 64)
-	r.now, errs[3] = strconv.ParseInt(f[4], 10, 64)
-	r.replayed = f[5] == "1"
-	if (f[0] != "0" && f[0] != "1") || (f[5] != "0" && f[5] != "1") {
+	switch n {
+	case 3:
+		r.tokens, errs[0] = strconv.ParseFloat(f[1], 64)
+		r.now, errs[1] = strconv.ParseInt(f[2], 10, 64)
+		r.decision = decided(f[0] == "1", r.tokens, l, cost)
+	case 6:
+		r.allowed = f[0] == "1"
+		r.tokens, errs[0] = strconv.ParseFloat(f[1], 64)
+		r.retry, errs[1] = strconv.ParseFloat(f[2], 64)
+		r.reset, errs[2] = strconv.ParseFloat(f[3], 64)
+		r.now, errs[3] = strconv.ParseInt(f[4], 10, 64)
+		r.replayed = f[5] == "1"
+		if f[5] != "0" && f[5] != "1" {
+			errs[4] = errors.New("flags must be 0 or 1")
+		}
+	default:
+		return r, fmt.Errorf("bucket: redis take: unexpected reply %q", reply)
+	}
+	if f[0] != "0" && f[0] != "1" {
 		errs[4] = errors.New("flags must be 0 or 1")
 	}
 	if err := errors.Join(errs[:]...); err != nil {

@@ -273,8 +273,46 @@ func (sc *scriptCheck) take(f fataler, cost float64, id string) {
 	if !sameDecision(got, want) {
 		f.Fatalf("take %+v:\n script %s\n model  %s", req, fmtDecision(got), fmtDecision(want))
 	}
+	if id != "" && !got.Replayed {
+		sc.checkRecord(f, id, want)
+	}
 	sc.lastNow = max(sc.lastNow, got.Now)
 	sc.checkState(f)
+}
+
+// checkRecord compares a request id's record with the model's decision, bit
+// for bit. A fresh take's reply carries tokens only (the store derives the
+// waits in Go); the record is where the script's own retry and reset
+// arithmetic shows, and replays answer from it. Its format,
+// "<allowed> <tokens> <retry s> <reset s> <now µs>", is also what agents of
+// earlier versions write and read.
+func (sc *scriptCheck) checkRecord(f fataler, id string, want bucket.Decision) {
+	f.Helper()
+	rkey := bucket.RequestIDKey(sc.key, id)
+	rec, err := sc.c.HGet(context.Background(), rkey, "decision").Result()
+	if err != nil {
+		f.Fatalf("HGET %s decision: %v", rkey, err)
+	}
+	got, err := parseRecord(rec)
+	if err != nil || !sameDecision(got, want) {
+		f.Fatalf("record %s = %q (%v):\n script %s\n model  %s", rkey, rec, err, fmtDecision(got), fmtDecision(want))
+	}
+}
+
+// parseRecord reads a request id's recorded decision.
+func parseRecord(rec string) (bucket.Decision, error) {
+	var d bucket.Decision
+	f := strings.Split(rec, " ")
+	if len(f) != 5 || (f[0] != "0" && f[0] != "1") {
+		return d, fmt.Errorf("not <allowed> <tokens> <retry> <reset> <now>")
+	}
+	var errs [4]error
+	d.Allowed = f[0] == "1"
+	d.Tokens, errs[0] = strconv.ParseFloat(f[1], 64)
+	d.Retry, errs[1] = strconv.ParseFloat(f[2], 64)
+	d.Reset, errs[2] = strconv.ParseFloat(f[3], 64)
+	d.Now, errs[3] = strconv.ParseInt(f[4], 10, 64)
+	return d, errors.Join(errs[:]...)
 }
 
 func (sc *scriptCheck) refund(f fataler, cost float64, id string) {
@@ -453,6 +491,29 @@ func FuzzScript(f *testing.F) {
 			sc.refund(t, cost, id)
 		}
 	})
+}
+
+// TestRedisReplaysRecordedDecision: a request id's record answers a replay
+// with the decision as it was made, waits included, though the rule has
+// another shape now; records are "<allowed> <tokens> <retry s> <reset s>
+// <now µs>", the format agents of earlier versions write too.
+func TestRedisReplaysRecordedDecision(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := harness.StartRedis(t)
+	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
+	k := bucket.Key("replay", "s")
+	if err := srv.Client().HSet(ctx, bucket.RequestIDKey(k, "old"), "decision", "0 0.5 123.25 7 1700000000000001").Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.TakeRaw(ctx, bucket.Request{Key: k, Limit: bucket.Limit{Burst: 100, Rate: 1}, Cost: 1, RequestID: "old"})
+	want := bucket.Decision{Tokens: 0.5, Retry: 123.25, Reset: 7, Now: 1700000000000001, Replayed: true}
+	if err != nil || !sameDecision(got, want) {
+		t.Fatalf("replay of a recorded denial = %s, %v; want %s", fmtDecision(got), err, fmtDecision(want))
+	}
+	if n, err := srv.Client().Exists(ctx, k).Result(); err != nil || n != 0 {
+		t.Errorf("EXISTS %s = %d, %v after a replay; want no bucket (nothing charged)", k, n, err)
+	}
 }
 
 func TestRedisClockBackwards(t *testing.T) {

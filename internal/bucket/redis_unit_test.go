@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +173,48 @@ func TestUnavailable(t *testing.T) {
 	for _, tt := range tests {
 		if got := unavailable(tt.err); got != tt.want {
 			t.Errorf("unavailable(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+// TestParseTakeReply checks both forms of the script's take reply. The
+// short form carries tokens only: the waits derived from them must be the
+// model's own, bit for bit, whatever the limit and cost.
+func TestParseTakeReply(t *testing.T) {
+	limits := []Limit{{Burst: 10, Rate: 3}, {Burst: 1e12, Rate: 1e-9}, {Burst: 2.5, Rate: 0}, {Burst: 1e6, Rate: 1e6}, {Burst: 1e-3, Rate: 1e12}}
+	const now = t0 + 123
+	for _, l := range limits {
+		for _, fill := range []float64{0, 1e-9, 0.3, 1.0 / 3, 0.5, 0.999, 1} {
+			for _, costFrac := range []float64{1e-9, 0.1, 0.5, 1.0 / 7, 1} {
+				s, cost := State{Tokens: fill * l.Burst, Last: now - 7}, costFrac*l.Burst
+				_, want := take(s, true, l, cost, now)
+				allowed := "0"
+				if want.allowed {
+					allowed = "1"
+				}
+				reply := allowed + " " + strconv.FormatFloat(want.tokens, 'g', 17, 64) + " " + strconv.FormatInt(now, 10)
+				got, err := parseTakeReply(reply, l, cost)
+				if err != nil || got.replayed || got.now != now || got.allowed != want.allowed ||
+					math.Float64bits(got.tokens) != math.Float64bits(want.tokens) ||
+					math.Float64bits(got.retry) != math.Float64bits(want.retry) ||
+					math.Float64bits(got.reset) != math.Float64bits(want.reset) {
+					t.Errorf("limit %+v cost %v: parse %q = %+v, %v; model %+v", l, cost, reply, got, err, want)
+				}
+			}
+		}
+	}
+
+	// The long form (a request id's record) is taken as it is, whatever the
+	// limit now: it is the decision as it was made.
+	got, err := parseTakeReply("0 0.5 123.25 7 1700000000000001 1", Limit{Burst: 1, Rate: 1}, 1)
+	want := takeReply{decision: decision{tokens: 0.5, retry: 123.25, reset: 7}, now: 1700000000000001, replayed: true}
+	if err != nil || got != want {
+		t.Errorf("long form = %+v, %v; want %+v", got, err, want)
+	}
+	for _, bad := range []string{"", "1", "1 2", "1 2 3 4", "1 2 3 4 5", "1 2 3 4 5 0 7", "2 1 5", "1 x 5", "1 1 5.5",
+		"1 1 1 1 5 2", "x 1 1 1 5 0", "1 1 1 1 5 0 "} {
+		if r, err := parseTakeReply(bad, Limit{Burst: 10, Rate: 1}, 1); err == nil {
+			t.Errorf("parseTakeReply(%q) = %+v; want an error", bad, r)
 		}
 	}
 }
