@@ -15,7 +15,7 @@ var update = flag.Bool("update", false, "rewrite the generated parts of the docs
 // the flags run parses: names, variables, defaults (DefaultConfig, not
 // -dev's) and usage text.
 func TestFlagDocs(t *testing.T) {
-	cfg := coordinator.DefaultConfig()
-	fs, _ := newFlagSet(&cfg, io.Discard)
+	cfg, opts := coordinator.DefaultConfig(), defaultOptions()
+	fs, _ := newFlagSet(&cfg, &opts, io.Discard)
 	docgen.Check(t, "../../docs/configuration.md", "flags:coordinator", docgen.FlagTable(fs), *update)
 }

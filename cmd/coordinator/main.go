@@ -24,7 +24,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -36,6 +35,8 @@ import (
 	"github.com/ration-dev/ration/examples"
 	"github.com/ration-dev/ration/internal/buildinfo"
 	"github.com/ration-dev/ration/internal/coordinator"
+	"github.com/ration-dev/ration/internal/envflag"
+	"github.com/ration-dev/ration/internal/logformat"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -76,10 +77,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	if devMode(args, lookup) {
 		cfg = coordinator.DevConfig()
 	}
+	opts := defaultOptions()
 	// A malformed variable is reported after the flags are parsed, so that
 	// -version works whatever the environment holds.
-	envErr := cfg.LoadEnv(lookup)
-	fs, version := newFlagSet(&cfg, stderr)
+	envErr := errors.Join(cfg.LoadEnv(lookup), opts.loadEnv(lookup))
+	fs, version := newFlagSet(&cfg, &opts, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -107,7 +109,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 		defer os.RemoveAll(dir)
 		cfg.DataDir = dir
 	}
-	if err := cfg.Validate(); err != nil {
+	format, formatErr := logformat.Parse(opts.logFormat)
+	if formatErr != nil {
+		formatErr = fmt.Errorf("-log-format %q: %w", opts.logFormat, formatErr)
+	}
+	if err := errors.Join(cfg.Validate(), formatErr); err != nil {
 		return err
 	}
 	if cfg.ValidateOnly {
@@ -122,7 +128,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	}
 
 	level, _ := coordinator.ParseLogLevel(cfg.LogLevel)
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	logger := logformat.New(stderr, format, level)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	if err := coordinator.BridgeRaftMetrics(reg); err != nil {
@@ -132,7 +138,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	if err != nil {
 		return err
 	}
-	if cfg.Dev {
+	switch {
+	case cfg.Dev && format == logformat.JSON:
+		// Nothing but records on stderr, for whatever reads them.
+		logger.Info("coordinator -dev: data deleted on exit", "grpc", node.GRPCAddr(), "http", node.HTTPAddr(), "data_dir", cfg.DataDir)
+	case cfg.Dev:
 		fmt.Fprintf(stderr, "coordinator -dev: gRPC %s, HTTP %s, data %s (deleted on exit)\n  try: coordinator status -addr %s\n",
 			node.GRPCAddr(), node.HTTPAddr(), cfg.DataDir, node.GRPCAddr())
 	}
@@ -186,10 +196,31 @@ const usage = `usage: coordinator [flags]                  run a node (flags bel
 
 flags:`
 
-// newFlagSet is the node's command line: every setting of cfg (flags over
-// the environment already loaded into it) and -version.
+// options are the settings of the command rather than of the node
+// (coordinator.Config): how it logs.
+type options struct {
+	logFormat string // -log-format, RATION_LOG_FORMAT
+}
+
+func defaultOptions() options { return options{logFormat: "text"} }
+
+// envPrefix is the prefix of every variable, as in coordinator.Config.
+const envPrefix = "RATION_"
+
+func (o *options) settings() []envflag.Setting {
+	return []envflag.Setting{
+		{Flag: "log-format", Env: "LOG_FORMAT", Usage: logformat.Usage, Value: &o.logFormat},
+	}
+}
+
+func (o *options) loadEnv(lookup func(string) (string, bool)) error {
+	return envflag.Load(envPrefix, o.settings(), lookup)
+}
+
+// newFlagSet is the node's command line: every setting of cfg and opts
+// (flags over the environment already loaded into them) and -version.
 // docs/configuration.md lists the same flags (TestFlagDocs).
-func newFlagSet(cfg *coordinator.Config, stderr io.Writer) (*flag.FlagSet, *bool) {
+func newFlagSet(cfg *coordinator.Config, opts *options, stderr io.Writer) (*flag.FlagSet, *bool) {
 	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -197,6 +228,7 @@ func newFlagSet(cfg *coordinator.Config, stderr io.Writer) (*flag.FlagSet, *bool
 		fs.PrintDefaults()
 	}
 	cfg.BindFlags(fs)
+	envflag.Bind(fs, envPrefix, opts.settings())
 	version := fs.Bool("version", false, buildinfo.FlagUsage)
 	return fs, version
 }
@@ -208,9 +240,9 @@ func newFlagSet(cfg *coordinator.Config, stderr io.Writer) (*flag.FlagSet, *bool
 // last one winning, and not a -dev past the end of the flags or taken as
 // another flag's value (-rules -dev). Errors are left to the real parse.
 func devMode(args []string, lookup func(string) (string, bool)) bool {
-	cfg := coordinator.DefaultConfig()
+	cfg, opts := coordinator.DefaultConfig(), defaultOptions()
 	_ = cfg.LoadEnv(lookup)
-	fs, _ := newFlagSet(&cfg, io.Discard)
+	fs, _ := newFlagSet(&cfg, &opts, io.Discard)
 	_ = fs.Parse(args)
 	return cfg.Dev
 }

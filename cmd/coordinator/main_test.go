@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -66,6 +67,8 @@ func TestValidate(t *testing.T) {
 		{"dev=1 is valid", []string{"-dev=1", "-validate"}, "", 0, "configuration valid"},
 		{"--dev=t is valid", []string{"--dev=t", "-validate"}, "", 0, "configuration valid"},
 		{"dev=false is not dev", []string{"-dev", "-dev=false", "-validate"}, "-rules", 2, ""},
+		{"log format json", []string{"-dev", "-validate", "-log-format", "json"}, "", 0, "configuration valid"},
+		{"log format refused", []string{"-dev", "-validate", "-log-format", "xml", "-tick", "0s"}, `-log-format "xml": want text or json`, 2, ""},
 		{"stray argument", []string{"-dev", "-validate", "--", "x"}, "unexpected arguments", 2, ""},
 		{"unknown command", []string{"frobnicate"}, "unknown command", 2, ""},
 		{"version", []string{"-version"}, "", 0, "coordinator " + buildinfo.Get().String() + "\n"},
@@ -275,6 +278,7 @@ func TestDevMode(t *testing.T) {
 		{[]string{"-dev", "-dev=false"}, "", false},
 		{[]string{"-dev=false", "-dev"}, "", true},
 		{[]string{"-raft", "127.0.0.1:0", "-dev", "-grpc", "127.0.0.1:0"}, "", true},
+		{[]string{"-log-format", "json", "-dev"}, "", true},
 		{[]string{"-rules", "-dev"}, "", false}, // a rules file named -dev
 		{[]string{"-id=n1", "-dev"}, "", true},  // -name=value takes no next argument
 		{[]string{"--", "-dev"}, "", false},     // past the end of the flags
@@ -295,6 +299,20 @@ func TestDevMode(t *testing.T) {
 	}
 }
 
+// RATION_LOG_FORMAT sets -log-format like any other variable, and a
+// malformed one is refused with the other problems.
+func TestLogFormatEnv(t *testing.T) {
+	env := func(k string) (string, bool) { return "yaml", k == "RATION_LOG_FORMAT" }
+	err := run(context.Background(), []string{"-dev", "-validate"}, &bytes.Buffer{}, &bytes.Buffer{}, env)
+	if err == nil || !strings.Contains(err.Error(), `-log-format "yaml": want text or json`) {
+		t.Errorf("RATION_LOG_FORMAT=yaml: %v, want it refused", err)
+	}
+	// The flag overrides the variable.
+	if err := run(context.Background(), []string{"-dev", "-validate", "-log-format", "json"}, &bytes.Buffer{}, &bytes.Buffer{}, env); err != nil {
+		t.Errorf("-log-format json over RATION_LOG_FORMAT=yaml: %v", err)
+	}
+}
+
 // checkBuildInfo: /metrics at url serves ration_build_info for this build.
 func checkBuildInfo(t *testing.T, url string) {
 	t.Helper()
@@ -312,4 +330,59 @@ func checkBuildInfo(t *testing.T, url string) {
 	if !strings.Contains(string(body), "\n"+want+"\n") {
 		t.Errorf("%s lacks %s", url, want)
 	}
+}
+
+// -log-format json: every line the node writes to stderr is one JSON
+// record, Raft's included, and -dev's note is a record too.
+func TestJSONLogs(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-dev", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-format", "json", "-log-level", "debug"},
+			&bytes.Buffer{}, &stderr, noEnv)
+	}()
+	records := func() (recs []map[string]any) {
+		for _, l := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+			if l == "" {
+				continue
+			}
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(l), &rec); err != nil {
+				t.Fatalf("stderr line %q is not JSON: %v", l, err)
+			}
+			recs = append(recs, rec)
+		}
+		return recs
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var dev, raft bool
+		for _, r := range records() {
+			if r["msg"] == "coordinator -dev: data deleted on exit" && r["grpc"] != nil {
+				dev = true
+			}
+			if r["component"] == "raft" {
+				raft = true
+			}
+		}
+		if dev && raft {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("coordinator -dev exited: %v\n%s", err, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no JSON record of -dev and of Raft on stderr:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("coordinator -dev returned %v on shutdown", err)
+	}
+	records()
 }

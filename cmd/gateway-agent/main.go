@@ -26,6 +26,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/buildinfo"
+	"github.com/ration-dev/ration/internal/logformat"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -86,7 +87,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 		return nil
 	}
 
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level(cfg.LogLevel)}))
+	format, _ := logformat.Parse(cfg.LogFormat) // cfg.Check accepted it
+	logger := logformat.New(stderr, format, level(cfg.LogLevel))
 	redis.SetLogger(agent.RedisLogger{Logger: logger})
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

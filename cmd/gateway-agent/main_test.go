@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -67,6 +68,25 @@ func TestConfigErrorsAreAllReported(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"extra"}, &stdout, &stderr, noEnv); err == nil {
 		t.Error("a stray argument must be an error")
+	}
+}
+
+// -log-format takes text or json (RATION_LOG_FORMAT too); another value is
+// refused naming the flag and what it accepts, with the other problems.
+func TestLogFormatRefused(t *testing.T) {
+	err := run(context.Background(), []string{"-dev", "-log-format", "xml", "-http", "nope"}, &bytes.Buffer{}, &bytes.Buffer{}, noEnv)
+	for _, want := range []string{`-log-format "xml": want text or json`, "-http"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("run(-log-format xml) = %v, want %q", err, want)
+		}
+	}
+	env := func(k string) (string, bool) { return "logfmt", k == "RATION_LOG_FORMAT" }
+	err = run(context.Background(), []string{"-dev"}, &bytes.Buffer{}, &bytes.Buffer{}, env)
+	if err == nil || !strings.Contains(err.Error(), `-log-format "logfmt": want text or json`) {
+		t.Errorf("run with RATION_LOG_FORMAT=logfmt = %v, want it refused", err)
+	}
+	if exitCode(err) != 2 {
+		t.Errorf("exit code %d, want 2", exitCode(err))
 	}
 }
 
@@ -158,8 +178,9 @@ func TestDevModeServes(t *testing.T) {
 	defer cancel()
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
+	jsonLogs := func(k string) (string, bool) { return "json", k == "RATION_LOG_FORMAT" }
 	go func() {
-		done <- run(ctx, []string{"-dev=1", "-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0"}, &stdout, &stderr, noEnv)
+		done <- run(ctx, []string{"-dev=1", "-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0"}, &stdout, &stderr, jsonLogs)
 	}()
 	var url string
 	for i := 0; i < 500 && url == ""; i++ {
@@ -189,6 +210,21 @@ func TestDevModeServes(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run returned %v after cancel, want a clean shutdown", err)
+	}
+	// RATION_LOG_FORMAT=json: every line on stderr is one JSON record.
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	started := false
+	for _, l := range lines {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("stderr line %q is not JSON: %v", l, err)
+		}
+		if rec["msg"] == "gateway-agent started" && rec["dev"] == true && rec["level"] == "INFO" {
+			started = true
+		}
+	}
+	if !started {
+		t.Errorf("no JSON record of the start on stderr:\n%s", stderr.String())
 	}
 }
 
