@@ -3,6 +3,7 @@
 //
 //	gateway-agent -dev                              # try it: no Redis needed
 //	gateway-agent -rules rules.yaml -redis host:6379
+//	gateway-agent -rules leased.yaml -coordinators host:8301  # every rule mode: leased: no Redis
 //	gateway-agent -validate -rules rules.yaml       # check a file and exit
 //	gateway-agent -version                          # version, commit, Go version
 //

@@ -61,7 +61,7 @@ func TestConfigErrorsAreAllReported(t *testing.T) {
 		t.Fatalf("run with a bad env duration = %v, want it named", err)
 	}
 	err = run(context.Background(), []string{"-decision-timeout", "0s", "-http", "nope"}, &stdout, &stderr, noEnv)
-	for _, want := range []string{"-rules", "-redis", "-decision-timeout", "-http"} {
+	for _, want := range []string{"-rules", "-decision-timeout", "-http"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("run with several bad settings = %v, want %s named", err, want)
 		}

@@ -70,7 +70,7 @@ func (c *Config) settings() []envflag.Setting {
 	return []envflag.Setting{
 		{Flag: "rules", Env: "RULES", Usage: "rules YAML file (required unless -dev); reloaded when its content changes and on SIGHUP", Value: &c.RulesFile},
 		{Flag: "coordinators", Env: "COORDINATORS", Usage: "coordinator gRPC addresses, comma separated (any members of the region's group; the agent finds the leader), for mode: leased rules; under -dev without it a single-node coordinator is embedded", Value: &c.Coordinators},
-		{Flag: "redis", Env: "REDIS", Usage: "the region's Redis (required unless -dev): host:port, redis://[user:pass@]host:port[/db], redis-sentinel://h:p[,h:p]/master, redis-cluster://h:p[,h:p]", Value: &c.Redis},
+		{Flag: "redis", Env: "REDIS", Usage: "the region's Redis (required unless -dev, or unless every rule is mode: leased): host:port, redis://[user:pass@]host:port[/db], redis-sentinel://h:p[,h:p]/master, redis-cluster://h:p[,h:p]", Value: &c.Redis},
 		{Flag: "http", Env: "HTTP", Usage: "HTTP listen address (/v1/allow, /v1/check, /metrics, /healthz, /readyz)", Value: &c.HTTPAddr},
 		{Flag: "grpc", Env: "GRPC", Usage: "gRPC listen address (ration.v1.RateLimiter, Envoy's rate-limit service, grpc.health.v1)", Value: &c.GRPCAddr},
 		{Flag: "region", Env: "REGION", Usage: "region name this agent runs in; picks its share of scope: global rules", Value: &c.Region},
@@ -107,13 +107,10 @@ func (c Config) Check() error {
 		}
 		return errors.Join(errs...)
 	}
-	if !c.Dev {
-		if c.RulesFile == "" {
-			errs = append(errs, errors.New("-rules: a rules file is required (or run with -dev)"))
-		}
-		if c.Redis == "" {
-			errs = append(errs, errors.New("-redis: a Redis address is required (or run with -dev for an in-memory store)"))
-		}
+	// -redis may be empty when every rule is mode: leased, which only the
+	// rules tell: Start checks it.
+	if !c.Dev && c.RulesFile == "" {
+		errs = append(errs, errors.New("-rules: a rules file is required (or run with -dev)"))
 	}
 	for _, a := range []struct{ flag, addr string }{{"-http", c.HTTPAddr}, {"-grpc", c.GRPCAddr}} {
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {

@@ -53,6 +53,9 @@ type Server struct {
 	holder         *holder.Leases
 	holderDone     chan struct{}
 	devCoordinator *coordinator.Node
+
+	storeless bool           // no -redis: every rule is mode: leased (nostore.go)
+	rules     *acceptedRules // the rules in force, when a rules file is watched
 }
 
 // startLeases builds the lease holder: against -coordinators, or under -dev
@@ -123,6 +126,12 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	if err := set.CheckRegion(region.ID(cfg.Region)); err != nil {
 		return nil, fmt.Errorf("agent: -region %s: %w", cfg.Region, err)
 	}
+	s.storeless = cfg.Redis == "" && !cfg.Dev
+	if s.storeless {
+		if err := checkStoreless(set); err != nil {
+			return nil, fmt.Errorf("agent: %s: %w (or run with -dev for an in-memory store)", rulesName(cfg), err)
+		}
+	}
 	store, err := s.openStore(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -148,10 +157,20 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		s.closeFns = append(s.closeFns, func() { _ = stop() })
 	}
 	if cfg.RulesFile != "" {
-		// Decisions read the watcher's current set from here on.
+		// Decisions read the accepted set from here on: the watcher's,
+		// unless the agent refused it.
+		s.rules = newAcceptedRules(set)
 		s.watcher = rules.NewWatcher(cfg.RulesFile, set, logger, cfg.ReloadInterval,
 			func(err error) { svc.metrics.rulesReloads.WithLabelValues("error").Inc() },
 			func(set *rules.Set) {
+				if err := s.check(set); err != nil {
+					s.rules.refuse(err)
+					svc.metrics.rulesReloads.WithLabelValues("error").Inc()
+					logger.Error("rules reload refused; the previous rules stay in force", "file", cfg.RulesFile, "err", err,
+						"refused_rules_version", set.Hash(), "rules_version", s.rules.Current().Hash())
+					return
+				}
+				s.rules.accept(set)
 				if s.devCoordinator != nil {
 					s.devCoordinator.SetRules(set)
 				}
@@ -159,7 +178,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 				svc.RulesChanged(set)
 				logger.Info("rules reloaded", "rules", len(set.Rules()), "rules_version", set.Hash())
 			})
-		svc.rules = s.watcher
+		svc.rules = s.rules
 	}
 
 	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
@@ -194,8 +213,37 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	go s.waitReady(runCtx)
 	ok = true
 	logger.Info("gateway-agent started", "coordinators", cfg.Coordinators, "grpc", s.grpcLn.Addr().String(), "http", s.httpLn.Addr().String(),
-		"region", cfg.Region, "agent_id", cfg.AgentID, "rules", len(set.Rules()), "rules_version", set.Hash(), "dev", cfg.Dev)
+		"region", cfg.Region, "agent_id", cfg.AgentID, "rules", len(set.Rules()), "rules_version", set.Hash(), "dev", cfg.Dev, "store", storeName(cfg))
 	return s, nil
+}
+
+// check is whether the agent can run set: one with mode: redis rules needs
+// a store.
+func (s *Server) check(set *rules.Set) error {
+	if s.storeless {
+		if err := checkStoreless(set); err != nil {
+			return fmt.Errorf("agent: %w; restart the agent with -redis to add them", err)
+		}
+	}
+	return nil
+}
+
+func storeName(cfg Config) string {
+	switch {
+	case cfg.Redis != "":
+		return "redis"
+	case cfg.Dev:
+		return "memory"
+	default:
+		return "none"
+	}
+}
+
+func rulesName(cfg Config) string {
+	if cfg.RulesFile != "" {
+		return cfg.RulesFile
+	}
+	return examples.RulesFile + " (embedded)"
 }
 
 func loadRules(cfg Config) (*rules.Set, error) {
@@ -206,6 +254,9 @@ func loadRules(cfg Config) (*rules.Set, error) {
 }
 
 func (s *Server) openStore(ctx context.Context, cfg Config) (Store, error) {
+	if s.storeless {
+		return noStore{}, nil
+	}
 	if cfg.Dev && cfg.Redis == "" {
 		return bucket.NewMemoryStore(nil), nil
 	}
@@ -283,12 +334,17 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 func (s *Server) Ready() bool { return s.ready.Load() }
 
 // Reload re-reads the rules file now (SIGHUP). Invalid files keep the old
-// rules and return the problems.
+// rules and return the problems, and so do rules this agent cannot run (a
+// mode: redis rule in an agent without -redis), for as long as the file
+// holds them.
 func (s *Server) Reload() error {
 	if s.watcher == nil {
 		return errors.New("agent: no rules file to reload (running on the embedded dev rules)")
 	}
-	return s.watcher.Reload()
+	if err := s.watcher.Reload(); err != nil {
+		return err
+	}
+	return s.rules.refusal()
 }
 
 // Shutdown stops accepting, lets in-flight requests finish within ctx, and
