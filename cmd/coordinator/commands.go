@@ -24,17 +24,19 @@ import (
 
 // commands are the operator commands; the usage text names each
 // (TestUsageNamesEveryCommand).
-var commands = []string{"status", "quotas", "leases", "tune", "tunings"}
+var commands = []string{"status", "quotas", "leases", "tune", "tunings", "members"}
 
 // runCommand runs an operator command against one node's admin API. It
 // asks that node, not the leader: status shows what the node itself
 // sees, and quotas and leases read its replicated state (a follower's may
 // lag by the entries it has not applied).
 func runCommand(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	if name == "members" {
+		return runMembers(ctx, args, stdout, stderr) // members.go
+	}
 	fs := flag.NewFlagSet("coordinator "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", "127.0.0.1:8301", "gRPC address of a coordinator node")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline for the call")
+	addr, timeout := bindAddr(fs)
 	quota := new(string)
 	if name == "leases" {
 		quota = fs.String("quota", "", "only the leases of this quota (rule|subject)")
@@ -96,7 +98,9 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		}
 		printTunings(w, tl.Tunings)
 	case "tune":
-		resp, err := tuneAtLeader(ctx, admin, *addr, tuneReq)
+		resp, err := atLeader(ctx, admin, *addr, func(ctx context.Context, admin rationv1.AdminClient, opt grpc.CallOption) (*rationv1.TuneResponse, error) {
+			return admin.Tune(ctx, tuneReq, opt)
+		})
 		if err != nil {
 			return fmt.Errorf("tune at %s: %w", *addr, err)
 		}
@@ -122,6 +126,14 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		}
 	}
 	return nil
+}
+
+// bindAddr binds the flags every command has: the node to ask and the
+// deadline.
+func bindAddr(fs *flag.FlagSet) (addr *string, timeout *time.Duration) {
+	addr = fs.String("addr", "127.0.0.1:8301", "gRPC address of a coordinator node")
+	timeout = fs.Duration("timeout", 5*time.Second, "deadline for the call")
+	return addr, timeout
 }
 
 func orDash(s string) string {
@@ -210,28 +222,32 @@ func printTunings(w io.Writer, ts []*rationv1.Tuning) {
 	}
 }
 
-// tuneAtLeader sends a tuning, which only the leader commits: a node that
-// is not the leader (or leads but is not ready yet) answers UNAVAILABLE
-// naming the leader, and the tuning is sent there, until the deadline. A
-// Tune that reached the state machine twice sets the same record twice.
-func tuneAtLeader(ctx context.Context, admin rationv1.AdminClient, addr string, req *rationv1.TuneRequest) (*rationv1.TuneResponse, error) {
+// atLeader makes a call only the leader serves (Tune, AddVoter,
+// RemoveServer): a node that is not the leader (or leads but is not ready
+// yet) answers UNAVAILABLE naming the leader, and the call is made there,
+// until the deadline. opt must be passed to the RPC: it reads the trailer.
+// A call may so reach the state machine twice: a Tune sets the same record
+// twice, an AddVoter of a voter at the same address is a no-op.
+func atLeader[T any](ctx context.Context, admin rationv1.AdminClient, addr string,
+	call func(ctx context.Context, admin rationv1.AdminClient, opt grpc.CallOption) (T, error)) (T, error) {
+	var zero T
 	for {
 		var md metadata.MD
-		resp, err := admin.Tune(ctx, req, grpc.Trailer(&md))
+		resp, err := call(ctx, admin, grpc.Trailer(&md))
 		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
 			return resp, err
 		}
 		if l := md.Get(coordinator.LeaderTrailer); len(l) > 0 && l[0] != "" && l[0] != addr {
 			cc, cerr := grpc.NewClient(l[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if cerr != nil {
-				return nil, fmt.Errorf("leader %q: %w", l[0], cerr)
+				return zero, fmt.Errorf("leader %q: %w", l[0], cerr)
 			}
 			defer cc.Close()
 			admin, addr = rationv1.NewAdminClient(cc), l[0]
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return zero, err
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

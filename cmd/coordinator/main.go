@@ -11,6 +11,9 @@
 //	coordinator leases -addr 127.0.0.1:8301 [-quota rule|subject]
 //	coordinator tune -addr 127.0.0.1:8301 -rule export-global -max-slice 200
 //	coordinator tunings -addr 127.0.0.1:8301
+//	coordinator members list -addr 127.0.0.1:8301
+//	coordinator members add -addr 127.0.0.1:8301 -id n4 -raft-address 10.0.0.4:8300 -grpc-address 10.0.0.4:8301
+//	coordinator members remove -addr 127.0.0.1:8301 -id n4
 //	coordinator -version                              # version, commit, Go version
 //
 // Every flag can also be set with a RATION_* environment variable (-h
@@ -192,6 +195,13 @@ const usage = `usage: coordinator [flags]                  run a node (flags bel
                         [-safe-share N [-allow-overshoot]] [-clear]
                                              set (or -clear) a rule's lease tuning at run time
        coordinator tunings -addr HOST:PORT   the tunings in force
+       coordinator members list -addr HOST:PORT
+                                             the Raft servers, the leader marked
+       coordinator members add -addr HOST:PORT -id ID -raft-address HOST:PORT
+                               -grpc-address HOST:PORT
+                                             add a voter (sent to the leader)
+       coordinator members remove -addr HOST:PORT -id ID
+                                             remove a server (sent to the leader)
        coordinator COMMAND -h                a command's flags
 
 flags:`

@@ -120,7 +120,11 @@ func TestUsageNamesEveryCommand(t *testing.T) {
 		t.Fatalf("-h = %v, want flag.ErrHelp", err)
 	}
 	for _, c := range commands {
-		if !strings.Contains(stderr.String(), "coordinator "+c+" -addr HOST:PORT") {
+		shown := "coordinator " + c + " -addr HOST:PORT"
+		if c == "members" {
+			shown = "coordinator members list -addr HOST:PORT"
+		}
+		if !strings.Contains(stderr.String(), shown) {
 			t.Errorf("-h does not show the command %q:\n%s", c, stderr.String())
 		}
 		var cmdHelp bytes.Buffer
@@ -141,7 +145,7 @@ func TestUsageNamesEveryCommand(t *testing.T) {
 		}
 	}
 	err := run(context.Background(), []string{"frobnicate"}, &bytes.Buffer{}, &bytes.Buffer{}, noEnv)
-	if err == nil || !strings.Contains(err.Error(), "status, quotas, leases, tune or tunings") {
+	if err == nil || !strings.Contains(err.Error(), "status, quotas, leases, tune, tunings or members") {
 		t.Errorf("unknown command: %v, want every command named", err)
 	}
 }

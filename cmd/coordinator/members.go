@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// membersActions are the actions of the members command, in the order
+// its usage lists them.
+var membersActions = []string{"list", "add", "remove"}
+
+const membersUsage = `usage: coordinator members list -addr HOST:PORT
+       coordinator members add -addr HOST:PORT -id ID -raft-address HOST:PORT -grpc-address HOST:PORT
+       coordinator members remove -addr HOST:PORT -id ID
+
+list asks the node at -addr for the Raft servers it knows (its Status).
+add and remove change the Raft configuration: they are sent to -addr and
+followed to the leader. Add or remove one server at a time, and list
+between changes (docs/runbook.md).
+
+flags:`
+
+// runMembers runs `coordinator members ACTION [flags]`: the Raft
+// membership through the admin API (Status, AddVoter, RemoveServer).
+func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	action := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		action, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("coordinator members "+action, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, membersUsage)
+		fs.PrintDefaults()
+	}
+	addr, timeout := bindAddr(fs)
+	// Without an action (members -h) every action's flags are shown.
+	var id, raftAddr, grpcAddr string
+	if action != "list" {
+		fs.StringVar(&id, "id", "", "the server's id (its coordinator -id); add and remove")
+	}
+	if action == "add" || action == "" {
+		fs.StringVar(&raftAddr, "raft-address", "", "the new server's Raft address, as the others reach it (its -raft); add")
+		fs.StringVar(&grpcAddr, "grpc-address", "", "the new server's gRPC address, as agents and the others reach it (its -grpc); add")
+	}
+	want := fmt.Sprintf("want %s or %s", strings.Join(membersActions[:len(membersActions)-1], ", "), membersActions[len(membersActions)-1])
+	if action != "" && !slices.Contains(membersActions, action) {
+		return fmt.Errorf("members: unknown action %q: %s", action, want)
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if action == "" {
+		return fmt.Errorf("members: no action: %s (coordinator members -h)", want)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("members %s: unexpected arguments %q", action, fs.Args())
+	}
+	var missing []string
+	for _, f := range []struct {
+		name, v string
+		need    bool
+	}{{"-id", id, action != "list"}, {"-raft-address", raftAddr, action == "add"}, {"-grpc-address", grpcAddr, action == "add"}} {
+		if f.need && f.v == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("members %s: %s required", action, strings.Join(missing, ", "))
+	}
+
+	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("members %s: -addr %q: %w", action, *addr, err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	admin := rationv1.NewAdminClient(cc)
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+
+	if action == "list" {
+		st, err := admin.Status(ctx, &rationv1.StatusRequest{})
+		if err != nil {
+			return fmt.Errorf("members of %s: %w", *addr, err)
+		}
+		if len(st.Servers) == 0 {
+			// A node that has not joined, or was removed, knows no
+			// configuration.
+			return fmt.Errorf("members of %s: node %s (%s) knows no Raft configuration: it is not a member; ask a member", *addr, st.Id, st.State)
+		}
+		printMembers(w, st.Servers, st.LeaderId)
+		return nil
+	}
+
+	// The change is made at the leader; its own Status (through the same
+	// connection) names it, so the table can mark it.
+	type changed struct {
+		resp   *rationv1.MembershipResponse
+		leader string
+	}
+	res, err := atLeader(ctx, admin, *addr, func(ctx context.Context, admin rationv1.AdminClient, opt grpc.CallOption) (changed, error) {
+		var resp *rationv1.MembershipResponse
+		var err error
+		if action == "add" {
+			resp, err = admin.AddVoter(ctx, &rationv1.AddVoterRequest{Id: id, RaftAddress: raftAddr, GrpcAddress: grpcAddr}, opt)
+		} else {
+			resp, err = admin.RemoveServer(ctx, &rationv1.RemoveServerRequest{Id: id}, opt)
+		}
+		if err != nil {
+			return changed{}, err
+		}
+		c := changed{resp: resp}
+		if st, err := admin.Status(ctx, &rationv1.StatusRequest{}); err == nil {
+			c.leader = st.LeaderId
+		}
+		return c, nil
+	})
+	if err != nil {
+		return fmt.Errorf("members %s %s at %s: %w", action, id, *addr, err)
+	}
+	if action == "add" {
+		fmt.Fprintf(w, "added %s as a voter\n\n", id)
+	} else {
+		fmt.Fprintf(w, "removed %s\n\n", id)
+	}
+	if len(res.resp.Servers) == 0 {
+		// RemoveServer of the leader itself: it steps down and knows no
+		// configuration any more.
+		fmt.Fprintln(w, "the leader removed itself: the others elect a new leader; list the members at one of them")
+		return nil
+	}
+	printMembers(w, res.resp.Servers, res.leader)
+	return nil
+}
+
+// printMembers prints the Raft servers, marking the leader.
+func printMembers(w io.Writer, servers []*rationv1.RaftServer, leader string) {
+	fmt.Fprintln(w, "SERVER\tRAFT ADDRESS\tSUFFRAGE\tLEADER")
+	for _, s := range servers {
+		mark := ""
+		if s.Id == leader {
+			mark = "leader"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", s.Id, s.Address, s.Suffrage, mark)
+	}
+}

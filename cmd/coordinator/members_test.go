@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/internal/coordinator"
+	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// members list, add and remove against a real 3-node group, each sent to
+// a follower: list reads the follower's configuration, add and remove are
+// followed to the leader. A fourth node, started without -join, becomes a
+// voter through members add and leaves through members remove.
+func TestMembersCommands(t *testing.T) {
+	c := harness.StartCoordinators(t, 3, string(devRules))
+	li, _ := c.Leader(t)
+	follower := c.Node((li + 1) % 3).GRPCAddr()
+	members := func(args ...string) (string, error) {
+		t.Helper()
+		var out bytes.Buffer
+		err := run(context.Background(), append([]string{"members"}, args...), &out, &bytes.Buffer{}, noEnv)
+		return out.String(), err
+	}
+	row := func(id, suffrage string) *regexp.Regexp {
+		return regexp.MustCompile(`(?m)^` + id + `\s+127\.0\.0\.1:\d+\s+` + suffrage + `\b`)
+	}
+
+	out, err := members("list", "-addr", follower)
+	if err != nil {
+		t.Fatalf("members list: %v", err)
+	}
+	for i := range 3 {
+		if !row(fmt.Sprintf("node%d", i), "Voter").MatchString(out) {
+			t.Errorf("members list lacks node%d as a voter:\n%s", i, out)
+		}
+	}
+	if n := len(regexp.MustCompile(`(?m)\s+leader$`).FindAllString(out, -1)); n != 1 {
+		t.Errorf("members list marks %d leaders, want 1:\n%s", n, out)
+	}
+
+	// A node that has not joined: not a member, which list says.
+	set, err := rules.Parse("rules.yaml", devRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := harness.RaftTestConfig()
+	cfg.ID, cfg.DataDir, cfg.Rules = "node3", t.TempDir(), set
+	n3, err := coordinator.Start(context.Background(), cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n3.Close() })
+	if _, err := members("list", "-addr", n3.GRPCAddr()); err == nil || !strings.Contains(err.Error(), "not a member") {
+		t.Errorf("members list at a node that never joined = %v, want it to say so", err)
+	}
+
+	out, err = members("add", "-addr", follower, "-id", "node3", "-raft-address", n3.RaftAddr(), "-grpc-address", n3.GRPCAddr())
+	if err != nil {
+		t.Fatalf("members add: %v", err)
+	}
+	if !strings.Contains(out, "added node3 as a voter") || !row("node3", "Voter").MatchString(out) {
+		t.Errorf("members add printed:\n%s\nwant node3 added and listed as a voter", out)
+	}
+	c.WaitVoters(t, 4)
+	// The new member learns the configuration from the leader.
+	waitMembers(t, n3.GRPCAddr(), func(out string) bool {
+		return row("node3", "Voter").MatchString(out) && strings.Contains(out, "leader")
+	})
+	// Adding it again is a no-op, so a retried add is safe.
+	if _, err := members("add", "-addr", follower, "-id", "node3", "-raft-address", n3.RaftAddr(), "-grpc-address", n3.GRPCAddr()); err != nil {
+		t.Errorf("members add again: %v", err)
+	}
+
+	out, err = members("remove", "-addr", follower, "-id", "node3")
+	if err != nil {
+		t.Fatalf("members remove: %v", err)
+	}
+	if !strings.Contains(out, "removed node3") || strings.Contains(out, "node3 ") || !row("node0", "Voter").MatchString(out) {
+		t.Errorf("members remove printed:\n%s\nwant node3 removed and the others listed", out)
+	}
+	c.WaitVoters(t, 3)
+	waitMembers(t, follower, func(out string) bool { return !strings.Contains(out, "node3") })
+
+	// Refusals name what is wrong.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"remove", "-addr", follower, "-id", "nosuch"}, `no server "nosuch"`},
+		{[]string{"add", "-addr", follower, "-id", "node9", "-raft-address", "0.0.0.0:1", "-grpc-address", "127.0.0.1:1"}, "not dialable"},
+		{[]string{"add", "-addr", follower, "-id", "node9"}, "-raft-address, -grpc-address required"},
+		{[]string{"remove", "-addr", follower}, "-id required"},
+		{[]string{"list", "-addr", follower, "-id", "x"}, "not defined: -id"},
+		{[]string{"frob"}, `unknown action "frob": want list, add or remove`},
+		{nil, "no action: want list, add or remove"},
+		{[]string{"list", "-addr", follower, "extra"}, "unexpected arguments"},
+	} {
+		if _, err := members(tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("members %q = %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// members -h lists every action's flags (what the runbook test reads), and
+// each action's -h its own.
+func TestMembersHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+		not  []string
+	}{
+		{[]string{"-h"}, []string{"-addr", "-timeout", "-id", "-raft-address", "-grpc-address"}, nil},
+		{[]string{"list", "-h"}, []string{"-addr", "-timeout"}, []string{"-id", "-raft-address"}},
+		{[]string{"add", "-h"}, []string{"-addr", "-id", "-raft-address", "-grpc-address"}, nil},
+		{[]string{"remove", "-h"}, []string{"-addr", "-id"}, []string{"-raft-address"}},
+	} {
+		var stderr bytes.Buffer
+		if err := run(context.Background(), append([]string{"members"}, tc.args...), &bytes.Buffer{}, &stderr, noEnv); !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("members %q = %v, want flag.ErrHelp", tc.args, err)
+		}
+		for _, f := range tc.want {
+			if !strings.Contains(stderr.String(), "\n  "+f+" ") {
+				t.Errorf("members %q does not show %s:\n%s", tc.args, f, stderr.String())
+			}
+		}
+		for _, f := range tc.not {
+			if strings.Contains(stderr.String(), "\n  "+f+" ") {
+				t.Errorf("members %q shows %s, which it does not take", tc.args, f)
+			}
+		}
+	}
+}
+
+// waitMembers polls members list at addr until ok accepts its output.
+func waitMembers(t *testing.T, addr string, ok func(string) bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var out bytes.Buffer
+	for {
+		out.Reset()
+		err := run(context.Background(), []string{"members", "list", "-addr", addr}, &out, &bytes.Buffer{}, noEnv)
+		if err == nil && ok(out.String()) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("members list at %s: %v\n%s", addr, err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
