@@ -389,7 +389,7 @@ func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost 
 	if q == nil {
 		q = l.add(r.Name, subject, r.Rate, true)
 	}
-	now = l.waitFirst(ctx, q, now)
+	now = l.waitFirst(ctx, q, now, math.MaxInt64)
 	q.mu.Lock()
 	q.requested += cost
 	q.lastUsed = now
@@ -404,8 +404,9 @@ func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost 
 }
 
 // waitFirst waits, if q's first answer has not arrived, until it does or
-// its cold start ends (or ctx is done), and returns the time then.
-func (l *Leases) waitFirst(ctx context.Context, q *quota, now int64) int64 {
+// its cold start ends (or limit passes, or ctx is done), and returns the
+// time then.
+func (l *Leases) waitFirst(ctx context.Context, q *quota, now, limit int64) int64 {
 	if q.answered() {
 		return now
 	}
@@ -413,7 +414,7 @@ func (l *Leases) waitFirst(ctx context.Context, q *quota, now int64) int64 {
 	// one that added it: a second caller of the same new subject would
 	// otherwise fall to the failure policy.
 	q.mu.Lock()
-	until := q.coldUntil
+	until := min(q.coldUntil, limit)
 	q.mu.Unlock()
 	if wait := time.Duration(until-l.Now()) * time.Microsecond; wait > 0 {
 		t := time.NewTimer(wait)

@@ -81,7 +81,10 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 	if d == nil {
 		d = l.addDefault(r)
 	}
-	now = l.waitFirst(ctx, d, now)
+	// One cold start in all for this decision, whether it waits for the
+	// default lease, the subject's own, or both.
+	limit := l.Now() + l.o.ColdStart.Microseconds()
+	now = l.waitFirst(ctx, d, now, limit)
 	if now-d.touched.Load() > 100_000 {
 		// Every decision of the rule reads this; writing it only every
 		// 100ms keeps its cache line shared between cores.
@@ -135,11 +138,11 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		l.fresh = append(l.fresh, q)
 		l.mu.Unlock()
 		l.kick()
-		now = l.waitFirst(ctx, q, now)
+		now = l.waitFirst(ctx, q, now, limit)
 		q.mu.Lock()
 	} else if !q.answered() {
 		q.mu.Unlock()
-		now = l.waitFirst(ctx, q, now)
+		now = l.waitFirst(ctx, q, now, limit)
 		q.mu.Lock()
 	}
 	res, ok, flag := l.spendOwn(q, cost, now)

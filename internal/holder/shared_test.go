@@ -3,6 +3,7 @@ package holder_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/rules"
@@ -219,5 +221,62 @@ rules:
 	// denial from its (valid, dry) copy.
 	if allowed, _, ok := spend("user=u2"); allowed || !ok {
 		t.Fatalf("u2 decision 3: allowed %v, ok %v; want denied (max_subjects reached, copy dry)", allowed, ok)
+	}
+}
+
+// A decision of a rule with a default share waits out one cold start in
+// all, even when neither the default lease nor the subject's own arrives
+// (no coordinator answers): never one for each.
+func TestDefaultShareOneColdStart(t *testing.T) {
+	// A coordinator that accepts connections and never answers: requests
+	// hang until their timeout, longer than the cold start.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	client := coordinator.NewClient([]string{ln.Addr().String()}, coordinator.ClientOptions{CallTimeout: 5 * time.Second, MaxAttempts: 1})
+	t.Cleanup(func() { client.Close() })
+	const cold = 400 * time.Millisecond
+	h, err := holder.New(holder.Options{Client: client, Holder: "a", ColdStart: cold, RequestTimeout: 5 * time.Second, Logger: logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); h.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	r := rule(t, sharedRules, "many")
+	start := time.Now()
+	_, _, ok := h.Spend(context.Background(), r, "user=new", 1, h.Now())
+	took := time.Since(start)
+	t.Logf("decision without any coordinator took %v (cold start %v)", took.Round(time.Millisecond), cold)
+	if ok {
+		t.Fatalf("decided with a lease although no coordinator answers")
+	}
+	// Waiting for the default lease and then for the subject's own one
+	// would take two cold starts (800ms).
+	if took > cold+300*time.Millisecond {
+		t.Errorf("the decision waited %v, more than one cold start (%v) and slack", took, cold)
 	}
 }
