@@ -629,7 +629,10 @@ func (l *Leases) takeEarly() []*quota {
 }
 
 func (l *Leases) snapshot() []*quota {
-	out := make([]*quota, 0, 8)
+	l.mu.Lock()
+	n := l.count
+	l.mu.Unlock()
+	out := make([]*quota, 0, n+8)
 	for _, m := range *l.quotas.Load() {
 		m.Range(func(_, v any) bool {
 			out = append(out, v.(*quota))
@@ -726,16 +729,24 @@ type pick struct {
 // its renew point, every other quota looked at renews with it: one renewal
 // per agent per period, not per quota. It returns the earliest time a
 // quota it left alone wants looking at again (at most next).
-func (l *Leases) look(qs []*quota, now, next int64) (pick, int64) {
+func (l *Leases) look(qs []*quota, full bool, now, next int64) (pick, int64) {
 	var p pick
 	var rest []*quota
 	anyDue := false
-	seen := make(map[*quota]bool, len(qs))
+	// Fresh and flagged quotas may repeat (a quota flagged twice); a full
+	// scan's snapshot holds each once and may hold 100,000 of them, so it
+	// skips the set.
+	var seen map[*quota]bool
+	if !full {
+		seen = make(map[*quota]bool, len(qs))
+	}
 	for _, q := range qs {
-		if seen[q] {
-			continue
+		if seen != nil {
+			if seen[q] {
+				continue
+			}
+			seen[q] = true
 		}
-		seen[q] = true
 		q.mu.Lock()
 		idle := now-max(q.lastUsed, q.touched.Load()) > l.o.IdleAfter.Microseconds()
 		switch {
@@ -829,10 +840,10 @@ func (l *Leases) round(ctx context.Context) {
 	fresh, early := l.takeFresh(), l.takeEarly()
 	var p pick
 	if now >= l.nextScan {
-		p, l.nextScan = l.look(l.snapshot(), now, now+l.rescan().Microseconds())
+		p, l.nextScan = l.look(l.snapshot(), true, now, now+l.rescan().Microseconds())
 	} else {
 		var next int64
-		p, next = l.look(append(fresh, early...), now, l.nextScan)
+		p, next = l.look(append(fresh, early...), false, now, l.nextScan)
 		if next < l.nextScan {
 			l.nextScan = next
 		}
