@@ -166,9 +166,21 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 		recStart = monoNow()
 	}
 	set := s.rules.Current()
-	items := make([]item, len(reqs))
-	steps := make([]step, 0, len(reqs))
-	var matches []rules.Match
+	// A lone request (unary Allow, Envoy's ShouldRateLimit, an HTTP check)
+	// is decided in buffers on this stack: made, these slices would be
+	// three allocations of every such decision. Steps past two (a request
+	// matching three rules or more) grow onto the heap as before.
+	var itemBuf [1]item
+	var stepBuf [2]step
+	var matchBuf [2]rules.Match
+	var items []item
+	var steps []step
+	if len(reqs) == 1 {
+		items, steps = itemBuf[:], stepBuf[:0]
+	} else {
+		items, steps = make([]item, len(reqs)), make([]step, 0, len(reqs))
+	}
+	matches := matchBuf[:0]
 	withID := false
 	for i := range reqs {
 		items[i].first = len(steps)
