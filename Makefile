@@ -35,7 +35,7 @@ docs: ## regenerate the generated tables in docs/ from the code (their tests fai
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh
 
-test: deps ## gofmt, vet and race-test everything (real redis-server, Raft, nginx), chaos smoke set, deploy checks
+test: deps ## gofmt, vet and race-test everything (real redis-server, Raft, nginx, caddy), chaos smoke set, deploy checks
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Ration's tests need on a fresh machine: redis-server (with
-# redis-sentinel and redis-benchmark), jq (scripts/bench.sh) and nginx (the
-# auth_request end-to-end test). Tests start their own servers on free
-# loopback ports with their own files; a redis on 6379 or an nginx on 80 is
-# neither used nor touched.
+# redis-sentinel and redis-benchmark), jq (scripts/bench.sh), nginx (the
+# auth_request end-to-end test) and caddy (the forward_auth one). Tests
+# start their own servers on free loopback ports with their own files; a
+# redis on 6379 or an nginx or caddy on 80 is neither used nor touched.
 set -euo pipefail
 
 need=()
@@ -14,6 +14,7 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd) # deploy/ verifies
 command -v jq >/dev/null 2>&1 || need+=(jq) # scripts/bench.sh reads ration-bench JSON
 # nginx is often in /usr/sbin, which is not on every user's PATH.
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v caddy >/dev/null 2>&1 || need+=(caddy)
 
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 
