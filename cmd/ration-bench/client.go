@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -93,6 +95,7 @@ type dialer struct {
 	conns  []*grpc.ClientConn
 	health []healthpb.HealthClient
 	limit  []rationv1.RateLimiterClient
+	envoy  []rlsv3.RateLimitServiceClient
 	http   *http.Client
 	notes  []string
 }
@@ -129,6 +132,7 @@ func dial(ctx context.Context, cfg Config) (*dialer, error) {
 		d.conns = append(d.conns, cc)
 		d.health = append(d.health, healthpb.NewHealthClient(cc))
 		d.limit = append(d.limit, rationv1.NewRateLimiterClient(cc))
+		d.envoy = append(d.envoy, rlsv3.NewRateLimitServiceClient(cc))
 	}
 	for i, target := range cfg.Targets {
 		if err := d.preflightGRPC(ctx, target, d.health[i%len(d.health)]); err != nil {
@@ -206,6 +210,8 @@ func (d *dialer) caller(w int) caller {
 		return newHTTPCaller(d.http, d.cfg.HTTPTargets[w%len(d.cfg.HTTPTargets)], gen, timeout)
 	case modeEmpty:
 		return &emptyCaller{client: d.health[w%len(d.health)], timeout: timeout}
+	case modeEnvoy:
+		return &envoyCaller{client: d.envoy[w%len(d.envoy)], gen: gen, timeout: timeout}
 	default:
 		return &allowCaller{client: d.limit[w%len(d.limit)], gen: gen, timeout: timeout}
 	}
@@ -225,6 +231,8 @@ func endpoint(c Config) string {
 		return "GET /v1/check"
 	case modeEmpty:
 		return "grpc.health.v1.Health/Check"
+	case modeEnvoy:
+		return "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 	default:
 		return "ration.v1.RateLimiter/Allow"
 	}
@@ -333,6 +341,50 @@ func (c *streamCaller) close() {
 		c.stream, c.cancel = nil, nil
 	}
 }
+
+// envoyDomain is the domain of every Envoy request. The agent passes it to
+// the rules as descriptor "domain"; a rule that does not name that key
+// applies to every domain.
+const envoyDomain = "ration-bench"
+
+// envoyCaller asks what Envoy's HTTP rate-limit filter asks: one
+// descriptor, whose entries are the descriptors an allow call would send.
+// Envoy's answer has no reason, so OK counts as "ok" and OVER_LIMIT as
+// "over_limit"; a fail_open rule's answer while the store is down is an OK
+// like any other (fail_closed answers UNAVAILABLE, an error here).
+type envoyCaller struct {
+	client  rlsv3.RateLimitServiceClient
+	gen     *requestGen
+	timeout time.Duration
+}
+
+func (c *envoyCaller) call(ctx context.Context, _ int, t tally) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	var a rationv1.AllowRequest
+	c.gen.fill(&a)
+	d := &ratelimitv3.RateLimitDescriptor{Entries: make([]*ratelimitv3.RateLimitDescriptor_Entry, 0, len(a.Descriptors))}
+	for _, k := range slices.Sorted(maps.Keys(a.Descriptors)) {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: k, Value: a.Descriptors[k]})
+	}
+	req := &rlsv3.RateLimitRequest{Domain: envoyDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}
+	if a.Cost > 0 {
+		req.HitsAddend = uint32(a.Cost)
+	}
+	resp, err := c.client.ShouldRateLimit(ctx, req)
+	switch {
+	case err != nil:
+		t.add(kindError, grpcReason(err), 1)
+	case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+		t.add(kindAllowed, "ok", 1)
+	case resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+		t.add(kindDenied, "over_limit", 1)
+	default:
+		t.add(kindError, "envoy:"+strings.ToLower(resp.GetOverallCode().String()), 1)
+	}
+}
+
+func (c *envoyCaller) close() {}
 
 type emptyCaller struct {
 	client  healthpb.HealthClient

@@ -23,9 +23,10 @@ const (
 	modeStream = "stream" // AllowStream: one decision per message, one stream per worker
 	modeHTTP   = "http"   // GET /v1/check (or POST /v1/allow with -rule/-mix)
 	modeEmpty  = "empty"  // grpc.health.v1 Health/Check: the floor of any unary call
+	modeEnvoy  = "envoy"  // envoy.service.ratelimit.v3 ShouldRateLimit: one descriptor per call
 )
 
-var modes = []string{modeAllow, modeBatch, modeStream, modeHTTP, modeEmpty}
+var modes = []string{modeAllow, modeBatch, modeStream, modeHTTP, modeEmpty, modeEnvoy}
 
 // Key distributions.
 const (
@@ -159,7 +160,8 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	targets = strings.Join(cfg.Targets, ",")
 	httpTargets = strings.Join(cfg.HTTPTargets, ",")
 	fs.StringVar(&cfg.Mode, "mode", cfg.Mode, "what to call: "+strings.Join(modes, ", ")+
-		"\n(allow = unary Allow, batch = AllowBatch, stream = AllowStream, http = GET /v1/check, empty = grpc.health.v1 Health/Check)")
+		"\n(allow = unary Allow, batch = AllowBatch, stream = AllowStream, http = GET /v1/check, empty = grpc.health.v1 Health/Check,"+
+		"\nenvoy = Envoy's ShouldRateLimit: domain ration-bench, one descriptor with allow's descriptors as its entries)")
 	fs.StringVar(&targets, "target", targets, "gRPC agent address host:port, or a comma list (connections go round-robin)")
 	fs.StringVar(&httpTargets, "http-target", httpTargets, "HTTP agent address host:port, or a comma list (-mode http)")
 	fs.IntVar(&cfg.Conns, "conns", 0, "gRPC connections, spread round-robin over -target (0: 4; at least one per target)")
@@ -274,6 +276,12 @@ func (c Config) Check() error {
 	}
 	if c.Rule != "" && len(c.Mix) > 0 {
 		add("-rule %q and -mix: give one of them", c.Rule)
+	}
+	if c.Mode == modeEnvoy && (c.Rule != "" || len(c.Mix) > 0) {
+		add("-mode envoy sends descriptors: -rule and -mix do not apply")
+	}
+	if c.Mode == modeEnvoy && c.Cost != math.Trunc(c.Cost) {
+		add("-cost %v: Envoy's hits_addend is a whole number", c.Cost)
 	}
 	if (c.Rule != "" || len(c.Mix) > 0) && len(c.Descriptors) > 0 {
 		add("-descriptors: a request names either a rule (-rule/-mix) or descriptors, not both")
