@@ -9,7 +9,8 @@
 #      gateway-agent built from this tree, with rules it writes (one of them
 #      mode: leased, given to both the coordinator and the agent);
 #   3. drives the agent with cmd/ration-bench: the empty gRPC call (floor),
-#      unary Allow, AllowBatch, AllowStream and HTTP check on the Redis path
+#      unary Allow, Envoy's ShouldRateLimit, AllowBatch, AllowStream and
+#      HTTP check on the Redis path
 #      (10k keys and one hot key), unary Allow and AllowBatch on the leased
 #      path, with the CPU of the agent, Redis and the coordinator per
 #      decision; then, open loop, a Redis-path and a leased unary Allow at
@@ -21,7 +22,9 @@
 #      and one client unpipelined (the bare round trip) with the script's
 #      own time from INFO commandstats;
 #   5. writes docs/performance.md (BENCH_OUT to write elsewhere), ending with
-#      the `ration-bench plan` flags these figures give (docs/capacity.md).
+#      the `ration-bench plan` flags these figures give (docs/capacity.md),
+#      then the hand-written record that follows the keep marker in the
+#      current page (what past changes bought), carried over unchanged.
 #
 # Knobs (environment): BENCH_DURATION (5s), BENCH_WARMUP (1s),
 # BENCH_CONCURRENCY (64), BENCH_KEYS (10000), BENCH_BATCH (100),
@@ -232,6 +235,7 @@ BC="-concurrency $BIG_CONC"
 matrix=(
   "empty|empty unary (grpc.health.v1 Check): the floor|-mode empty -target \$GRPC $C"
   "allow|unary Allow, $KEYS keys uniform|-mode allow -target \$GRPC -keys $KEYS -dist uniform $C"
+  "envoy|Envoy ShouldRateLimit, one descriptor, $KEYS keys uniform|-mode envoy -target \$GRPC -keys $KEYS -dist uniform $C"
   "allow-hot|unary Allow, 1 hot key (over its limit)|-mode allow -target \$GRPC -descriptor-key hot -dist hot $C"
   "batch|AllowBatch of $BATCH, $KEYS keys uniform|-mode batch -batch $BATCH -target \$GRPC -keys $KEYS -dist uniform $C"
   "batch-hot|AllowBatch of $BATCH, 1 hot key (over its limit)|-mode batch -batch $BATCH -target \$GRPC -descriptor-key hot -dist hot $C"
@@ -316,7 +320,7 @@ csv_field() { awk -F'","' -v i="$2" '{ gsub(/^"|"$/, ""); print $i }' <<<"$1"; }
 # 5. docs/performance.md ----------------------------------------------------
 r() { jq -r "$2" "$work/results/$1.json"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-verdict() { awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN { ok = (op == ">=") ? (v >= t) : (v < t); print ok ? "met" : "**not met**" }'; }
+verdict() { awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN { ok = (op == ">=") ? (v >= t) : (op == "<=") ? (v <= t) : (v < t); if (v == "n/a" || v == "") print "n/a"; else print ok ? "met" : "**not met**" }'; }
 # bench_metric FILE NAME UNIT: the value before UNIT on benchmark NAME's line
 # (NAME without the -GOMAXPROCS suffix; the first match).
 bench_metric() {
@@ -353,6 +357,10 @@ cpu_bound=$(ratio "$cpu_empty" "$cpu_allow")
 # The servers' CPU per decision (agent + redis + coordinator): steadier
 # than decisions/s when other work on the machine takes a varying share.
 srv() { r "$1" '.cpu_total_us_per_decision'; }
+# Issue 16's targets: the servers' CPU of a Redis-path unary Allow against
+# the empty call, Envoy's path against unary Allow, the script's own time.
+r16_cpu=$(ratio "$(srv allow)" "$(srv empty)")
+r16_envoy=$(ratio "$(srv envoy)" "$(srv allow)")
 
 # Per-decision costs for the capacity plan (docs/capacity.md).
 plan_redis_us=${ceiling_us[1]}
@@ -387,6 +395,18 @@ table_rows() {
     ' "$work/results/$name.json"
   done
 }
+
+# A hand-written record (what a change bought, with the figures of its own
+# runs) follows the generated page in docs/performance.md: everything from
+# the marker line on is carried over to the new page as it is.
+keep_marker='<!-- bench.sh keeps everything below this line: hand-written, with the figures of its own runs -->'
+kept=""
+for f in "$OUT" docs/performance.md; do
+  if [ -f "$f" ] && grep -qxF "$keep_marker" "$f"; then
+    kept=$(awk -v m="$keep_marker" 'f || $0 == m { f = 1; print }' "$f")
+    break
+  fi
+done
 
 {
   cat <<EOF
@@ -449,6 +469,10 @@ runs dry is asked for again at once (docs/leases.md, How shares move).
 | leased unary Allow / empty unary (decided/s) | $r_leased_empty ($leased_rate / $empty_rate) | | |
 | leased AllowBatch of $BIG_BATCH / Redis AllowBatch of $BIG_BATCH (decided/s) | $r_leased_big ($leased_big_rate / $bigbatch_rate) | | |
 | leased AllowBatch of $BIG_BATCH / redis-benchmark ceiling (P16) | $r_leased_big_ceil ($leased_big_rate / $ceil16) | | |
+| issue 16: unary Allow / empty unary (decided/s) | $r_allow ($allow_rate / $empty_rate) | >= 0.60 | $(verdict "$r_allow" ">=" 0.60) |
+| issue 16: servers' CPU per decision, Redis unary Allow / empty unary | $r16_cpu ($(srv allow) / $(srv empty) µs) | <= 1.80 | $(verdict "$r16_cpu" "<=" 1.80) |
+| issue 16: servers' CPU per decision, Envoy ShouldRateLimit / unary Allow | $r16_envoy ($(srv envoy) / $(srv allow) µs) | <= 1.10 | $(verdict "$r16_envoy" "<=" 1.10) |
+| issue 16: the script's run time in Redis, one client, unpipelined (µs, \`usec_per_call\`) | $script_us | <= 8 | $(verdict "$script_us" "<=" 8) |
 
 The same comparisons in the servers' CPU per decision (agent + redis +
 coordinator, µs), which moves less than decisions/s when other work on the
@@ -626,6 +650,10 @@ EOF
   echo '```yaml'
   cat "$work/rules.yaml"
   echo '```'
+  if [ -n "$kept" ]; then
+    echo
+    printf '%s\n' "$kept"
+  fi
 } >"$OUT"
 say "wrote $OUT (${elapsed}s)"
 if [ "$gotest_status" -ne 0 ]; then die "go test -bench failed (exit $gotest_status); the rest of the run is in $OUT"; fi
