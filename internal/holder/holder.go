@@ -226,6 +226,9 @@ type quota struct {
 	// lease is asked for (always, without a default share; for a subject
 	// of a rule with one, once its copy of the default lease ran dry).
 	own bool
+	// ownUsed is when a decision last needed the own lease (its copy could
+	// not pay); an own lease not needed for IdleAfter is given back.
+	ownUsed int64
 	// A subject's copy of its rule's default lease: cp mirrors every
 	// command and answer of def's holding and is spent on this subject
 	// alone. removed: forgotten by the loop (a decision that finds it
@@ -414,12 +417,12 @@ func (l *Leases) waitFirst(ctx context.Context, q *quota, now, limit int64) int6
 	// one that added it: a second caller of the same new subject would
 	// otherwise fall to the failure policy.
 	q.mu.Lock()
-	until := min(q.coldUntil, limit)
+	until, ready := min(q.coldUntil, limit), q.ready
 	q.mu.Unlock()
 	if wait := time.Duration(until-l.Now()) * time.Microsecond; wait > 0 {
 		t := time.NewTimer(wait)
 		select {
-		case <-q.ready:
+		case <-ready:
 		case <-t.C:
 		case <-ctx.Done():
 		}
@@ -722,6 +725,9 @@ func (l *Leases) Run(ctx context.Context) {
 type pick struct {
 	grants, renews []*quota
 	idle           []*quota
+	// demote: subjects whose copy of the default lease has paid for every
+	// decision for IdleAfter: their own leases go back.
+	demote []*quota
 }
 
 // look sorts qs at now into new quotas (grants), quotas due at their renew
@@ -759,6 +765,8 @@ func (l *Leases) look(qs []*quota, full bool, now, next int64) (pick, int64) {
 		case !q.own:
 			// A subject spending only its copy of the default lease:
 			// nothing to ask the coordinator.
+		case q.def != nil && !q.invalid && q.h.Lease.ID != 0 && now-q.ownUsed > l.o.IdleAfter.Microseconds():
+			p.demote = append(p.demote, q)
 		case q.invalid:
 		case q.failed != "" && now-q.failedAt < failedRetry.Microseconds():
 			// The coordinator refused this quota; ask again later in case
@@ -854,6 +862,9 @@ func (l *Leases) round(ctx context.Context) {
 		cancel()
 		l.remove(p.idle)
 	}
+	if len(p.demote) > 0 {
+		l.demote(ctx, p.demote, now)
+	}
 	queued := make(map[*quota]bool, len(p.grants)+len(p.renews))
 	for _, q := range p.grants {
 		queued[q] = true
@@ -894,6 +905,31 @@ func (l *Leases) round(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// demote gives back the own leases of subjects whose copies of the default
+// lease have paid for all their decisions for IdleAfter: the subject goes
+// back to its copy alone, and asks for its own lease again when the copy
+// next runs dry (a new grant, waited for like any first one). A subject
+// that needed its own lease again meanwhile keeps asking: its released
+// lease is renewed, refused as expired, and granted afresh.
+func (l *Leases) demote(ctx context.Context, qs []*quota, now int64) {
+	rctx, cancel := context.WithTimeout(ctx, l.o.RequestTimeout)
+	l.release(rctx, qs)
+	cancel()
+	for _, q := range qs {
+		q.mu.Lock()
+		if now-q.ownUsed > l.o.IdleAfter.Microseconds() {
+			q.own = false
+			q.h = lease.Holding{Quota: q.id, Validity: l.validity}
+			q.nudged, q.confirm, q.dry, q.failed = false, false, false, ""
+			// Its next first decision waits for the next grant.
+			q.ready, q.readyOnce = make(chan struct{}), sync.Once{}
+			q.got.Store(false)
+		}
+		q.mu.Unlock()
+	}
+	l.m.demoted.Add(float64(len(qs)))
 }
 
 // split takes the next request's quotas: grants first, then renewals, up

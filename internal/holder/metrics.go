@@ -10,6 +10,7 @@ type metrics struct {
 	expired       prometheus.Counter
 	quotas        prometheus.Gauge
 	nudges        prometheus.Counter
+	demoted       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -43,7 +44,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ration_agent_lease_nudges_total",
 			Help: "Quotas the coordinator leader asked this agent to renew at once (a share to shrink or to take).",
 		}),
+		demoted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_agent_lease_own_released_total",
+			Help: "Subjects' own leases given back because their copy of the rule's default lease (lease.default_share) paid for every decision for a minute.",
+		}),
 	}
-	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas, m.nudges)
+	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas, m.nudges, m.demoted)
 	return m
 }

@@ -128,6 +128,7 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		}
 		return result(q.cp, false, cost), true, true
 	}
+	q.ownUsed = now
 	if !q.own {
 		// The copy cannot pay: from now on this subject has a lease of its
 		// own too, and this decision waits for it like any first one.

@@ -280,3 +280,88 @@ func TestDefaultShareOneColdStart(t *testing.T) {
 		t.Errorf("the decision waited %v, more than one cold start (%v) and slack", took, cold)
 	}
 }
+
+// A subject's own lease goes back once its copy of the default lease has
+// paid for every decision for IdleAfter, and comes back (a new grant,
+// waited for) when the copy next runs dry.
+func TestDefaultShareOwnLeaseGivenBack(t *testing.T) {
+	const yaml = `
+rules:
+  - name: r
+    match: {user: "*"}
+    burst: 4
+    rate: 4
+    mode: leased
+    lease: {default_share: 0.5}
+`
+	c := harness.StartCoordinators(t, 1, yaml)
+	r := rule(t, yaml, "r")
+	reg := prometheus.NewRegistry()
+	h, _ := runHolder(t, c, holder.Options{Holder: "a", IdleAfter: 300 * time.Millisecond, Registry: reg})
+	ctx := context.Background()
+	_, leader := c.Leader(t)
+	ownLeases := func() int {
+		n := 0
+		for _, l := range listLeases(t, leader.GRPCAddr()) {
+			if l.Quota == "r|user=x" {
+				n++
+			}
+		}
+		return n
+	}
+	released := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "ration_agent_lease_own_released_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		t.Fatal("no ration_agent_lease_own_released_total")
+		return 0
+	}
+	// The copy holds 2 (half of burst 4, one agent): the third decision in
+	// a row needs the subject's own lease.
+	burst := func(round string) {
+		t.Helper()
+		var fromOwn int
+		for i := range 3 {
+			res, fromCopy, ok := h.Spend(ctx, r, "user=x", 1, h.Now())
+			if !ok || !res.Allowed {
+				t.Fatalf("%s: decision %d not admitted (ok %v)", round, i, ok)
+			}
+			if !fromCopy {
+				fromOwn++
+			}
+		}
+		if fromOwn == 0 {
+			t.Fatalf("%s: three decisions in a row all paid by a copy of 2 tokens", round)
+		}
+	}
+	burst("first burst")
+	// Within the copy (it refills 2/s, from empty) for well past IdleAfter.
+	time.Sleep(time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for released() == 0 && time.Now().Before(deadline) {
+		if res, fromCopy, ok := h.Spend(ctx, r, "user=x", 1, h.Now()); !ok || !res.Allowed || !fromCopy {
+			t.Fatalf("a decision within the copy's refill: ok %v, allowed %v, from the copy %v", ok, res.Allowed, fromCopy)
+		}
+		time.Sleep(600 * time.Millisecond)
+	}
+	if n := released(); n != 1 {
+		t.Fatalf("ration_agent_lease_own_released_total = %v 5s after the copy alone sufficed (idle after 300ms), want 1", n)
+	}
+	for range 3 {
+		if n := ownLeases(); n != 0 {
+			t.Fatalf("the coordinator still holds %d own leases of r|user=x after it was given back", n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // the copy is full again
+	burst("second burst")
+	if n := ownLeases(); n != 1 {
+		t.Fatalf("after the second burst the coordinator holds %d own leases of r|user=x, want 1", n)
+	}
+}
