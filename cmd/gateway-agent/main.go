@@ -94,6 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	cfg.DevCoordinator = startDevCoordinator // used under -dev without -coordinators
 	srv, err := agent.Start(ctx, cfg, logger, nil)
 	if err != nil {
 		return err

@@ -172,7 +172,8 @@ func TestVersion(t *testing.T) {
 }
 
 // -dev starts a complete system with no other process and prints how to use
-// it; a curl-equivalent request against the printed address is admitted.
+// it; a curl-equivalent request against the printed address is admitted,
+// and so is one of the leased sample rule (the embedded coordinator).
 func TestDevModeServes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -206,7 +207,25 @@ func TestDevModeServes(t *testing.T) {
 	if codes[0] != 200 || codes[10] != 429 {
 		t.Fatalf("check codes = %v, want 200 first and 429 on the 11th (burst 10)", codes)
 	}
-	checkBuildInfo(t, strings.Split(url, "/v1/")[0]+"/metrics")
+	base := strings.Split(url, "/v1/")[0]
+	// The leased sample rule (fail_closed) is admitted from a lease of the
+	// embedded coordinator, which main wires in (dev.go): without it every
+	// answer would be 503.
+	leased := 0
+	for deadline := time.Now().Add(10 * time.Second); leased != 200 && time.Now().Before(deadline); {
+		resp, err := http.Get(base + "/v1/check?endpoint=checkout")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if leased = resp.StatusCode; leased != 200 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if leased != 200 {
+		t.Fatalf("leased rule hot-endpoint answered %d for 10s, want 200 from the embedded coordinator's lease", leased)
+	}
+	checkBuildInfo(t, base+"/metrics")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run returned %v after cancel, want a clean shutdown", err)

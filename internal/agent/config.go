@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"github.com/ration-dev/ration/internal/breaker"
 	"github.com/ration-dev/ration/internal/envflag"
 	"github.com/ration-dev/ration/internal/logformat"
+	"github.com/ration-dev/ration/internal/rules"
 )
 
 // Config is everything the gateway-agent process needs. Layers, in order:
@@ -34,6 +37,24 @@ type Config struct {
 	Record          string        // -record, RATION_RECORD: admission log file (off when empty)
 	Dev             bool          // -dev: in-memory store, embedded sample rules
 	Validate        bool          // -validate: check the rules file and exit
+
+	// DevCoordinator starts the single-node coordinator that -dev embeds
+	// when -coordinators is empty. It is not a flag: cmd/gateway-agent
+	// sets it, so that this package links no Raft and no BoltDB. Nil under
+	// -dev: no coordinator, and leased rules decide by their failure
+	// policy.
+	DevCoordinator StartDevCoordinator
+}
+
+// StartDevCoordinator starts an embedded coordinator serving set and
+// returns it with its gRPC address; it returns once the coordinator leads.
+type StartDevCoordinator func(ctx context.Context, logger *slog.Logger, set *rules.Set) (DevCoordinator, string, error)
+
+// DevCoordinator is a running embedded coordinator: it follows the
+// agent's rules reloads and stops with the agent.
+type DevCoordinator interface {
+	SetRules(*rules.Set)
+	Close() error
 }
 
 // DefaultConfig is the production starting point.

@@ -21,7 +21,7 @@ import (
 
 	"github.com/ration-dev/ration/examples"
 	"github.com/ration-dev/ration/internal/bucket"
-	"github.com/ration-dev/ration/internal/coordinator"
+	"github.com/ration-dev/ration/internal/coordclient"
 	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -52,16 +52,17 @@ type Server struct {
 
 	holder         *holder.Leases
 	holderDone     chan struct{}
-	devCoordinator *coordinator.Node
+	devCoordinator DevCoordinator
 
 	storeless bool           // no -redis: every rule is mode: leased (nostore.go)
 	rules     *acceptedRules // the rules in force, when a rules file is watched
 }
 
 // startLeases builds the lease holder: against -coordinators, or under -dev
-// against an embedded single-node coordinator. It returns nil (leased rules
-// fall to their failure policy) only when no leased rule is configured and
-// no coordinator is given.
+// against an embedded single-node coordinator (cfg.DevCoordinator). It
+// returns nil (leased rules fall to their failure policy) when no leased
+// rule is configured and no coordinator is given, and under -dev when
+// there is no cfg.DevCoordinator to start (logged).
 func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (Leases, error) {
 	addrs := cfg.CoordinatorAddrs()
 	var leased []string
@@ -77,10 +78,16 @@ func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (L
 		return nil, nil
 	}
 	if len(addrs) == 0 {
+		if cfg.DevCoordinator == nil {
+			if len(leased) > 0 {
+				s.logger.Warn("-dev without an embedded coordinator (Config.DevCoordinator is nil): leased rules decide by their failure policy", "rules", leased)
+			}
+			return nil, nil
+		}
 		// The embedded coordinator's Raft chatter (elections, state changes)
 		// would bury the -dev guide; only its warnings are shown.
 		devLog := slog.New(minLevel{s.logger.Handler(), slog.LevelWarn}).With("component", "dev-coordinator")
-		node, addr, err := coordinator.StartDev(ctx, devLog, set)
+		node, addr, err := cfg.DevCoordinator(ctx, devLog, set)
 		if err != nil {
 			return nil, fmt.Errorf("agent: embedded dev coordinator: %w", err)
 		}
@@ -88,7 +95,7 @@ func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (L
 		s.closeFns = append(s.closeFns, func() { _ = node.Close() })
 		addrs = []string{addr}
 	}
-	client := coordinator.NewClient(addrs, coordinator.ClientOptions{Logger: s.logger})
+	client := coordclient.New(addrs, coordclient.Options{Logger: s.logger})
 	s.closeFns = append(s.closeFns, func() { _ = client.Close() })
 	h, err := holder.New(holder.Options{
 		Client: client, Holder: cfg.AgentID, Region: cfg.Region,

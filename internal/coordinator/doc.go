@@ -17,8 +17,9 @@
 //     until it and everything before it is applied; concurrent requests are
 //     batched into few entries and each is answered from its own results
 //     once its entry is applied.
-//   - Client: what agents use to reach the leader (follows the
-//     "ration-leader" trailer, retries UNAVAILABLE with bounded backoff).
+//   - Client (internal/coordclient, aliased here): what agents use to
+//     reach the leader (follows the "ration-leader" trailer, retries
+//     UNAVAILABLE with bounded backoff).
 //   - Regions (docs/architecture.md, Regions): a group started with
 //     -upstream is regional. Its leader holds one lease per scope: global,
 //     mode: leased quota from the global group (upstream.go, holder

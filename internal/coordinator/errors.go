@@ -3,6 +3,8 @@ package coordinator
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ration-dev/ration/internal/coordclient"
 )
 
 // Sentinel errors callers branch on. They are mapped to gRPC codes only at
@@ -17,11 +19,12 @@ var (
 	// not yet know every live lease. Retry shortly.
 	ErrNotReady = errors.New("leader not ready")
 	// ErrStopped: the node was shut down, or its state machine stopped on an
-	// entry it could not apply.
-	ErrStopped = errors.New("coordinator stopped")
+	// entry it could not apply. A closed Client answers it too (it is
+	// coordclient.ErrStopped).
+	ErrStopped = coordclient.ErrStopped
 	// ErrInvalidRequest marks a request rejected before anything was
-	// proposed: no state changed.
-	ErrInvalidRequest = errors.New("invalid request")
+	// proposed: no state changed. It is coordclient.ErrInvalidRequest.
+	ErrInvalidRequest = coordclient.ErrInvalidRequest
 	// ErrBadEntry marks a Raft log entry or snapshot this node cannot decode.
 	// Applying it is impossible and skipping it would diverge from the
 	// nodes that can, so the state machine stops (see FSM).

@@ -1,4 +1,4 @@
-package coordinator_test
+package coordclient_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ration-dev/ration/internal/coordinator"
+	"github.com/ration-dev/ration/internal/coordclient"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -30,8 +30,8 @@ func closedAddr(t *testing.T) string {
 // MaxAttempts with the last UNAVAILABLE, or at the caller's deadline;
 // a closed client and an empty address list fail at once.
 func TestClientGivesUp(t *testing.T) {
-	req := &rationv1.RenewRequest{Holder: "a", Seq: 1, Items: []*rationv1.RenewItem{{Quota: testQuotas[0]}}}
-	cl := coordinator.NewClient([]string{closedAddr(t), closedAddr(t)}, coordinator.ClientOptions{
+	req := &rationv1.RenewRequest{Holder: "a", Seq: 1, Items: []*rationv1.RenewItem{{Quota: &rationv1.QuotaRef{Rule: "r", Subject: "s"}}}}
+	cl := coordclient.New([]string{closedAddr(t), closedAddr(t)}, coordclient.Options{
 		MaxAttempts: 3, BackoffMin: time.Millisecond, BackoffMax: 2 * time.Millisecond,
 	})
 	defer cl.Close()
@@ -40,7 +40,7 @@ func TestClientGivesUp(t *testing.T) {
 		t.Errorf("Renew with nothing listening = %v, want UNAVAILABLE after 3 attempts", err)
 	}
 
-	patient := coordinator.NewClient([]string{closedAddr(t)}, coordinator.ClientOptions{MaxAttempts: 1 << 30})
+	patient := coordclient.New([]string{closedAddr(t)}, coordclient.Options{MaxAttempts: 1 << 30})
 	defer patient.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
@@ -49,11 +49,11 @@ func TestClientGivesUp(t *testing.T) {
 	}
 
 	cl.Close()
-	if _, err := cl.Renew(context.Background(), req); !errors.Is(err, coordinator.ErrStopped) {
+	if _, err := cl.Renew(context.Background(), req); !errors.Is(err, coordclient.ErrStopped) {
 		t.Errorf("Renew after Close = %v, want ErrStopped", err)
 	}
-	empty := coordinator.NewClient(nil, coordinator.ClientOptions{})
-	if _, err := empty.Release(context.Background(), &rationv1.ReleaseRequest{}); !errors.Is(err, coordinator.ErrInvalidRequest) {
+	empty := coordclient.New(nil, coordclient.Options{})
+	if _, err := empty.Release(context.Background(), &rationv1.ReleaseRequest{}); !errors.Is(err, coordclient.ErrInvalidRequest) {
 		t.Errorf("Release with no addresses = %v, want ErrInvalidRequest", err)
 	}
 }
