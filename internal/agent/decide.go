@@ -405,6 +405,7 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 		}
 		return
 	}
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DecisionTimeout)
 	defer cancel()
 
@@ -412,7 +413,7 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 		for i := range steps {
 			if st := &steps[i]; st.path == pathRedis {
 				res, err := s.store.Take(ctx, st.req)
-				s.storeResult(st, res, err, time.Now())
+				s.storeResult(caller, st, res, err, time.Now())
 				return
 			}
 		}
@@ -429,13 +430,22 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 	j := 0
 	for i := range steps {
 		if steps[i].path == pathRedis {
-			s.storeResult(&steps[i], outs[j].Result, outs[j].Err, now)
+			s.storeResult(caller, &steps[i], outs[j].Result, outs[j].Err, now)
 			j++
 		}
 	}
 }
 
-func (s *Service) storeResult(st *step, res bucket.Result, err error, now time.Time) {
+// storeResult adopts the store's answer for st. caller is the request's own
+// context: a store call cut short because the caller hung up (or its own
+// deadline passed first) says nothing about the store, so it neither
+// counts against the circuit breaker nor starts the fallback's outage.
+func (s *Service) storeResult(caller context.Context, st *step, res bucket.Result, err error, now time.Time) {
+	if err != nil && caller.Err() != nil {
+		s.metrics.storeErrors.WithLabelValues("caller_gone").Inc()
+		st.path = pathFallback
+		return
+	}
 	if err != nil {
 		// Validation happened before I/O, so any error here is the store's:
 		// the outcome is uncertain and the rule's policy decides.
