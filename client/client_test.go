@@ -127,7 +127,8 @@ func frozenAgent(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// Every call has a deadline: Options.Timeout, or the caller's if earlier.
+// Every call has a deadline: Options.Timeout (BatchTimeout for a batch),
+// or the caller's if earlier.
 func TestDeadlines(t *testing.T) {
 	req := client.Request{Descriptors: map[string]string{"user": "slow"}}
 	t.Run("Options.Timeout", func(t *testing.T) {
@@ -145,7 +146,7 @@ func TestDeadlines(t *testing.T) {
 		}
 	})
 	t.Run("batch", func(t *testing.T) {
-		c := newClient(t, frozenAgent(t), client.Options{Timeout: 100 * time.Millisecond})
+		c := newClient(t, frozenAgent(t), client.Options{Timeout: time.Hour, BatchTimeout: 100 * time.Millisecond})
 		if _, err := c.AllowBatch(context.Background(), []client.Request{req}); !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("AllowBatch = %v, want ErrUnavailable and DeadlineExceeded", err)
 		}
@@ -165,8 +166,47 @@ func TestAgentUnreachable(t *testing.T) {
 	}
 }
 
-func TestNewRejectsNegativeTimeout(t *testing.T) {
+func TestNewRejectsNegativeTimeouts(t *testing.T) {
 	if _, err := client.New("127.0.0.1:1", client.Options{Timeout: -time.Second}); err == nil {
-		t.Fatal("New with a negative timeout succeeded")
+		t.Error("New with a negative Timeout succeeded")
+	}
+	if _, err := client.New("127.0.0.1:1", client.Options{BatchTimeout: -time.Second}); err == nil {
+		t.Error("New with a negative BatchTimeout succeeded")
+	}
+}
+
+// Options.BatchTimeout bounds AllowBatch, Options.Timeout the rest: a batch
+// may take longer than a decision.
+func TestBatchTimeoutIsItsOwn(t *testing.T) {
+	f, addr := startFake(t)
+	f.delay.Store(int64(300 * time.Millisecond))
+	f.batchDelay.Store(int64(300 * time.Millisecond))
+	ctx := context.Background()
+	batch := []client.Request{req("a"), req("b")}
+
+	short := newClient(t, addr, client.Options{Timeout: 50 * time.Millisecond, BatchTimeout: 10 * time.Second})
+	if _, err := short.Allow(ctx, req("a")); !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Allow taking 300ms with Timeout 50ms = %v, want ErrUnavailable and DeadlineExceeded", err)
+	}
+	if ds, err := short.AllowBatch(ctx, batch); err != nil || len(ds) != 2 {
+		t.Errorf("AllowBatch taking 300ms with BatchTimeout 10s (Timeout 50ms) = %v, %v; want answers", ds, err)
+	}
+
+	shortBatch := newClient(t, addr, client.Options{Timeout: 10 * time.Second, BatchTimeout: 50 * time.Millisecond})
+	if _, err := shortBatch.Allow(ctx, req("a")); err != nil {
+		t.Errorf("Allow taking 300ms with Timeout 10s = %v, want an answer", err)
+	}
+	if _, err := shortBatch.AllowBatch(ctx, batch); !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("AllowBatch taking 300ms with BatchTimeout 50ms = %v, want ErrUnavailable and DeadlineExceeded", err)
+	}
+
+	// The defaults: a 300ms batch is within DefaultBatchTimeout, a 300ms
+	// decision is not within DefaultTimeout.
+	defaults := newClient(t, addr, client.Options{})
+	if _, err := defaults.AllowBatch(ctx, batch); err != nil {
+		t.Errorf("AllowBatch taking 300ms by default (%v) = %v, want answers", client.DefaultBatchTimeout, err)
+	}
+	if _, err := defaults.Allow(ctx, req("a")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Allow taking 300ms by default (%v) = %v, want DeadlineExceeded", client.DefaultTimeout, err)
 	}
 }

@@ -4,9 +4,10 @@
 // admitted requests through.
 //
 // A Client holds one gRPC connection to the agent (normally a sidecar on
-// loopback) and multiplexes every call over it; each call has a deadline
-// (Options.Timeout, default 250ms, or the caller's if earlier). Create one
-// Client per agent, share it, Close it on shutdown.
+// loopback) and multiplexes every call over it. Each decision has a
+// deadline (Options.Timeout, default 250ms, or the caller's if earlier),
+// and each AllowBatch call its own (Options.BatchTimeout, default 2s).
+// Create one Client per agent, share it, Close it on shutdown.
 //
 //	c, err := client.New("127.0.0.1:8081", client.Options{})
 //	if err != nil { ... }
