@@ -151,6 +151,16 @@ func TestDeadlines(t *testing.T) {
 			t.Fatalf("AllowBatch = %v, want ErrUnavailable and DeadlineExceeded", err)
 		}
 	})
+	t.Run("stream", func(t *testing.T) {
+		c := newClient(t, frozenAgent(t), client.Options{Timeout: 100 * time.Millisecond})
+		s := c.AllowStream(context.Background())
+		defer s.Close()
+		for i := 0; i < 2; i++ { // the second waits on the stream still opening
+			if _, err := s.Allow(context.Background(), req); !errors.Is(err, client.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Stream.Allow %d = %v, want ErrUnavailable and DeadlineExceeded", i, err)
+			}
+		}
+	})
 }
 
 // Nothing listening: the call fails at once with ErrUnavailable rather than
@@ -163,6 +173,12 @@ func TestAgentUnreachable(t *testing.T) {
 	_, err := c.Allow(ctx, client.Request{Descriptors: map[string]string{"user": "x"}})
 	if !errors.Is(err, client.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Allow to a closed port = %v, want ErrUnavailable without waiting for the deadline", err)
+	}
+	s := c.AllowStream(ctx)
+	defer s.Close()
+	_, err = s.Allow(ctx, client.Request{Descriptors: map[string]string{"user": "x"}})
+	if !errors.Is(err, client.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stream.Allow to a closed port = %v, want ErrUnavailable without waiting for the deadline", err)
 	}
 }
 
@@ -208,5 +224,27 @@ func TestBatchTimeoutIsItsOwn(t *testing.T) {
 	}
 	if _, err := defaults.Allow(ctx, req("a")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Allow taking 300ms by default (%v) = %v, want DeadlineExceeded", client.DefaultTimeout, err)
+	}
+}
+
+// A Stream against the agent: decisions in order on one stream, an
+// invalid request failing alone.
+func TestStreamDecisions(t *testing.T) {
+	srv, _ := startAgent(t, clientRules)
+	c := newClient(t, srv.GRPCAddr(), client.Options{Timeout: 10 * time.Second})
+	s := c.AllowStream(context.Background())
+	defer s.Close()
+	ctx := context.Background()
+	carol := client.Request{Descriptors: map[string]string{"user": "carol"}}
+	for i := 0; i < 2; i++ {
+		if d, err := s.Allow(ctx, carol); err != nil || !d.Allowed || d.Rule != "per-user" || d.Remaining != int64(1-i) {
+			t.Fatalf("Stream.Allow %d = %+v, %v; want admitted with %d left", i, d, err, 1-i)
+		}
+	}
+	if _, err := s.Allow(ctx, client.Request{Descriptors: map[string]string{"user": "carol"}, Cost: -1}); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("Stream.Allow cost -1 = %v, want ErrInvalid", err)
+	}
+	if d, err := s.Allow(ctx, carol); err != nil || d.Allowed || d.Reason != client.ReasonOverLimit || d.Status() != 429 {
+		t.Fatalf("3rd Stream.Allow = %+v, %v; want over_limit on the same stream", d, err)
 	}
 }

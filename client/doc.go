@@ -21,6 +21,11 @@
 //	}, client.MiddlewareOptions{})
 //	http.Handle("/search", limit(searchHandler))
 //
+// Three ways to ask: Allow (one request, one unary call), AllowBatch (up to
+// 10,000 independent requests in one call) and a Stream (AllowStream: one
+// long-lived HTTP/2 stream carrying every decision, for hot paths).
+// Middleware takes any Allower, a Client or a Stream.
+//
 // The middleware answers:
 //
 //   - admitted: the handler's response, with RateLimit-Policy and RateLimit

@@ -8,7 +8,7 @@ import (
 	"github.com/ration-dev/ration/internal/header"
 )
 
-// Allower decides requests; *Client is one.
+// Allower decides requests. *Client and *Stream implement it.
 type Allower interface {
 	Allow(ctx context.Context, req Request) (Decision, error)
 }
