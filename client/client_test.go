@@ -3,7 +3,10 @@ package client_test
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -13,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ration-dev/ration/client"
+	"github.com/ration-dev/ration/client/clienttest"
 	"github.com/ration-dev/ration/internal/harness"
 )
 
@@ -246,5 +250,62 @@ func TestStreamDecisions(t *testing.T) {
 	}
 	if d, err := s.Allow(ctx, carol); err != nil || d.Allowed || d.Reason != client.ReasonOverLimit || d.Status() != 429 {
 		t.Fatalf("3rd Stream.Allow = %+v, %v; want over_limit on the same stream", d, err)
+	}
+}
+
+// clienttest.Bucket answers what the agent answers for the same rule: the
+// fake that importers test with is held to the real thing.
+func TestBucketMatchesAgent(t *testing.T) {
+	srv, _ := startAgent(t, clientRules)
+	c := newClient(t, srv.GRPCAddr(), client.Options{Timeout: 10 * time.Second})
+	fake := clienttest.New(clienttest.Bucket("per-user", 2, 1.0/3600, nil))
+	ctx := context.Background()
+	reqs := []client.Request{
+		{Descriptors: map[string]string{"user": "dave"}},
+		{Descriptors: map[string]string{"user": "dave"}},
+		{Descriptors: map[string]string{"user": "dave"}},
+		{Descriptors: map[string]string{"user": "erin"}, Cost: 2},
+		{Descriptors: map[string]string{"user": "erin"}},
+		{Rule: "per-user", Subject: "frank"},
+		{Rule: "per-user", Subject: "frank", Cost: 3},
+		{Rule: "per-user", Subject: "frank", Cost: -1},
+	}
+	near := func(a, b time.Duration) bool { return (a - b).Abs() <= time.Second }
+	for i, r := range reqs {
+		want, werr := c.Allow(ctx, r)
+		got, gerr := fake.Allow(ctx, r)
+		if errors.Is(werr, client.ErrInvalid) != errors.Is(gerr, client.ErrInvalid) || (werr == nil) != (gerr == nil) {
+			t.Fatalf("request %d %+v: agent %v, fake %v", i, r, werr, gerr)
+		}
+		if werr != nil {
+			continue
+		}
+		if got.Allowed != want.Allowed || got.Reason != want.Reason || got.Rule != want.Rule || got.Limit != want.Limit ||
+			got.Remaining != want.Remaining || math.Abs(got.Rate-want.Rate) > 1e-12 || got.Status() != want.Status() ||
+			!near(got.RetryAfter, want.RetryAfter) || !near(got.Reset, want.Reset) {
+			t.Fatalf("request %d %+v:\n agent %+v\n fake  %+v", i, r, want, got)
+		}
+	}
+
+	// And the middleware writes the same fields from either.
+	describe := func(r *http.Request) (client.Request, bool) {
+		return client.Request{Descriptors: map[string]string{"user": r.Header.Get("X-User-Id")}}, true
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	real := client.Middleware(c, describe, client.MiddlewareOptions{})(ok)
+	faked := client.Middleware(fake, describe, client.MiddlewareOptions{})(ok)
+	for i := 0; i < 3; i++ {
+		var recs [2]*httptest.ResponseRecorder
+		for j, h := range []http.Handler{real, faked} {
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			req.Header.Set("X-User-Id", "gina")
+			recs[j] = httptest.NewRecorder()
+			h.ServeHTTP(recs[j], req)
+		}
+		for _, name := range []string{"RateLimit-Policy", "RateLimit", "Retry-After"} {
+			if a, f := recs[0].Header().Get(name), recs[1].Header().Get(name); a != f || recs[0].Code != recs[1].Code {
+				t.Fatalf("request %d: agent %d %s: %q, fake %d %s: %q", i, recs[0].Code, name, a, recs[1].Code, name, f)
+			}
+		}
 	}
 }

@@ -24,7 +24,8 @@
 // Three ways to ask: Allow (one request, one unary call), AllowBatch (up to
 // 10,000 independent requests in one call) and a Stream (AllowStream: one
 // long-lived HTTP/2 stream carrying every decision, for hot paths).
-// Middleware takes any Allower, a Client or a Stream.
+// Middleware takes any Allower: a Client, a Stream, or in tests the fake of
+// package clienttest, which decides in memory.
 //
 // The middleware answers:
 //

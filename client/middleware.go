@@ -8,7 +8,8 @@ import (
 	"github.com/ration-dev/ration/internal/header"
 )
 
-// Allower decides requests. *Client and *Stream implement it.
+// Allower decides requests. *Client and *Stream implement it, and so does
+// the fake of package clienttest, for the tests of code that takes one.
 type Allower interface {
 	Allow(ctx context.Context, req Request) (Decision, error)
 }
