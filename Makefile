@@ -35,10 +35,12 @@ docs: ## regenerate the generated tables in docs/ from the code (their tests fai
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh
 
-test: deps ## gofmt, vet and race-test everything (real redis-server, Raft, nginx, caddy), chaos smoke set, deploy checks
+test: deps ## gofmt, vet and race-test everything (real redis-server, Raft, nginx, caddy), chaos smoke set, the client module, deploy checks
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
+	cd proto && $(GO) vet ./...
+	cd client && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
 
 bench: deps ## benchmarks: model, stores, agent load vs. redis-benchmark ceiling
@@ -65,6 +67,8 @@ fuzz: ## run every fuzz target for 20s each
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	cd proto && $(GO) vet ./...
+	cd client && $(GO) vet ./...
 
 proto: ## regenerate proto/ Go code (protoc from Debian's protobuf-compiler)
 	@command -v protoc >/dev/null || { echo "protoc missing: apt-get install protobuf-compiler"; exit 1; }
@@ -75,4 +79,6 @@ proto: ## regenerate proto/ Go code (protoc from Debian's protobuf-compiler)
 
 ci: lint test ## what CI runs, plus go mod tidy checks
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
+	cd proto && $(GO) mod tidy && git diff --exit-code go.mod go.sum
+	cd client && $(GO) mod tidy && git diff --exit-code go.mod go.sum
 	cd deploy && $(GO) mod tidy && git diff --exit-code go.mod go.sum

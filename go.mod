@@ -11,6 +11,8 @@ require (
 	github.com/hashicorp/raft v1.7.3
 	github.com/hashicorp/raft-boltdb/v2 v2.3.1
 	github.com/prometheus/client_golang v1.25.0
+	github.com/ration-dev/ration/client v0.1.0
+	github.com/ration-dev/ration/proto v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/rs/zerolog v1.28.0
 	go.etcd.io/bbolt v1.3.5
@@ -49,4 +51,13 @@ require (
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
+)
+
+// The generated API (proto/) and the Go client (client/) are modules of
+// their own, so that the client's importers inherit none of this module's
+// dependencies. This module builds against them as they are in the
+// repository; a release tags proto/vX and client/vX with vX.
+replace (
+	github.com/ration-dev/ration/client => ./client
+	github.com/ration-dev/ration/proto => ./proto
 )

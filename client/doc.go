@@ -3,6 +3,11 @@
 // for net/http that answers 429 or 503 with the right headers and passes
 // admitted requests through.
 //
+// The package is a module of its own (github.com/ration-dev/ration/client):
+// it brings gRPC, protobuf and the generated API
+// (github.com/ration-dev/ration/proto), and none of the agent's or the
+// coordinator's dependencies (Redis, Raft, BoltDB, Envoy's API).
+//
 // A Client holds one gRPC connection to the agent (normally a sidecar on
 // loopback) and multiplexes every call over it. Each decision has a
 // deadline (Options.Timeout, default 250ms, or the caller's if earlier),

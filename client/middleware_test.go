@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,16 +12,9 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/client"
-	"github.com/ration-dev/ration/internal/header"
+	"github.com/ration-dev/ration/client/clienttest"
+	"github.com/ration-dev/ration/client/internal/header"
 )
-
-const middlewareRules = `
-rules:
-  - name: per-user
-    match: {user: "*"}
-    burst: 2
-    rate: 1/h
-`
 
 // byUser limits by the X-User-Id header and leaves /healthz unchecked.
 func byUser(r *http.Request) (client.Request, bool) {
@@ -67,92 +59,8 @@ func do(h http.Handler, path, userID string) *httptest.ResponseRecorder {
 	return rec
 }
 
-func rateLimitR(t *testing.T, rec *httptest.ResponseRecorder) int64 {
-	t.Helper()
-	items, err := header.ParseRateLimit(rec.Header().Get("RateLimit"))
-	if err != nil || len(items) != 1 || items[0].Name != "per-user" {
-		t.Fatalf("RateLimit = %q (%v), want one per-user member", rec.Header().Get("RateLimit"), err)
-	}
-	return items[0].Remaining
-}
-
-// Against a real agent and redis-server: admitted requests reach the
-// handler with the quota fields; then 429 with Retry-After, the handler not
-// called; 503 when the store is down (fail_closed) and when the agent is
-// down, unless FailOpen.
-func TestMiddleware(t *testing.T) {
-	srv, r := startAgent(t, middlewareRules)
-	// Well above the agent's decision timeout (500ms here): every answer
-	// below is the agent's own decision, never this client giving up.
-	c := newClient(t, srv.GRPCAddr(), client.Options{Timeout: 10 * time.Second})
-	var s served
-	h := s.handler(client.MiddlewareOptions{}, c)
-
-	for i := 0; i < 2; i++ {
-		rec := do(h, "/search", "alice")
-		if rec.Code != 200 || rec.Header().Get("X-Handler") != "yes" {
-			t.Fatalf("request %d = %d %v, want 200 from the handler", i, rec.Code, rec.Header())
-		}
-		if got := rec.Header().Get("RateLimit-Policy"); got != `"per-user";q=2;w=7200` {
-			t.Fatalf("request %d RateLimit-Policy = %q", i, got)
-		}
-		if got := rateLimitR(t, rec); got != int64(1-i) {
-			t.Fatalf("request %d RateLimit r = %d, want %d", i, got, 1-i)
-		}
-	}
-	rec := do(h, "/search", "alice")
-	if rec.Code != http.StatusTooManyRequests || s.calls.Load() != 2 {
-		t.Fatalf("3rd = %d (handler calls %d), want 429 and the handler not called", rec.Code, s.calls.Load())
-	}
-	if ra, err := strconv.Atoi(rec.Header().Get("Retry-After")); err != nil || ra < 1 || ra > 3600 {
-		t.Fatalf("Retry-After = %q, want 1..3600", rec.Header().Get("Retry-After"))
-	}
-	if rateLimitR(t, rec) != 0 || rec.Header().Get("RateLimit-Policy") == "" {
-		t.Fatalf("429 fields = %v, want r=0 and the policy", rec.Header())
-	}
-	// Unchecked paths pass, spent budget or not.
-	if rec := do(h, "/healthz", "alice"); rec.Code != 200 || rec.Header().Get("RateLimit") != "" {
-		t.Fatalf("/healthz = %d %v, want 200 unchecked", rec.Code, rec.Header())
-	}
-	// A value the agent rejects (over 256 bytes): 400, reported to OnError.
-	if rec := do(h, "/search", strings.Repeat("u", 300)); rec.Code != http.StatusBadRequest || !errors.Is(s.lastErr(), client.ErrInvalid) {
-		t.Fatalf("oversized user = %d (OnError %v), want 400 and ErrInvalid", rec.Code, s.lastErr())
-	}
-
-	// The store down, rule fail_closed: the agent decides 503 (no error on
-	// this side), answered with Retry-After: 1 and no quota fields.
-	r.Stop()
-	var decided served
-	rec = do(decided.handler(client.MiddlewareOptions{}, c), "/search", "bob")
-	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "1" || rec.Header().Get("RateLimit") != "" || decided.calls.Load() != 0 {
-		t.Fatalf("store down = %d %v, want 503 with Retry-After: 1, no RateLimit, handler not called", rec.Code, rec.Header())
-	}
-	if err := decided.lastErr(); err != nil {
-		t.Fatalf("store down: the call failed (%v); want the agent's fail_closed decision", err)
-	}
-	// (With Redis back, the agent shuts down at once; with it down, its
-	// shutdown waits on the store client.)
-	r.Restart()
-
-	// The agent down: 503 by default, the handler with FailOpen.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rec = do(h, "/search", "carol")
-	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "1" || !errors.Is(s.lastErr(), client.ErrUnavailable) {
-		t.Fatalf("agent down = %d %v (OnError %v), want 503 with Retry-After: 1 and ErrUnavailable", rec.Code, rec.Header(), s.lastErr())
-	}
-	var open served
-	rec = do(open.handler(client.MiddlewareOptions{FailOpen: true}, c), "/search", "carol")
-	if rec.Code != 200 || open.calls.Load() != 1 || !errors.Is(open.lastErr(), client.ErrUnavailable) {
-		t.Fatalf("agent down, FailOpen = %d (handler calls %d), want 200 from the handler", rec.Code, open.calls.Load())
-	}
-}
-
 // The response fields for every kind of decision, written through the
-// header package exactly as the agent's check endpoint writes them.
+// header code exactly as the agent's check endpoint writes them.
 func TestMiddlewareDecisionMapping(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -172,7 +80,7 @@ func TestMiddlewareDecisionMapping(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var s served
-			rec := do(s.handler(client.MiddlewareOptions{}, fixed{tt.d}), "/", "u")
+			rec := do(s.handler(client.MiddlewareOptions{}, clienttest.New(clienttest.Fixed(tt.d))), "/", "u")
 			if rec.Code != tt.code || rec.Header().Get("Retry-After") != tt.retryAfter || (rec.Header().Get("RateLimit") != "") != tt.quota {
 				t.Fatalf("%+v -> %d %v, want %d, Retry-After %q, quota fields %v", tt.d, rec.Code, rec.Header(), tt.code, tt.retryAfter, tt.quota)
 			}
@@ -183,8 +91,54 @@ func TestMiddlewareDecisionMapping(t *testing.T) {
 	}
 }
 
-// fixed answers every request with one decision: it drives the mapping
-// table above, whose decisions the agent test reaches for real.
-type fixed struct{ d client.Decision }
+// Failed calls: 400 for a request the agent rejects, 503 (or the handler,
+// with FailOpen) when no decision could be had; every one told to OnError.
+// Unchecked paths pass whatever the limiter says.
+func TestMiddlewareErrors(t *testing.T) {
+	fake := clienttest.New(clienttest.Bucket("per-user", 2, 1.0/3600, nil))
+	var s served
+	h := s.handler(client.MiddlewareOptions{}, fake)
+	for i := 0; i < 2; i++ {
+		if rec := do(h, "/search", "alice"); rec.Code != 200 || rec.Header().Get("X-Handler") != "yes" {
+			t.Fatalf("request %d = %d, want 200 from the handler", i, rec.Code)
+		}
+	}
+	rec := do(h, "/search", "alice")
+	if rec.Code != http.StatusTooManyRequests || s.calls.Load() != 2 || rec.Header().Get("Retry-After") != "3600" {
+		t.Fatalf("3rd = %d %v (handler calls %d), want 429 with Retry-After: 3600 and the handler not called", rec.Code, rec.Header(), s.calls.Load())
+	}
+	items, err := header.ParseRateLimit(rec.Header().Get("RateLimit"))
+	if err != nil || len(items) != 1 || items[0].Name != "per-user" || items[0].Remaining != 0 {
+		t.Fatalf("RateLimit = %q (%v), want per-user with r=0", rec.Header().Get("RateLimit"), err)
+	}
+	if rec := do(h, "/healthz", "alice"); rec.Code != 200 || rec.Header().Get("RateLimit") != "" {
+		t.Fatalf("/healthz = %d %v, want 200 unchecked", rec.Code, rec.Header())
+	}
 
-func (f fixed) Allow(context.Context, client.Request) (client.Decision, error) { return f.d, nil }
+	fake.SetDecide(func(client.Request) (client.Decision, error) {
+		return client.Decision{}, client.ErrInvalid
+	})
+	if rec := do(h, "/search", strings.Repeat("u", 300)); rec.Code != http.StatusBadRequest || !errors.Is(s.lastErr(), client.ErrInvalid) {
+		t.Fatalf("invalid = %d (OnError %v), want 400 and ErrInvalid", rec.Code, s.lastErr())
+	}
+
+	fake.SetDecide(clienttest.Unavailable())
+	if rec := do(h, "/search", "carol"); rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "1" || !errors.Is(s.lastErr(), client.ErrUnavailable) {
+		t.Fatalf("agent down = %d %v (OnError %v), want 503 with Retry-After: 1 and ErrUnavailable", rec.Code, rec.Header(), s.lastErr())
+	}
+	var open served
+	if rec := do(open.handler(client.MiddlewareOptions{FailOpen: true}, fake), "/search", "carol"); rec.Code != 200 || open.calls.Load() != 1 || !errors.Is(open.lastErr(), client.ErrUnavailable) {
+		t.Fatalf("agent down, FailOpen = %d (handler calls %d), want 200 from the handler", rec.Code, open.calls.Load())
+	}
+
+	// The client went away: no decision, nothing served.
+	var gone served
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequest(http.MethodGet, "/search", nil).WithContext(ctx)
+	w := httptest.NewRecorder()
+	gone.handler(client.MiddlewareOptions{FailOpen: true}, clienttest.New(nil)).ServeHTTP(w, r)
+	if w.Code != http.StatusServiceUnavailable || gone.calls.Load() != 0 || !errors.Is(gone.lastErr(), context.Canceled) {
+		t.Fatalf("canceled request = %d (handler calls %d, OnError %v), want 503, the handler not called, context.Canceled", w.Code, gone.calls.Load(), gone.lastErr())
+	}
+}

@@ -1,4 +1,4 @@
-package client_test
+package goclient_test
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ration-dev/ration/client"
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/harness"
 )
 
 // startAgent runs a real gateway-agent in-process against a real
 // redis-server, on loopback ports.
-func startAgent(t *testing.T, rulesYAML string, mutate ...func(*agent.Config)) (*agent.Server, *harness.Redis) {
+func startAgent(t *testing.T, rulesYAML string) (*agent.Server, *harness.Redis) {
 	t.Helper()
 	r := harness.StartRedis(t)
 	path := filepath.Join(t.TempDir(), "rules.yaml")
@@ -27,9 +28,6 @@ func startAgent(t *testing.T, rulesYAML string, mutate ...func(*agent.Config)) (
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.GRPCAddr = "127.0.0.1:0"
 	cfg.DecisionTimeout = 500 * time.Millisecond // generous: -race on 2 shared cores
-	for _, m := range mutate {
-		m(&cfg)
-	}
 	srv, err := agent.Start(context.Background(), cfg, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatalf("agent.Start: %v", err)
@@ -47,4 +45,14 @@ func startAgent(t *testing.T, rulesYAML string, mutate ...func(*agent.Config)) (
 		time.Sleep(10 * time.Millisecond)
 	}
 	return srv, r
+}
+
+func newClient(t *testing.T, addr string, opts client.Options) *client.Client {
+	t.Helper()
+	c, err := client.New(addr, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

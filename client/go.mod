@@ -1,0 +1,21 @@
+module github.com/ration-dev/ration/client
+
+go 1.26.0
+
+require (
+	github.com/ration-dev/ration/proto v0.1.0
+	google.golang.org/grpc v1.85.0
+)
+
+require (
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
+
+// For development in this repository only: importers resolve
+// github.com/ration-dev/ration/proto at the version above (its tag is
+// proto/v0.1.0), since a dependency's replace directives are ignored.
+replace github.com/ration-dev/ration/proto => ../proto
