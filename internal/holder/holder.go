@@ -32,14 +32,14 @@ const (
 	itemErrInvalid      = "invalid item"
 )
 
-// Client is what the holder needs of the coordinators (coordinator.Client).
+// Client is what the holder needs of the coordinators (coordclient.Client).
 type Client interface {
 	Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error)
 	Release(ctx context.Context, req *rationv1.ReleaseRequest) (*rationv1.ReleaseResponse, error)
 }
 
 // Watcher is the optional part of a Client: the leader's stream of nudges
-// (coordinator.Client.Watch). With it, shares move in round trips: a quota
+// (coordclient.Client.Watch). With it, shares move in round trips: a quota
 // the leader nudges is renewed at once. Without it, at renew points only.
 type Watcher interface {
 	Watch(ctx context.Context, holder string, fn func([]*rationv1.QuotaRef)) error
