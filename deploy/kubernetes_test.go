@@ -509,8 +509,8 @@ func checkCoordinator(t *testing.T, r rendering) []string {
 		t.Fatalf("want one container, have %d", len(tpl.Spec.Containers))
 	}
 	c := tpl.Spec.Containers[0]
-	if !strings.HasPrefix(c.Image, "ration/coordinator:") {
-		t.Errorf("image %s: want ration/coordinator (deploy/docker/Dockerfile, target coordinator)", c.Image)
+	if !isImage(c.Image, "ration/coordinator") {
+		t.Errorf("image %s: want [REGISTRY/]ration/coordinator (deploy/docker/Dockerfile, target coordinator)", c.Image)
 	}
 	files := dockerStageFiles(t, "coordinator")
 	if len(c.Command) != 2 || !slices.Contains(files, c.Command[0]) || !slices.Contains(files, c.Command[1]) ||
@@ -670,6 +670,16 @@ func withPodName(l map[string]string, pod string) map[string]string {
 	return out
 }
 
+// isImage reports whether ref is repo, in any registry, with a tag.
+func isImage(ref, repo string) bool {
+	i := strings.LastIndex(ref, ":")
+	if i < 0 || i == len(ref)-1 || strings.Contains(ref[i:], "/") {
+		return false // no tag (a registry's port is not one)
+	}
+	name := ref[:i]
+	return name == repo || strings.HasSuffix(name, "/"+repo)
+}
+
 func probe(t *testing.T, what string, c corev1.Container, p *corev1.Probe, path string, port int) {
 	t.Helper()
 	switch {
@@ -739,8 +749,8 @@ func checkGateway(t *testing.T, r rendering) {
 	if agent.RestartPolicy == nil || *agent.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Error("gateway-agent: want restartPolicy Always (a native sidecar: up before the gateway, down after it)")
 	}
-	if !strings.HasPrefix(agent.Image, "ration/gateway-agent:") {
-		t.Errorf("gateway-agent image %s: want ration/gateway-agent", agent.Image)
+	if !isImage(agent.Image, "ration/gateway-agent") {
+		t.Errorf("gateway-agent image %s: want [REGISTRY/]ration/gateway-agent", agent.Image)
 	}
 	if len(agent.Command) > 0 || len(agent.Args) > 0 {
 		t.Errorf("gateway-agent: command %q args %q: the image's entrypoint and RATION_* variables only", agent.Command, agent.Args)
