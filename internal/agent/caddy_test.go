@@ -2,16 +2,12 @@ package agent_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -63,19 +59,10 @@ func caddyBinary(t *testing.T) string {
 	return ""
 }
 
-// caddy is one Caddy process started for a test, with its config, data
-// and logs under t.TempDir().
-type caddy struct {
-	base string // http://127.0.0.1:port
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
 // startCaddy runs the site block, with the admin endpoint and automatic
 // HTTPS off, on a free loopback port, and returns once it accepts
 // connections.
-func startCaddy(t *testing.T, site string) *caddy {
+func startCaddy(t *testing.T, site string) *gatewayProc {
 	t.Helper()
 	bin := caddyBinary(t)
 	dir := t.TempDir()
@@ -88,79 +75,23 @@ func startCaddy(t *testing.T, site string) *caddy {
 		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		c := &caddy{base: "http://127.0.0.1:" + strconv.Itoa(port), dir: dir, done: make(chan struct{})}
-		c.cmd = exec.Command(bin, "run", "--config", confPath, "--adapter", "caddyfile")
+		c := &gatewayProc{name: "caddy", base: "http://127.0.0.1:" + strconv.Itoa(port), dir: dir,
+			logFiles: []string{"caddy.log"},
+			// Caddy logs this once its servers listen: the port is ours.
+			ready: func(g *gatewayProc) bool { return strings.Contains(g.logs(), "serving initial configuration") }}
+		cmd := exec.Command(bin, "run", "--config", confPath, "--adapter", "caddyfile")
 		// Caddy keeps its state under XDG directories: ours, not the user's.
-		c.cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+filepath.Join(dir, "config"), "XDG_DATA_HOME="+filepath.Join(dir, "data"), "HOME="+dir)
-		out, err := os.Create(filepath.Join(dir, "caddy.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.cmd.Stdout, c.cmd.Stderr = out, out
-		c.cmd.SysProcAttr = nginxProcAttr() // own process group, killed with the test
-		if err := c.cmd.Start(); err != nil {
-			out.Close()
-			t.Fatalf("start caddy: %v", err)
-		}
-		out.Close()
-		go func() { _ = c.cmd.Wait(); close(c.done) }()
-		lastErr = c.waitListening(port)
+		cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+filepath.Join(dir, "config"), "XDG_DATA_HOME="+filepath.Join(dir, "data"), "HOME="+dir)
+		lastErr = c.start(t, cmd, port)
 		if lastErr == nil {
-			t.Cleanup(func() { c.stop(t) })
 			return c
 		}
-		c.kill()
 		if logs := c.logs(); !strings.Contains(logs, "address already in use") {
 			t.Fatalf("caddy did not start: %v\n%s", lastErr, logs)
 		}
 	}
 	t.Fatalf("caddy did not start after 5 ports: %v", lastErr)
 	return nil
-}
-
-func (c *caddy) waitListening(port int) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		select {
-		case <-c.done:
-			return errors.New("caddy exited at start")
-		default:
-		}
-		conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
-		if err == nil {
-			conn.Close()
-			// Caddy logs this once its servers listen: the port is ours.
-			if strings.Contains(c.logs(), "serving initial configuration") {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("caddy not listening on %d within 15s", port)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func (c *caddy) logs() string {
-	data, _ := os.ReadFile(filepath.Join(c.dir, "caddy.log"))
-	return string(data)
-}
-
-func (c *caddy) kill() {
-	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-	<-c.done
-}
-
-func (c *caddy) stop(t *testing.T) {
-	if t.Failed() {
-		t.Logf("--- caddy log ---\n%s", c.logs())
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(5 * time.Second):
-	}
-	c.kill()
 }
 
 const caddyRules = `

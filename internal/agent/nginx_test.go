@@ -2,10 +2,8 @@ package agent_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -73,19 +70,10 @@ func nginxBinary(t *testing.T) string {
 	return ""
 }
 
-// nginx is one nginx master (and its worker) started for a test, with its
-// own prefix, pid, logs and temp directories under t.TempDir().
-type nginx struct {
-	base string // http://127.0.0.1:port
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
 // startNginx runs the http-context block under a minimal nginx.conf on a
 // free loopback port, as the current user, and returns once it accepts
 // connections.
-func startNginx(t *testing.T, httpBlock string) *nginx {
+func startNginx(t *testing.T, httpBlock string) *gatewayProc {
 	t.Helper()
 	bin := nginxBinary(t)
 	dir := t.TempDir()
@@ -128,87 +116,26 @@ http {
 		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		n := &nginx{base: "http://127.0.0.1:" + strconv.Itoa(port), dir: dir, done: make(chan struct{})}
+		n := &gatewayProc{name: "nginx", base: "http://127.0.0.1:" + strconv.Itoa(port), dir: dir,
+			logFiles: []string{"stdout.log", "error.log"},
+			// The pid file is written once the master has set up its
+			// listeners: the port is ours, not another process's.
+			ready: func(g *gatewayProc) bool {
+				_, err := os.Stat(filepath.Join(g.dir, "nginx.pid"))
+				return err == nil
+			}}
 		// -e: the compiled-in error log is never opened; -p: relative paths
 		// stay in dir; daemon off: nginx stays our child.
-		n.cmd = exec.Command(bin, "-p", dir, "-c", confPath, "-e", errorLog, "-g", "daemon off;")
-		out, err := os.Create(filepath.Join(dir, "stdout.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n.cmd.Stdout, n.cmd.Stderr = out, out
-		n.cmd.SysProcAttr = nginxProcAttr()
-		if err := n.cmd.Start(); err != nil {
-			out.Close()
-			t.Fatalf("start nginx: %v", err)
-		}
-		out.Close()
-		go func() { _ = n.cmd.Wait(); close(n.done) }()
-		lastErr = n.waitListening(port)
+		lastErr = n.start(t, exec.Command(bin, "-p", dir, "-c", confPath, "-e", errorLog, "-g", "daemon off;"), port)
 		if lastErr == nil {
-			t.Cleanup(func() { n.stop(t) })
 			return n
 		}
-		n.kill()
-		logs := n.logs()
-		if !strings.Contains(logs, "Address already in use") {
+		if logs := n.logs(); !strings.Contains(logs, "Address already in use") {
 			t.Fatalf("nginx did not start: %v\n%s", lastErr, logs)
 		}
 	}
 	t.Fatalf("nginx did not start after 5 ports: %v", lastErr)
 	return nil
-}
-
-func (n *nginx) waitListening(port int) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		select {
-		case <-n.done:
-			return errors.New("nginx exited at start")
-		default:
-		}
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
-		if err == nil {
-			c.Close()
-			// The pid file is written once the master has set up its
-			// listeners: the port is ours, not another process's.
-			if _, err := os.Stat(filepath.Join(n.dir, "nginx.pid")); err == nil {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("nginx not listening on %d within 15s", port)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func (n *nginx) logs() string {
-	var b strings.Builder
-	for _, f := range []string{"stdout.log", "error.log"} {
-		data, _ := os.ReadFile(filepath.Join(n.dir, f))
-		fmt.Fprintf(&b, "--- nginx %s ---\n%s", f, data)
-	}
-	return b.String()
-}
-
-// kill ends the master's process group (master and workers) at once.
-func (n *nginx) kill() {
-	_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
-	<-n.done
-}
-
-// stop asks for a fast shutdown (SIGTERM), then kills what is left.
-func (n *nginx) stop(t *testing.T) {
-	if t.Failed() {
-		t.Log(n.logs())
-	}
-	_ = n.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-n.done:
-	case <-time.After(5 * time.Second):
-	}
-	n.kill()
 }
 
 // upstreamApp is the application behind nginx: it counts what reaches it.
