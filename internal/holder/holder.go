@@ -917,9 +917,11 @@ func (l *Leases) demote(ctx context.Context, qs []*quota, now int64) {
 	rctx, cancel := context.WithTimeout(ctx, l.o.RequestTimeout)
 	l.release(rctx, qs)
 	cancel()
+	n := 0
 	for _, q := range qs {
 		q.mu.Lock()
 		if now-q.ownUsed > l.o.IdleAfter.Microseconds() {
+			n++
 			q.own = false
 			q.h = lease.Holding{Quota: q.id, Validity: l.validity}
 			q.nudged, q.confirm, q.dry, q.failed = false, false, false, ""
@@ -929,7 +931,7 @@ func (l *Leases) demote(ctx context.Context, qs []*quota, now int64) {
 		}
 		q.mu.Unlock()
 	}
-	l.m.demoted.Add(float64(len(qs)))
+	l.m.demoted.Add(float64(n))
 }
 
 // split takes the next request's quotas: grants first, then renewals, up
