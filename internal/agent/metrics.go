@@ -21,6 +21,7 @@ type metrics struct {
 	fallbackActivations  *prometheus.CounterVec // rule, policy
 	overshootBound       *prometheus.GaugeVec   // rule
 	refunds              prometheus.Counter
+	grpcPanics           prometheus.Counter
 	rulesLoaded          prometheus.Gauge
 	rulesReloads         *prometheus.CounterVec // result
 	redisEvictionSafe    prometheus.Gauge
@@ -70,6 +71,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ration_overshoot_bound_tokens",
 			Help: "Worst-case tokens this agent may admit per bucket beyond the quota if the store is lost, under the rule's failure policy (+Inf for fail_open).",
 		}, []string{"rule"}),
+		grpcPanics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_grpc_panics_total",
+			Help: "gRPC calls whose handler panicked; each was answered Internal and logged with its stack, and the process went on serving.",
+		}),
 		refunds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_refunds_total",
 			Help: "Charges given back because another matching rule denied the request.",
@@ -92,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"rule"}),
 	}
 	reg.MustRegister(m.replays, m.decisions, m.noRule, m.invalid, m.duration, m.storeErrors, m.breakerShortCircuits,
-		m.breakerOpen, m.fallbackActive, m.fallbackActivations, m.overshootBound, m.refunds,
+		m.breakerOpen, m.fallbackActive, m.fallbackActivations, m.overshootBound, m.refunds, m.grpcPanics,
 		m.rulesLoaded, m.rulesReloads, m.redisEvictionSafe)
 	return m
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/ration-dev/ration/examples"
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/coordclient"
+	"github.com/ration-dev/ration/internal/grpcsafe"
 	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -194,7 +195,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("agent: HTTP listen %s: %w", cfg.HTTPAddr, err)
 	}
-	s.grpc = grpc.NewServer()
+	s.grpc = grpc.NewServer(grpcsafe.ServerOptions(logger, svc.metrics.grpcPanics.Inc)...)
 	rationv1.RegisterRateLimiterServer(s.grpc, &grpcServer{svc: svc})
 	registerEnvoy(s.grpc, svc) // envoy.service.ratelimit.v3.RateLimitService (envoy.go)
 	// The standard health service lets gRPC load balancers and probes check
@@ -203,7 +204,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING) // until the store answers
 	healthpb.RegisterHealthServer(s.grpc, s.health)
-	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second,
+		// A check is one small request: a client that takes longer to
+		// send it, or to read the answer, holds a connection for nothing.
+		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 64 << 10}
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel

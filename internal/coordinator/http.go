@@ -39,7 +39,9 @@ func (n *Node) serveHTTP() error {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	n.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	n.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 64 << 10}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()

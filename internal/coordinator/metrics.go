@@ -20,6 +20,7 @@ type metrics struct {
 	releases       prometheus.Counter
 	reclaimed      prometheus.Counter
 	entriesFailed  prometheus.Counter
+	grpcPanics     prometheus.Counter
 	leaderChanges  prometheus.Counter
 	batchCommands  prometheus.Histogram
 	batchRequests  prometheus.Histogram
@@ -51,6 +52,10 @@ func newMetrics(n *Node) *metrics {
 		reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_coordinator_leases_reclaimed_total",
 			Help: "Leases reclaimed after expiry plus safety margin (their unreturned tokens are lost), by ticks this node proposed.",
+		}),
+		grpcPanics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_grpc_panics_total",
+			Help: "gRPC calls whose handler panicked; each was answered Internal and logged with its stack, and the process went on serving.",
 		}),
 		entriesFailed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_coordinator_entries_failed_total",
@@ -98,7 +103,7 @@ func newMetrics(n *Node) *metrics {
 		state: &stateCollector{n: n},
 	}
 	m.all = []prometheus.Collector{
-		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.leaderChanges,
+		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.grpcPanics, m.leaderChanges,
 		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals,
 		m.nudges, m.duplicateHolders, m.state,
 	}

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,9 +17,8 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/ration-dev/ration/internal/grpcsafe"
 	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -222,7 +220,7 @@ func (n *Node) open(ctx context.Context) error {
 		n.logger.Info("bootstrapped a new cluster", "raft_addr", n.raftAddr)
 	}
 
-	n.grpcServer = grpc.NewServer(grpc.ChainUnaryInterceptor(n.recoverPanic))
+	n.grpcServer = grpc.NewServer(grpcsafe.ServerOptions(n.logger, n.m.grpcPanics.Inc)...)
 	rationv1.RegisterLeasesServer(n.grpcServer, &leasesServer{n: n})
 	rationv1.RegisterAdminServer(n.grpcServer, &adminServer{n: n})
 	n.wg.Add(1)
@@ -248,19 +246,6 @@ func (n *Node) open(ctx context.Context) error {
 	}
 	n.logger.Info("coordinator started", "raft_addr", n.raftAddr, "grpc_addr", n.grpcAddr, "http_addr", n.HTTPAddr())
 	return nil
-}
-
-// recoverPanic turns a handler panic into INTERNAL for that call instead of
-// ending the process: the state machine is not touched by handlers, so the
-// node stays consistent.
-func (n *Node) recoverPanic(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			n.logger.Error("panic in gRPC handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
-		}
-	}()
-	return handler(ctx, req)
 }
 
 // join asks the cluster at cfg.Join to add this node as a voter, following
