@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -46,6 +47,10 @@ type Target struct {
 	// other answer (503 for a fail_closed rule without budget) an error.
 	Check url.Values
 }
+
+// errStopped marks a call cut off when the load stopped: its answer is
+// lost, the agent may have charged it.
+var errStopped = errors.New("chaos: call cut off when the load stopped")
 
 // Call is one answered (or failed) call, timed on the client. A call cut
 // off when the load stopped has Err errStopped: the agent may have

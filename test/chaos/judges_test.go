@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -106,10 +105,6 @@ func (j Judged) Report(t testing.TB) {
 		t.Errorf("%s: %s", j.Quota, p)
 	}
 }
-
-// errStopped marks a call cut off when the load stopped: its answer is
-// lost, the agent may have charged it.
-var errStopped = errors.New("chaos: call cut off when the load stopped")
 
 // judgeBoth runs both judges and the cross-check on quota s.Quota: recs
 // are the merged logs, calls every call the clients made to it (others
