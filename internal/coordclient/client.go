@@ -114,21 +114,25 @@ func New(addrs []string, opts Options) *Client {
 
 // Renew sends req to the leader, retrying as described on Client.
 func (c *Client) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
-	var resp *rationv1.RenewResponse
-	err := c.do(ctx, "renew", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
-		var err error
-		resp, err = rationv1.NewLeasesClient(cc).Renew(ctx, req, opts...)
-		return err
+	return unary(ctx, c, "renew", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.RenewResponse, error) {
+		return rationv1.NewLeasesClient(cc).Renew(ctx, req, opts...)
 	})
-	return resp, err
 }
 
 // Release sends req to the leader, retrying as described on Client.
 func (c *Client) Release(ctx context.Context, req *rationv1.ReleaseRequest) (*rationv1.ReleaseResponse, error) {
-	var resp *rationv1.ReleaseResponse
-	err := c.do(ctx, "release", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+	return unary(ctx, c, "release", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.ReleaseResponse, error) {
+		return rationv1.NewLeasesClient(cc).Release(ctx, req, opts...)
+	})
+}
+
+// unary sends one call to the leader, retrying as described on Client,
+// and returns its answer.
+func unary[Resp any](ctx context.Context, c *Client, what string, call func(context.Context, *grpc.ClientConn, ...grpc.CallOption) (Resp, error)) (Resp, error) {
+	var resp Resp
+	err := c.do(ctx, what, func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
 		var err error
-		resp, err = rationv1.NewLeasesClient(cc).Release(ctx, req, opts...)
+		resp, err = call(ctx, cc, opts...)
 		return err
 	})
 	return resp, err
@@ -294,24 +298,16 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 
 // AddVoter asks the leader to add a server (what -join does).
 func (c *Client) AddVoter(ctx context.Context, req *rationv1.AddVoterRequest) (*rationv1.MembershipResponse, error) {
-	var resp *rationv1.MembershipResponse
-	err := c.do(ctx, "add voter", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
-		var err error
-		resp, err = rationv1.NewAdminClient(cc).AddVoter(ctx, req, opts...)
-		return err
+	return unary(ctx, c, "add voter", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.MembershipResponse, error) {
+		return rationv1.NewAdminClient(cc).AddVoter(ctx, req, opts...)
 	})
-	return resp, err
 }
 
 // RemoveServer asks the leader to remove a server from the cluster.
 func (c *Client) RemoveServer(ctx context.Context, req *rationv1.RemoveServerRequest) (*rationv1.MembershipResponse, error) {
-	var resp *rationv1.MembershipResponse
-	err := c.do(ctx, "remove server", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
-		var err error
-		resp, err = rationv1.NewAdminClient(cc).RemoveServer(ctx, req, opts...)
-		return err
+	return unary(ctx, c, "remove server", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.MembershipResponse, error) {
+		return rationv1.NewAdminClient(cc).RemoveServer(ctx, req, opts...)
 	})
-	return resp, err
 }
 
 // watchCheck is how often Watch checks that its stream is still on the

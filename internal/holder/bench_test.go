@@ -28,50 +28,11 @@ rules:
     mode: leased
     lease: {period: 30s}
 `
-	set, err := rules.Parse("bench.yaml", []byte(yaml))
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, _ := set.Rule("hot")
-	ctx := context.Background()
-	node, addr, err := coordinator.StartDev(ctx, nil, set)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { node.Close() })
-	client := coordinator.NewClient([]string{addr}, coordinator.ClientOptions{})
-	b.Cleanup(func() { client.Close() })
-	h, err := holder.New(holder.Options{Client: client, Holder: "bench", ColdStart: 5 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	b.Cleanup(cancel)
-	go h.Run(rctx)
-
+	h, r := benchHolder(b, yaml)
 	for _, keys := range []int{1, 1000} {
-		subjects := make([]string, keys)
-		for i := range subjects {
-			subjects[i] = fmt.Sprintf("s%d", i)
-			if _, ok := h.Take(ctx, r, subjects[i], 1, h.Now()); !ok {
-				b.Fatalf("no lease for %s", subjects[i])
-			}
-		}
+		subjects := knownSubjects(b, h, r, "s", keys)
 		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				i, now := 0, h.Now()
-				for pb.Next() {
-					if i%1000 == 0 {
-						now = h.Now()
-					}
-					if _, ok := h.Take(ctx, r, subjects[i%keys], 1, now); !ok {
-						b.Error("lease lost during the benchmark")
-						return
-					}
-					i++
-				}
-			})
+			parallelTakes(b, h, r, func(i int) string { return subjects[i%keys] })
 		})
 	}
 }
@@ -93,6 +54,58 @@ rules:
     mode: leased
     lease: {period: 30s, default_share: 0.5}
 `
+	h, r := benchHolder(b, yaml)
+	const keys = 1000
+	subjects := knownSubjects(b, h, r, "k=s", keys)
+	b.Run("keys=1000", func(b *testing.B) {
+		parallelTakes(b, h, r, func(i int) string { return subjects[i%keys] })
+	})
+	var next atomic.Int64
+	b.Run("new subject each", func(b *testing.B) {
+		parallelTakes(b, h, r, func(int) string { return fmt.Sprintf("k=n%d", next.Add(1)) })
+	})
+}
+
+// knownSubjects makes n subjects prefix0, prefix1, ... and decides each
+// once, so that the benchmark finds their leases (or copies) in place.
+func knownSubjects(b *testing.B, h *holder.Leases, r *rules.Rule, prefix string, n int) []string {
+	b.Helper()
+	subjects := make([]string, n)
+	for i := range subjects {
+		subjects[i] = fmt.Sprintf("%s%d", prefix, i)
+		if _, ok := h.Take(context.Background(), r, subjects[i], 1, h.Now()); !ok {
+			b.Fatalf("no lease for %s", subjects[i])
+		}
+	}
+	return subjects
+}
+
+// parallelTakes decides one token per iteration on every core, for the
+// subject subject(i) at the i-th iteration of each goroutine, reading the
+// clock once per 1000 decisions as the agent does per batch.
+func parallelTakes(b *testing.B, h *holder.Leases, r *rules.Rule, subject func(i int) string) {
+	b.ReportAllocs()
+	ctx := context.Background()
+	b.RunParallel(func(pb *testing.PB) {
+		i, now := 0, h.Now()
+		for pb.Next() {
+			if i%1000 == 0 {
+				now = h.Now()
+			}
+			if _, ok := h.Take(ctx, r, subject(i), 1, now); !ok {
+				b.Error("lease lost during the benchmark")
+				return
+			}
+			i++
+		}
+	})
+}
+
+// benchHolder runs a holder against a real single-node coordinator with
+// the rules in yaml until the benchmark ends, and returns it with the rule
+// "hot".
+func benchHolder(b *testing.B, yaml string) (*holder.Leases, *rules.Rule) {
+	b.Helper()
 	set, err := rules.Parse("bench.yaml", []byte(yaml))
 	if err != nil {
 		b.Fatal(err)
@@ -113,46 +126,5 @@ rules:
 	rctx, cancel := context.WithCancel(ctx)
 	b.Cleanup(cancel)
 	go h.Run(rctx)
-
-	const keys = 1000
-	subjects := make([]string, keys)
-	for i := range subjects {
-		subjects[i] = fmt.Sprintf("k=s%d", i)
-		if _, ok := h.Take(ctx, r, subjects[i], 1, h.Now()); !ok {
-			b.Fatalf("no lease for %s", subjects[i])
-		}
-	}
-	b.Run("keys=1000", func(b *testing.B) {
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			i, now := 0, h.Now()
-			for pb.Next() {
-				if i%1000 == 0 {
-					now = h.Now()
-				}
-				if _, ok := h.Take(ctx, r, subjects[i%keys], 1, now); !ok {
-					b.Error("lease lost during the benchmark")
-					return
-				}
-				i++
-			}
-		})
-	})
-	var next atomic.Int64
-	b.Run("new subject each", func(b *testing.B) {
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			i, now := 0, h.Now()
-			for pb.Next() {
-				if i%1000 == 0 {
-					now = h.Now()
-				}
-				if _, ok := h.Take(ctx, r, fmt.Sprintf("k=n%d", next.Add(1)), 1, now); !ok {
-					b.Error("lease lost during the benchmark")
-					return
-				}
-				i++
-			}
-		})
-	})
+	return h, r
 }
