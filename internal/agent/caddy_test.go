@@ -119,35 +119,10 @@ func TestCaddyForwardAuth(t *testing.T) {
 	app := startApp(t)
 	site := strings.NewReplacer(caddyDocAgent, a.srv.HTTPAddr(), caddyDocApp, app.srv.Listener.Addr().String()).Replace(block)
 	cd := startCaddy(t, site)
-	alice := map[string]string{"X-User-Id": "alice"}
 
-	// The budget: 3 admitted, each carrying the quota.
-	for i := 0; i < 3; i++ {
-		r := send(t, http.MethodGet, cd.base+"/", alice)
-		if r.code != http.StatusOK || r.body != "hello from the app\n" {
-			t.Fatalf("request %d = %d %q, want 200 from the app", i, r.code, r.body)
-		}
-		if got := r.h.Get("RateLimit-Policy"); got != `"per-user";q=3;w=10800` {
-			t.Fatalf("request %d RateLimit-Policy = %q", i, got)
-		}
-		if got := r.rateLimit(t, "per-user").Remaining; got != int64(2-i) {
-			t.Fatalf("request %d RateLimit r = %d, want %d", i, got, 2-i)
-		}
-	}
-	// Spent: 429 with the agent's Retry-After and fields; the app is not called.
-	r := send(t, http.MethodGet, cd.base+"/", alice)
-	if r.code != http.StatusTooManyRequests {
-		t.Fatalf("4th request = %d %q, want 429\n%v", r.code, r.body, r.h)
-	}
-	if ra, err := strconv.Atoi(r.h.Get("Retry-After")); err != nil || ra < 1 || ra > 3600 {
-		t.Fatalf("Retry-After = %q, want 1..3600 seconds (one token per hour)", r.h.Get("Retry-After"))
-	}
-	if lim := r.rateLimit(t, "per-user"); lim.Remaining != 0 {
-		t.Fatalf("429 RateLimit r = %d, want 0", lim.Remaining)
-	}
-	if n := app.seen("alice", ""); n != 3 {
-		t.Fatalf("the app saw alice %d times, want 3: a denied request must not reach it", n)
-	}
+	// The budget: 3 admitted, each carrying the quota, then 429; the app
+	// is not called once denied.
+	spendAliceBudget(t, cd.base, app)
 
 	// Values that are not plain ids (one that would inject a descriptor,
 	// one with a space) share the "!invalid" bucket: admitted from a fresh
@@ -185,7 +160,7 @@ func TestCaddyForwardAuth(t *testing.T) {
 	// Retry-After: 1 and no quota fields; the app is not called.
 	a.redis.Stop()
 	before := app.seen("erin", "")
-	r = send(t, http.MethodGet, cd.base+"/", map[string]string{"X-User-Id": "erin"})
+	r := send(t, http.MethodGet, cd.base+"/", map[string]string{"X-User-Id": "erin"})
 	if r.code != http.StatusServiceUnavailable || r.h.Get("Retry-After") != "1" || r.h.Get("RateLimit") != "" || r.h.Get("RateLimit-Policy") != "" {
 		t.Fatalf("store down, fail_closed = %d %v, want 503 with Retry-After: 1 and no RateLimit fields", r.code, r.h)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -101,4 +102,42 @@ func (g *gatewayProc) stop(t *testing.T) {
 	case <-time.After(5 * time.Second):
 	}
 	g.kill()
+}
+
+// spendAliceBudget spends alice's per-user budget (burst 3, 1 per hour)
+// through a gateway at base: 3 admitted with the quota fields, each
+// reaching the app, then 429 with the agent's Retry-After and fields and
+// the app not called.
+func spendAliceBudget(t *testing.T, base string, app *upstreamApp) {
+	t.Helper()
+	alice := map[string]string{"X-User-Id": "alice"}
+	for i := 0; i < 3; i++ {
+		r := send(t, http.MethodGet, base+"/", alice)
+		if r.code != http.StatusOK || r.body != "hello from the app\n" {
+			t.Fatalf("request %d = %d %q, want 200 from the app", i, r.code, r.body)
+		}
+		// burst 3 at 1 per hour: w = 3 / (1/3600) s.
+		if got := r.h.Get("RateLimit-Policy"); got != `"per-user";q=3;w=10800` {
+			t.Fatalf("request %d RateLimit-Policy = %q", i, got)
+		}
+		if got := r.rateLimit(t, "per-user").Remaining; got != int64(2-i) {
+			t.Fatalf("request %d RateLimit r = %d, want %d", i, got, 2-i)
+		}
+	}
+	r := send(t, http.MethodGet, base+"/", alice)
+	if r.code != http.StatusTooManyRequests {
+		t.Fatalf("4th request = %d %q, want 429\n%v", r.code, r.body, r.h)
+	}
+	if ra, err := strconv.Atoi(r.h.Get("Retry-After")); err != nil || ra < 1 || ra > 3600 {
+		t.Fatalf("Retry-After = %q, want 1..3600 seconds (one token per hour)", r.h.Get("Retry-After"))
+	}
+	if lim := r.rateLimit(t, "per-user"); lim.Remaining != 0 {
+		t.Fatalf("429 RateLimit r = %d, want 0", lim.Remaining)
+	}
+	if r.h.Get("RateLimit-Policy") != `"per-user";q=3;w=10800` {
+		t.Fatalf("429 RateLimit-Policy = %q", r.h.Get("RateLimit-Policy"))
+	}
+	if n := app.seen("alice", ""); n != 3 {
+		t.Fatalf("the app saw alice %d times, want 3: a denied request must not reach it", n)
+	}
 }
