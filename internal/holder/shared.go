@@ -82,8 +82,9 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		d = l.addDefault(r)
 	}
 	// One cold start in all for this decision, whether it waits for the
-	// default lease, the subject's own, or both.
-	limit := l.Now() + l.o.ColdStart.Microseconds()
+	// default lease, the subject's own, or both; counted from now, the
+	// caller's one clock read per batch (no clock read here per decision).
+	limit := now + l.o.ColdStart.Microseconds()
 	now = l.waitFirst(ctx, d, now, limit)
 	if now-d.touched.Load() > 100_000 {
 		// Every decision of the rule reads this; writing it only every
