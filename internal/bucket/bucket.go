@@ -65,6 +65,11 @@ type Request struct {
 	Limit     Limit   // the rule's bucket shape
 	Cost      float64 // tokens to take; > 0
 	RequestID string  // optional idempotency key
+	// Hot, for a rule in mode auto, makes the bucket a hot-key bucket
+	// (hot.go): the store estimates its decision rate, promotes it to
+	// leases when hot, and answers Result.Leased while it is. Such a
+	// request takes no RequestID.
+	Hot *Hot
 }
 
 // Validate checks a request before any I/O.
@@ -83,6 +88,17 @@ func (r Request) Validate() error {
 	}
 	if err := ValidateRequestID(r.RequestID); err != nil {
 		return err
+	}
+	if r.Hot != nil {
+		if r.RequestID != "" {
+			return fmt.Errorf("%w: a hot-key bucket records no request ids", ErrInvalid)
+		}
+		if err := r.Hot.Validate(); err != nil {
+			return err
+		}
+		if r.Limit.Rate <= 0 {
+			return fmt.Errorf("%w: a hot-key bucket needs a rate > 0", ErrInvalid)
+		}
 	}
 	return nil
 }
@@ -123,6 +139,11 @@ type Result struct {
 	// Replayed is true when the decision was recorded earlier under the same
 	// request id and nothing was charged this time.
 	Replayed bool
+	// Leased (hot-key buckets only) means nothing was decided: the key is
+	// promoted, and Promotion says which epoch and for how long. Without
+	// Leased, a Promotion with an Epoch means this decision promoted it.
+	Leased    bool
+	Promotion Promotion
 }
 
 // Outcome is one TakeBatch answer: a Result, or an error (for that request

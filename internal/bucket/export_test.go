@@ -81,3 +81,28 @@ func (m *MemoryStore) Size() (buckets, ids int) {
 	}
 	return buckets, ids
 }
+
+// HotDecision is a hot-key take as the script or the model made it.
+type HotDecision struct {
+	Allowed   bool
+	Tokens    float64
+	Now       int64
+	Leased    bool
+	Promotion Promotion
+}
+
+// HotTakeRaw is Take of a hot-key request reporting the script's reply as
+// it came.
+func (s *RedisStore) HotTakeRaw(ctx context.Context, req Request) (HotDecision, error) {
+	r, err := s.take(ctx, req)
+	return HotDecision{Allowed: r.allowed, Tokens: r.tokens, Now: r.now, Leased: r.leased, Promotion: r.promo}, err
+}
+
+// ModelHotTake is HotTake reporting the model's floats.
+func ModelHotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (HotState, HotDecision) {
+	s, d, leased, p := HotTake(s, exists, l, h, cost, now)
+	return s, HotDecision{Allowed: d.allowed, Tokens: d.tokens, Now: now, Leased: leased, Promotion: p}
+}
+
+// HotExpiresAfter is hotExpiresAfter.
+var HotExpiresAfter = hotExpiresAfter

@@ -41,8 +41,8 @@ type memShard struct {
 }
 
 type memBucket struct {
-	st       State
-	expireAt int64 // µs; 0 = never
+	st       HotState // State, and the hot-key fields of a mode auto rule's bucket
+	expireAt int64    // µs; 0 = never
 }
 
 type ridKey struct{ key, id string }
@@ -96,7 +96,17 @@ func (m *MemoryStore) Take(_ context.Context, req Request) (Result, error) {
 		b = &memBucket{}
 		sh.buckets[req.Key] = b
 	}
-	st, d := take(b.st, exists, req.Limit, req.Cost, now)
+	if req.Hot != nil {
+		st, d, leased, p := HotTake(b.st, exists, req.Limit, *req.Hot, req.Cost, now)
+		b.setHot(st, req.Limit, now)
+		if leased {
+			return Result{Now: now, Leased: true, Promotion: p}, nil
+		}
+		res := d.result(now)
+		res.Promotion = p
+		return res, nil
+	}
+	st, d := take(b.st.State, exists, req.Limit, req.Cost, now)
 	b.set(st, req.Limit, now)
 	res := d.result(now)
 	if req.RequestID != "" {
@@ -133,8 +143,37 @@ func (m *MemoryStore) Refund(_ context.Context, req Request) error {
 	if b == nil || expired(b.expireAt, now) {
 		return nil // missing is full: nothing to give back
 	}
-	b.set(Refund(b.st, req.Limit, req.Cost, now), req.Limit, now)
+	if req.Hot != nil {
+		b.setHot(HotRefund(b.st, req.Limit, req.Cost, now), req.Limit, now)
+		return nil
+	}
+	b.set(Refund(b.st.State, req.Limit, req.Cost, now), req.Limit, now)
 	return nil
+}
+
+// Mark extends the marks of promoted hot keys; see RedisStore.Mark.
+func (m *MemoryStore) Mark(_ context.Context, marks []MarkRequest, out []MarkOutcome) {
+	out = out[:len(marks)]
+	for i, mr := range marks {
+		out[i] = MarkOutcome{}
+		if err := mr.Validate(); err != nil {
+			out[i].Err = err
+			continue
+		}
+		now := m.clock()
+		sh := m.lock(mr.Key, now)
+		b := sh.buckets[mr.Key]
+		exists := b != nil && !expired(b.expireAt, now)
+		var st HotState
+		if exists {
+			st = b.st
+		}
+		st, out[i].Result = HotMark(st, exists, mr, now)
+		if exists && out[i].Result.Verdict != MarkGone {
+			b.setHot(st, mr.Limit, now)
+		}
+		sh.mu.Unlock()
+	}
 }
 
 // Ping always succeeds: the store is this process.
@@ -165,9 +204,17 @@ func (sh *memShard) sweep(now int64) {
 }
 
 func (b *memBucket) set(st State, l Limit, now int64) {
-	b.st = st
+	b.st = HotState{State: st}
 	b.expireAt = 0
 	if ttl := expiresAfter(st, l, now); ttl > 0 {
+		b.expireAt = now + ttl
+	}
+}
+
+func (b *memBucket) setHot(st HotState, l Limit, now int64) {
+	b.st = st
+	b.expireAt = 0
+	if ttl := hotExpiresAfter(st, l, now); ttl > 0 {
 		b.expireAt = now + ttl
 	}
 }

@@ -303,6 +303,9 @@ func (s *RedisStore) do(ctx context.Context, cmd redis.Cmder) error {
 // caches the script on that server). The request-id TTL goes only with a
 // request id, the one case the script reads it.
 func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) *redis.Cmd {
+	if req.Hot != nil {
+		return s.hotCmd(ctx, op, req, sha)
+	}
 	args := make([]any, 0, 10)
 	if sha {
 		args = append(args, "evalsha", scriptSHAArg)
@@ -378,6 +381,9 @@ func parseTake(cmd *redis.Cmd, req Request) (takeReply, error) {
 	if err != nil {
 		return takeReply{}, fmt.Errorf("bucket: redis take: reply: %w", err)
 	}
+	if req.Hot != nil {
+		return parseHotTakeReply(reply, req.Limit, req.Cost)
+	}
 	return parseTakeReply(reply, req.Limit, req.Cost)
 }
 
@@ -386,11 +392,17 @@ type takeReply struct {
 	decision
 	now      int64
 	replayed bool
+	leased   bool
+	promo    Promotion
 }
 
 func (r takeReply) result() Result {
 	res := r.decision.result(r.now)
 	res.Replayed = r.replayed
+	res.Leased, res.Promotion = r.leased, r.promo
+	if r.leased {
+		res.Remaining, res.RetryAfter, res.Reset = 0, 0, 0
+	}
 	return res
 }
 

@@ -116,6 +116,13 @@ type QuotaConfig struct {
 	// quotas that exist count, idle ones included until Tick removes them;
 	// lowering it removes nothing.
 	MaxSubjects int `json:"max_subjects,omitempty"`
+	// StartEmpty makes a new quota's pool start empty (P = 0) instead of
+	// full: the quota of one promotion of a hot key (a rule in mode auto),
+	// whose budget the key's store bucket may have spent up to the moment
+	// of promotion. Its leases then hand out only what refills after the
+	// quota exists, which is what keeps the rule's bound across the
+	// hand-over. Not with Funded.
+	StartEmpty bool `json:"start_empty,omitempty"`
 }
 
 // ConfigureQuota creates a quota, or updates it in place. A new quota's pool
@@ -141,6 +148,7 @@ type ConfigureQuota struct {
 	Funded       bool    `json:"funded,omitempty"`
 	Rule         string  `json:"rule,omitempty"`
 	MaxSubjects  int     `json:"max_subjects,omitempty"`
+	StartEmpty   bool    `json:"start_empty,omitempty"`
 }
 
 // Config returns the quota shape c sets.
@@ -148,7 +156,7 @@ func (c ConfigureQuota) Config() QuotaConfig {
 	return QuotaConfig{
 		Burst: c.Burst, Rate: c.Rate, LeasePeriod: c.LeasePeriod,
 		MinSlice: c.MinSlice, MaxSlice: c.MaxSlice, SafetyMargin: c.SafetyMargin,
-		Funded: c.Funded, Rule: c.Rule, MaxSubjects: c.MaxSubjects,
+		Funded: c.Funded, Rule: c.Rule, MaxSubjects: c.MaxSubjects, StartEmpty: c.StartEmpty,
 	}
 }
 
@@ -583,6 +591,9 @@ func (c QuotaConfig) check(p *problems) {
 		p.addf("max_subjects %d must be in [0, %d]", c.MaxSubjects, MaxSubjectsLimit)
 	case c.MaxSubjects > 0 && c.Rule == "":
 		p.addf("max_subjects %d needs a rule to count the quotas of", c.MaxSubjects)
+	}
+	if c.StartEmpty && c.Funded {
+		p.addf("start_empty and funded: a funded quota's pool is its upstream lease's deposit")
 	}
 }
 

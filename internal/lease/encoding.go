@@ -15,6 +15,7 @@ import (
 //
 //   - 1: every kind as first released.
 //   - 2: adds Grant.Config and ConfigureQuota's Rule and MaxSubjects.
+//   - 3: adds QuotaConfig.StartEmpty (in Grant.Config and ConfigureQuota).
 //
 // A command is encoded at the lowest version that has every field it sets
 // (commandVersionOf), so a command that sets no new field encodes exactly
@@ -22,7 +23,7 @@ import (
 // newer field stops them.
 const (
 	commandVersion    = 1
-	maxCommandVersion = 2
+	maxCommandVersion = 3
 )
 
 // commandVersionOf is the version c is encoded at: the lowest one that has
@@ -30,10 +31,16 @@ const (
 func commandVersionOf(v Command) byte {
 	switch c := v.(type) {
 	case Grant:
+		if c.Config != nil && c.Config.StartEmpty {
+			return 3
+		}
 		if c.Config != nil {
 			return 2
 		}
 	case ConfigureQuota:
+		if c.StartEmpty {
+			return 3
+		}
 		if c.Rule != "" || c.MaxSubjects != 0 {
 			return 2
 		}
@@ -123,16 +130,21 @@ func decodeStrict[T any](b []byte) (T, error) {
 }
 
 // Snapshot versions: 2 adds QuotaConfig's Rule and MaxSubjects and the
-// answer code of ErrTooManySubjects. A state that uses none of them is
+// answer code of ErrTooManySubjects; 3 adds QuotaConfig.StartEmpty. A state that uses none of them is
 // written as version 1, byte for byte as before, so an older replica can
 // still restore it; UnmarshalBinary reads both.
 const (
 	snapshotVersion    = 1
-	maxSnapshotVersion = 2
+	maxSnapshotVersion = 3
 )
 
 // snapshotVersionOf is the lowest version that can hold s.
 func (s *State) snapshotVersionOf() int {
+	for _, q := range s.quotas {
+		if q.base.StartEmpty {
+			return 3
+		}
+	}
 	for _, q := range s.quotas {
 		if q.base.Rule != "" || q.base.MaxSubjects != 0 {
 			return 2

@@ -257,11 +257,17 @@ func (s *State) fundQuota(c Fund) error {
 // newQuota creates quota name with shape cfg at now. A new bucket starts
 // full; a funded one holds only its own part until an upstream lease funds
 // it. This is also exactly the state in which Tick removes a quota (see
-// idle), so removing and recreating one loses and mints nothing.
+// idle), so removing and recreating one loses and mints nothing; except a
+// StartEmpty quota, which starts with an empty pool, so that recreating it
+// loses its tokens (under-use, never more).
 func (s *State) newQuota(name string, cfg QuotaConfig) *quota {
+	pool := cfg.Burst
+	if cfg.StartEmpty {
+		pool = 0
+	}
 	q := &quota{
 		name: name, cfg: cfg, base: cfg,
-		pool: cfg.Burst, poolAt: s.now,
+		pool: pool, poolAt: s.now,
 		ceilBurst: cfg.Burst, ceilRate: cfg.Rate,
 		byHolder: map[string]*lease{},
 	}

@@ -344,6 +344,15 @@ func TestGrant(t *testing.T) {
 			{cmd: renew1(0, "a", 3, 1, 50, 1, 50, 5), want: []check{wantItem(0, nil, 0, 50, 5, 50)}},
 			{cmd: Grant{Holder: "b", Seq: 2, Quota: "q", Demand: 3}, want: []check{wantGranted(2, 50, 50, 5, 10*sec)}},
 		}},
+		{"a StartEmpty quota (a hot key's promotion) hands out only what refills after it exists", []step{
+			{cmd: func() ConfigureQuota { c := quotaQ(0); c.StartEmpty = true; return c }(),
+				want: []check{wantPool("q", 0)}},
+			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 100},
+				want: []check{wantGranted(1, 0, 100, 10, 10*sec), wantPool("q", 0)}},
+			// 2s later the lease has refilled 20 at its rate; the pool is
+			// still empty (the lease holds the whole rate).
+			{cmd: renew1(2*sec, "a", 2, 1, 0, 100, 100, 10), want: []check{wantItem(0, nil, 0, 100, 10, 0), wantPool("q", 0)}},
+		}},
 		{"grant with empty pool and nothing free: an empty lease that registers demand", []step{
 			{cmd: quotaQ(0)},
 			{cmd: Grant{Holder: "a", Seq: 1, Quota: "q", Demand: 100}},
