@@ -27,7 +27,7 @@ for s in "${order[@]}"; do
   t=${tests[$s]:-}
   if [ -z "$t" ]; then echo "chaos-breaks: no scenario $s"; bad=1; continue; fi
   start=$SECONDS
-  RATION_CHAOS=full RATION_CHAOS_BREAK=$s "$tmp/chaos.test" -test.count=1 -test.run "^$t\$" -test.v >"$tmp/$s.log" 2>&1
+  RATION_CHAOS_BREAK=$s "$tmp/chaos.test" -test.count=1 -test.run "^$t\$" -test.v >"$tmp/$s.log" 2>&1
   rc=$?
   rows=$(grep -E '^\| S[0-9]' "$tmp/$s.log" | grep -F '| FAIL |' | cut -d'|' -f2 | tr -s ' ' | paste -sd, -)
   if [ $rc -ne 0 ] && [ -n "$rows" ]; then

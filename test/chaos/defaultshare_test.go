@@ -55,7 +55,7 @@ rules:
 //
 // Break: RATION_CHAOS_BREAK=S17 (splitBrain).
 func TestS17DefaultShareLeaderKilled(t *testing.T) {
-	smoke(t)
+	scenario(t)
 	r := rng(t)
 	coords := StartCoordinatorProcs(t, 3, s17Rules)
 	redis := harness.StartRedis(t)

@@ -74,7 +74,7 @@ rules:
 // Protection off (RATION_CHAOS_BREAK=S14): the second agent leases from
 // its own coordinator group (a split brain); both checks must fail.
 func TestS14EnvoyLeaderKilled(t *testing.T) {
-	smoke(t)
+	scenario(t)
 	r := rng(t)
 	coords := StartCoordinatorProcs(t, 3, s14Rules)
 	redis := harness.StartRedis(t)

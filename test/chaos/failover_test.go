@@ -24,7 +24,7 @@ import (
 // primary's plain address instead of the Sentinels, so they cannot follow
 // the promotion; the follow check fails.
 func TestS8RedisFailover(t *testing.T) {
-	fullOnly(t)
+	scenario(t)
 	r := rng(t)
 	const rulesYAML = `
 rules:

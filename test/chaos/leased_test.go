@@ -62,7 +62,7 @@ func admittedIn(recs []admission.Record, q, agent, path string, from, to time.Du
 //
 // Break: RATION_CHAOS_BREAK=S1 (splitBrain).
 func TestS1LeaderKilled(t *testing.T) {
-	smoke(t)
+	scenario(t)
 	r := rng(t)
 	coords := StartCoordinatorProcs(t, 3, leasedRules)
 	redis := harness.StartRedis(t)
@@ -137,7 +137,7 @@ func roundAll(ds []time.Duration) []time.Duration {
 // the scenario's (fail_open, and ten times the emergency shape): both
 // judges report the overshoot, and fail_closed's "0 by policy".
 func TestS3AgentCutOff(t *testing.T) {
-	smoke(t)
+	scenario(t)
 	r := rng(t)
 	coords := harness.StartCoordinators(t, 1, leasedRules)
 	redis := harness.StartRedis(t)

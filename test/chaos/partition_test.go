@@ -41,7 +41,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 //
 // Break: RATION_CHAOS_BREAK=S2 (splitBrain).
 func TestS2DeposedLeader(t *testing.T) {
-	fullOnly(t)
+	scenario(t)
 	r := rng(t)
 	ids := []string{"node0", "node1", "node2"}
 	var raftAddrs []string

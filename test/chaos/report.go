@@ -153,10 +153,6 @@ func rng(t testing.TB) *rand.Rand {
 	return rand.New(rand.NewPCG(seedValue, h))
 }
 
-// full reports whether the whole suite runs (RATION_CHAOS=full, as under
-// make chaos); otherwise only the smoke set runs.
-func full() bool { return os.Getenv("RATION_CHAOS") == "full" }
-
 // broken reports whether scenario s runs with its protection removed
 // (RATION_CHAOS_BREAK=S3, comma separated): the run must then fail, which
 // shows the scenario can.

@@ -48,7 +48,7 @@ type s15Attempt struct {
 // so a retried request can be charged twice; charges exceed the requests
 // admitted.
 func TestS15LeasedRequestIDs(t *testing.T) {
-	smoke(t)
+	scenario(t)
 	r := rng(t)
 	coords := harness.StartCoordinators(t, 1, s15Rules)
 	redis := harness.StartRedis(t)

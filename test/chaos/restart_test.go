@@ -65,7 +65,7 @@ func renew(t *testing.T, coords *harness.Coordinators, seq uint64) (*rationv1.Re
 //
 // Break: RATION_CHAOS_BREAK=S13 (splitBrain).
 func TestS13RestartFromDisk(t *testing.T) {
-	fullOnly(t)
+	scenario(t)
 	r := rng(t)
 	coords := harness.StartCoordinators(t, 3, leasedRules)
 	redis := harness.StartRedis(t)

@@ -65,7 +65,7 @@ var holderName = regexp.MustCompile(`lease holder started.*?holder"?[=:]"?([^"\s
 // incarnation: the two processes share its leases and sequence numbers.
 // The overshoot checks and the duplicate count must fail.
 func TestS16SameAgentID(t *testing.T) {
-	smoke(t)
+	scenario(t)
 	r := rng(t)
 	coords := StartCoordinatorProcs(t, 3, s16Rules)
 	redis := harness.StartRedis(t)

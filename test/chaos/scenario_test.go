@@ -17,20 +17,13 @@ const (
 	offered = 3 * rate
 )
 
-// smoke marks a scenario of the smoke set (make test); others run only
-// with RATION_CHAOS=full (make chaos).
-func smoke(t *testing.T) {
+// scenario marks a chaos scenario: every one runs in go test ./... (make
+// test), so CI guards the whole matrix on every change; only -short skips
+// them.
+func scenario(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("chaos: skipped under -short")
-	}
-}
-
-func fullOnly(t *testing.T) {
-	t.Helper()
-	smoke(t)
-	if !full() {
-		t.Skip("chaos: full set only (RATION_CHAOS=full, make chaos)")
 	}
 }
 
@@ -52,7 +45,7 @@ func joinAddrs(addrs []string) string { return strings.Join(addrs, ",") }
 // Redis and its own coordinator group (a split brain), so the two spend
 // the quota twice; the overshoot check fails.
 func TestS0NoFault(t *testing.T) {
-	smoke(t)
+	scenario(t)
 	_ = rng(t)
 	const rulesYAML = `
 rules:
