@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test deps bench lint proto ci fuzz chaos chaos-breaks demo-regions
+.PHONY: help dev build install docs test deps bench lint proto ci fuzz chaos chaos-breaks soak demo-regions
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -35,7 +35,7 @@ docs: ## regenerate the generated tables in docs/ from the code (their tests fai
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh
 
-test: deps ## gofmt, vet and race-test everything (real redis-server, Raft, nginx, caddy), chaos smoke set, the client module, deploy checks
+test: deps ## gofmt, vet and race-test everything (real redis-server, Raft, nginx, caddy), every chaos scenario, the client module, deploy checks
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
@@ -46,13 +46,22 @@ test: deps ## gofmt, vet and race-test everything (real redis-server, Raft, ngin
 bench: deps ## benchmarks: model, stores, agent load vs. redis-benchmark ceiling
 	./scripts/bench.sh
 
-chaos: deps ## every chaos scenario incl. S12 (regions) (<= 15 min); writes the table to docs/reliability.md
+chaos: deps ## every chaos scenario incl. S12 (regions), no -race (<= 15 min); writes the table to docs/reliability.md
 	set -o pipefail; $(GO) test -count=1 -run 'TestS12' -v ./internal/coordinator/ | grep -E '^(---|ok|FAIL)|region_test'
-	@RATION_CHAOS=full RATION_CHAOS_REPORT=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 15m ./test/chaos/; s=$$?; \
+	@RATION_CHAOS_REPORT=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 15m ./test/chaos/; s=$$?; \
 	  sed -n '/<!-- chaos:begin -->/,/<!-- chaos:end -->/p' docs/reliability.md; exit $$s
 
 chaos-breaks: deps ## every chaos scenario with its protection removed (RATION_CHAOS_BREAK): each must fail by a judge
 	./test/chaos/breaks.sh
+
+# make soak DURATION=1h SEED=42: the fault schedule of a run is replayed by
+# its seed (printed). SOAK_TIMEOUT bounds the whole run (go test -timeout).
+DURATION ?= 10m
+SEED ?=
+SOAK_TIMEOUT ?= 4h
+soak: deps ## two regions (make demo-regions) under steady load, a random fault every 20-60s, both judges after each; DURATION=10m SEED=n; writes its table to docs/reliability.md
+	RATION_SOAK=$(DURATION) RATION_CHAOS_SEED=$(SEED) RATION_SOAK_REPORT=$(CURDIR)/docs/reliability.md \
+	  $(GO) test -count=1 -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) -v ./test/chaos/
 
 demo-regions: ## two regions + a 3-node global coordinator group on loopback, with a guide
 	./deploy/local/demo-regions.sh

@@ -36,6 +36,29 @@ type CoordinatorProcs struct {
 // one leads.
 func StartCoordinatorProcs(t testing.TB, n int, rulesYAML string) *CoordinatorProcs {
 	t.Helper()
+	return StartCoordinatorGroup(t, GroupOptions{N: n, Rules: rulesYAML})
+}
+
+// GroupOptions configure StartCoordinatorGroup.
+type GroupOptions struct {
+	N     int
+	Rules string // rules YAML
+	// ID prefixes the node ids (default "node": node0, node1, ...) and
+	// names their logs.
+	ID string
+	// Args are added to every node's flags (-region, -upstream, ...).
+	Args []string
+}
+
+// StartCoordinatorGroup starts o.N nodes and waits until all are voters
+// and one leads.
+func StartCoordinatorGroup(t testing.TB, o GroupOptions) *CoordinatorProcs {
+	t.Helper()
+	n, rulesYAML := o.N, o.Rules
+	id, name := o.ID, o.ID
+	if id == "" {
+		id, name = "node", "coordinator"
+	}
 	dir := t.TempDir()
 	rulesPath := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(rulesPath, []byte(rulesYAML), 0o644); err != nil {
@@ -48,11 +71,11 @@ func StartCoordinatorProcs(t testing.TB, n int, rulesYAML string) *CoordinatorPr
 	}
 	for i := range n {
 		args := []string{
-			"-id", fmt.Sprintf("node%d", i),
+			"-id", fmt.Sprintf("%s%d", id, i),
 			"-raft", "127.0.0.1:" + strconv.Itoa(harness.FreePort(t)),
 			"-grpc", c.GRPC[i],
 			"-http", c.HTTP[i],
-			"-data-dir", filepath.Join(dir, fmt.Sprintf("node%d", i)),
+			"-data-dir", filepath.Join(dir, fmt.Sprintf("%s%d", id, i)),
 			"-rules", rulesPath,
 			"-raft-heartbeat-timeout", "300ms", "-raft-election-timeout", "300ms", "-raft-leader-lease-timeout", "150ms",
 			"-tick", "100ms", "-safety-margin", "200ms", "-log-level", "warn",
@@ -62,7 +85,8 @@ func StartCoordinatorProcs(t testing.TB, n int, rulesYAML string) *CoordinatorPr
 		} else {
 			args = append(args, "-join", c.GRPC[0])
 		}
-		c.Procs = append(c.Procs, StartProc(t, fmt.Sprintf("coordinator%d", i), "coordinator", args...))
+		args = append(args, o.Args...)
+		c.Procs = append(c.Procs, StartProc(t, fmt.Sprintf("%s%d", name, i), "coordinator", args...))
 		conn, err := grpc.NewClient(c.GRPC[i], grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -73,11 +97,17 @@ func StartCoordinatorProcs(t testing.TB, n int, rulesYAML string) *CoordinatorPr
 			c.Leader(t)
 		}
 	}
+	c.WaitVoters(t, n)
+	return c
+}
+
+// WaitVoters waits until the leader lists n servers.
+func (c *CoordinatorProcs) WaitVoters(t testing.TB, n int) {
+	t.Helper()
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d voters", n), func() bool {
 		st := c.status(c.Leader(t))
 		return st != nil && len(st.Servers) == n
 	})
-	return c
 }
 
 func (c *CoordinatorProcs) status(i int) *rationv1.StatusResponse {
@@ -112,15 +142,21 @@ func (c *CoordinatorProcs) Leader(t testing.TB) int {
 // Metric scrapes node i's /metrics and returns the sum of every sample of
 // the named metric (all label sets), and whether any was found.
 func (c *CoordinatorProcs) Metric(i int, name string) (float64, bool, error) {
+	return scrapeMetric(c.HTTP[i], name)
+}
+
+// scrapeMetric reads http://addr/metrics and returns the sum of every
+// sample of the named metric (all label sets), and whether any was found.
+func scrapeMetric(addr, name string) (float64, bool, error) {
 	hc := &http.Client{Timeout: time.Second}
 	defer hc.CloseIdleConnections()
-	resp, err := hc.Get("http://" + c.HTTP[i] + "/metrics")
+	resp, err := hc.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return 0, false, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, false, fmt.Errorf("GET /metrics of node%d: %s", i, resp.Status)
+		return 0, false, fmt.Errorf("GET %s/metrics: %s", addr, resp.Status)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
@@ -139,7 +175,7 @@ func (c *CoordinatorProcs) Metric(i int, name string) (float64, bool, error) {
 		}
 		v, err := strconv.ParseFloat(f[0], 64)
 		if err != nil {
-			return 0, false, fmt.Errorf("node%d: %q: %v", i, line, err)
+			return 0, false, fmt.Errorf("%s: %q: %v", addr, line, err)
 		}
 		sum, found = sum+v, true
 	}

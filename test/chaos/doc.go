@@ -9,8 +9,8 @@
 // docs/reliability.md) that asserts its measured overshoot against its
 // stated bound and adds a row to the table printed at the end of the run.
 //
-//	go test ./test/chaos/                   # the smoke set: S0 S1 S3 S10 S11 S14 S15 S16 S17
-//	RATION_CHAOS=full go test ./test/chaos/ # every scenario (make chaos)
+//	go test ./test/chaos/                   # every scenario (make test runs it under -race)
+//	RATION_SOAK=10m go test -run TestSoak -v ./test/chaos/ # the soak (make soak)
 //	RATION_CHAOS_SEED=N                     # replay a run's random choices
 //	RATION_CHAOS_BREAK=S0,S10               # remove a scenario's protection: it must fail
 //	RATION_CHAOS_REPORT=docs/reliability.md # write the table there (absolute path)

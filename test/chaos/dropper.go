@@ -68,6 +68,22 @@ func NewReplyDropper(t testing.TB, upstream string, p float64, rng *rand.Rand) *
 // Addr is where agents connect.
 func (d *ReplyDropper) Addr() string { return d.addr }
 
+// SetDropRate changes the probability p of dropping a reply (0: none).
+func (d *ReplyDropper) SetDropRate(p float64) {
+	d.mu.Lock()
+	d.p = p
+	d.mu.Unlock()
+}
+
+// Snapshot returns the counts so far.
+func (d *ReplyDropper) Snapshot() DropStats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.Stats
+	s.Mismatched = append([]string(nil), s.Mismatched...)
+	return s
+}
+
 func (d *ReplyDropper) drop() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -36,39 +36,58 @@ const mergedIncarnation = "merged"
 // ports; everything is stopped in t.Cleanup.
 func NewHolderMerger(t testing.TB, nodes []string) *HolderMerger {
 	t.Helper()
-	m := &HolderMerger{}
+	return &HolderMerger{Addrs: newLeasesForwarders(t, nodes, nodes, merge)}
+}
+
+// NewLeasesForwarders serves one gRPC Leases forwarder per node of a
+// group on free loopback ports: forwarder i sends to dial[i] (a fault
+// proxy in front of node i) and rewrites the "ration-leader" trailer from
+// the nodes' own addresses (named) to the forwarders', so that a client
+// redirected to a new leader stays behind the forwarders (and the fault
+// proxies) instead of dialing the leader directly. Holder names pass
+// unchanged. It returns the forwarders' addresses; they are stopped in
+// t.Cleanup.
+func NewLeasesForwarders(t testing.TB, dial, named []string) []string {
+	t.Helper()
+	return newLeasesForwarders(t, dial, named, func(h string) string { return h })
+}
+
+func newLeasesForwarders(t testing.TB, dial, named []string, holder func(string) string) []string {
+	t.Helper()
+	var addrs []string
 	var lns []net.Listener
-	for range nodes {
+	for range dial {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		lns = append(lns, ln)
-		m.Addrs = append(m.Addrs, ln.Addr().String())
+		addrs = append(addrs, ln.Addr().String())
 	}
-	// A node's address as a trailer names it -> the merger in front of it.
+	// A node's address as a trailer names it -> the forwarder in front of it.
 	toMerger := map[string]string{}
-	for i, n := range nodes {
-		toMerger[n] = m.Addrs[i]
+	for i, n := range named {
+		toMerger[n] = addrs[i]
 	}
-	for i, n := range nodes {
+	for i, n := range dial {
 		conn, err := grpc.NewClient(n, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
 		srv := grpc.NewServer()
-		rationv1.RegisterLeasesServer(srv, &mergerNode{up: rationv1.NewLeasesClient(conn), toMerger: toMerger})
+		rationv1.RegisterLeasesServer(srv, &mergerNode{up: rationv1.NewLeasesClient(conn), toMerger: toMerger, holder: holder})
 		go func() { _ = srv.Serve(lns[i]) }()
 		t.Cleanup(srv.Stop)
 	}
-	return m
+	return addrs
 }
 
 type mergerNode struct {
 	rationv1.UnimplementedLeasesServer
 	up       rationv1.LeasesClient
 	toMerger map[string]string
+	holder   func(string) string // rewrites the holder name
 }
 
 // merge drops the incarnation of an agent holder name; other names
@@ -95,7 +114,7 @@ func (n *mergerNode) trailer(tr metadata.MD) metadata.MD {
 }
 
 func (n *mergerNode) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
-	req.Holder = merge(req.Holder)
+	req.Holder = n.holder(req.Holder)
 	var tr metadata.MD
 	resp, err := n.up.Renew(ctx, req, grpc.Trailer(&tr))
 	_ = grpc.SetTrailer(ctx, n.trailer(tr))
@@ -103,7 +122,7 @@ func (n *mergerNode) Renew(ctx context.Context, req *rationv1.RenewRequest) (*ra
 }
 
 func (n *mergerNode) Release(ctx context.Context, req *rationv1.ReleaseRequest) (*rationv1.ReleaseResponse, error) {
-	req.Holder = merge(req.Holder)
+	req.Holder = n.holder(req.Holder)
 	var tr metadata.MD
 	resp, err := n.up.Release(ctx, req, grpc.Trailer(&tr))
 	_ = grpc.SetTrailer(ctx, n.trailer(tr))
@@ -111,7 +130,7 @@ func (n *mergerNode) Release(ctx context.Context, req *rationv1.ReleaseRequest) 
 }
 
 func (n *mergerNode) Watch(req *rationv1.WatchRequest, stream grpc.ServerStreamingServer[rationv1.Nudge]) error {
-	req.Holder = merge(req.Holder)
+	req.Holder = n.holder(req.Holder)
 	up, err := n.up.Watch(stream.Context(), req)
 	if err != nil {
 		return err

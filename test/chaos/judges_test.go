@@ -51,6 +51,11 @@ type Spec struct {
 	// FailClosed: the rule's policy is fail_closed, so nothing may be
 	// admitted by policy (path fallback).
 	FailClosed bool
+	// RecordBurst and RecordRate, when set, are the shape the agents are
+	// expected to write in their records instead of (Burst, Rate): an
+	// agent records a scope: global Redis rule's global shape, not the
+	// region's share it enforces (the soak's global-split).
+	RecordBurst, RecordRate float64
 }
 
 // Judged is both judges' verdict on one quota, and the cross-check.
@@ -124,8 +129,12 @@ func judgeBoth(recs []admission.Record, calls []Call, obs []observation, s Spec)
 	}
 	j.Logs = admission.Judge(admission.Check(recs, s.Quota, s.Burst, s.Rate), s.Bound)
 	j.Client = admission.Judge(admission.Check(observedRecords(obs), s.Quota, s.Burst, s.Rate), s.Bound)
+	wantB, wantR := s.Burst, s.Rate
+	if s.RecordBurst != 0 || s.RecordRate != 0 {
+		wantB, wantR = s.RecordBurst, s.RecordRate
+	}
 	for _, r := range recs {
-		if r.Quota == s.Quota && (r.Burst != s.Burst || r.Rate != s.Rate) {
+		if r.Quota == s.Quota && (r.Burst != wantB || r.Rate != wantR) {
 			j.ShapeWrong++
 		}
 	}
@@ -159,7 +168,7 @@ func judgeBoth(recs []admission.Record, calls []Call, obs []observation, s Spec)
 		bad("%.0f admitted by policy under fail_closed, want 0", j.ByPolicy)
 	}
 	if j.ShapeWrong > 0 {
-		bad("%d decisions recorded with a shape other than the scenario's B = %g, r = %g", j.ShapeWrong, s.Burst, s.Rate)
+		bad("%d decisions recorded with a shape other than B = %g, r = %g", j.ShapeWrong, wantB, wantR)
 	}
 	return j
 }

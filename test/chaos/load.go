@@ -66,7 +66,8 @@ type Call struct {
 	Rule, Subj string
 }
 
-// Load runs targets until Stop. Requests are dispatched every 5ms to keep
+// Load runs targets until Stop, or until its time is up (StartLoadFor).
+// Requests are dispatched every 5ms to keep
 // each target's offered rate; a target whose workers are all busy (its
 // agent paused) drops what it cannot send, and counts it.
 type Load struct {
@@ -80,9 +81,18 @@ type Load struct {
 
 const loadWorkers = 6
 
-// StartLoad begins offering load.
-func StartLoad(targets []Target) *Load {
-	ctx, cancel := context.WithCancel(context.Background())
+// maxScenarioLoad bounds the load of a scenario (StartLoad), which stops
+// it well before this.
+const maxScenarioLoad = 2 * time.Minute
+
+// StartLoad begins offering load, for at most maxScenarioLoad.
+func StartLoad(targets []Target) *Load { return StartLoadFor(targets, maxScenarioLoad) }
+
+// StartLoadFor begins offering load for at most d: the load ends by itself
+// then (calls in flight are cut off, as by Stop), so it is bounded in time
+// and in count (each target's rate x d) whatever its caller does.
+func StartLoadFor(targets []Target, d time.Duration) *Load {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	l := &Load{cancel: cancel, http: &http.Client{Timeout: 2 * time.Second,
 		Transport: &http.Transport{MaxIdleConnsPerHost: loadWorkers * len(targets)}}}
 	for ti, tg := range targets {
@@ -227,6 +237,15 @@ func (l *Load) Stop() []Call {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.calls
+}
+
+// Calls returns the calls answered so far (or cut off), in the order they
+// ended. The slice is shared, not copied: calls are only ever appended,
+// so what it holds does not change.
+func (l *Load) Calls() []Call {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.calls[:len(l.calls):len(l.calls)]
 }
 
 // Dropped is how many requests could not be sent (all workers busy).
