@@ -35,8 +35,11 @@ docs: ## regenerate the generated tables in docs/ from the code (their tests fai
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh
 
-test: deps ## gofmt, vet and race-test everything (real redis-server, Raft, nginx, caddy), every chaos scenario, the client module, deploy checks
+test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real redis-server, Raft, nginx, caddy, chromium), every chaos scenario, the client module, deploy checks
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1; }
+	@# go mod tidy must leave every module's go.mod and go.sum as committed
+	@# (-diff changes nothing: it prints what it would change and fails).
+	@for m in . proto client deploy; do (cd $$m && $(GO) mod tidy -diff) || { echo "go mod tidy needed in $$m"; exit 1; }; done
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 	cd proto && $(GO) vet ./...
@@ -86,8 +89,4 @@ proto: ## regenerate proto/ Go code (protoc from Debian's protobuf-compiler)
 	PATH=$(GOBIN):$$PATH protoc -I proto --go_out=proto --go_opt=paths=source_relative \
 	  --go-grpc_out=proto --go-grpc_opt=paths=source_relative proto/ration/v1/*.proto
 
-ci: lint test ## what CI runs, plus go mod tidy checks
-	$(GO) mod tidy && git diff --exit-code go.mod go.sum
-	cd proto && $(GO) mod tidy && git diff --exit-code go.mod go.sum
-	cd client && $(GO) mod tidy && git diff --exit-code go.mod go.sum
-	cd deploy && $(GO) mod tidy && git diff --exit-code go.mod go.sum
+ci: lint test ## what CI runs: .ci/run is make test, which checks gofmt, go mod tidy, vet and every module's tests
