@@ -15,9 +15,9 @@ declare -A tests=(
   [S5]=TestS5NoQuorum [S6]=TestS6AgentPaused [S8]=TestS8RedisFailover
   [S10]=TestS10RedisBlackholed [S11]=TestS11LostReplies [S13]=TestS13RestartFromDisk
   [S14]=TestS14EnvoyLeaderKilled [S15]=TestS15LeasedRequestIDs [S16]=TestS16SameAgentID
-  [S17]=TestS17DefaultShareLeaderKilled
+  [S17]=TestS17DefaultShareLeaderKilled [soak]=TestSoak
 )
-order=(S0 S1 S1pause S2 S3 S4 S5 S6 S8 S10 S11 S13 S14 S15 S16 S17)
+order=(S0 S1 S1pause S2 S3 S4 S5 S6 S8 S10 S11 S13 S14 S15 S16 S17 soak)
 [ $# -gt 0 ] && order=("$@")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -27,12 +27,17 @@ for s in "${order[@]}"; do
   t=${tests[$s]:-}
   if [ -z "$t" ]; then echo "chaos-breaks: no scenario $s"; bad=1; continue; fi
   start=$SECONDS
-  RATION_CHAOS_BREAK=$s "$tmp/chaos.test" -test.count=1 -test.run "^$t\$" -test.v >"$tmp/$s.log" 2>&1
+  # The soak runs when RATION_SOAK names a duration: 2m, time for one
+  # fault and its judging (it reports its own table, not rows).
+  RATION_SOAK=2m RATION_CHAOS_BREAK=$s "$tmp/chaos.test" -test.count=1 -test.run "^$t\$" -test.v >"$tmp/$s.log" 2>&1
   rc=$?
   rows=$(grep -E '^\| S[0-9]' "$tmp/$s.log" | grep -F '| FAIL |' | cut -d'|' -f2 | tr -s ' ' | paste -sd, -)
+  if [ "$s" = soak ]; then
+    rows=$(grep -E '^\s*\| [a-z-]+( eu| us)? \|.*\| FAIL \|$' "$tmp/$s.log" | cut -d'|' -f2 | tr -s ' ' | paste -sd, -)
+  fi
   if [ $rc -ne 0 ] && [ -n "$rows" ]; then
     echo "chaos-breaks: $s failed as it must ($((SECONDS - start))s): FAIL rows:$rows"
-    grep -E '^\s+(\S+_test|judges)\.go:[0-9]+: ' "$tmp/$s.log" | grep -v 'chaos: ' | head -4 | cut -c1-300 | sed 's/^/    /'
+    grep -E '^\s+(\S+_test|judges)\.go:[0-9]+: ' "$tmp/$s.log" | grep -v 'chaos: \|soak +' | head -4 | cut -c1-300 | sed 's/^/    /'
   else
     echo "chaos-breaks: $s did NOT fail by a judge (exit $rc, FAIL rows: '${rows}'); output in the log below"
     tail -40 "$tmp/$s.log"

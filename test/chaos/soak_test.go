@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,11 @@ import (
 // soakRSSGrowth / soakGoroutineGrowth. With RATION_SOAK_REPORT it writes
 // that report between the soak markers of the named file
 // (docs/reliability.md under make soak), stamped with the commit.
+//
+// Protection off (RATION_CHAOS_BREAK=soak, in make chaos-breaks with
+// RATION_SOAK=2m): region us leases from a global group of its own (a
+// split brain), so global-api is spent twice; its judges must fail at the
+// first judging.
 func TestSoak(t *testing.T) {
 	v := os.Getenv("RATION_SOAK")
 	if v == "" {
@@ -179,13 +185,21 @@ func startSoak(t *testing.T, r *rand.Rand) *soak {
 	s.global = StartCoordinatorGroup(t, GroupOptions{N: 3, Rules: rules, ID: "global"})
 	for _, region := range soakRegions {
 		s.redis[region] = harness.StartSentinel(t, "soak-"+region)
+		up := s.global
+		if broken("soak") && region == "us" {
+			// Protection off: a split brain. Region us leases global-api
+			// from a global group of its own, so both regions spend the
+			// whole global budget; the judges of global-api must fail.
+			t.Log("soak: protection removed: region us leases from a global group of its own")
+			up = StartCoordinatorGroup(t, GroupOptions{N: 1, Rules: rules, ID: "rogue"})
+		}
 		var via []string
-		for i, addr := range s.global.GRPC {
+		for i, addr := range up.GRPC {
 			p := NewProxy(t, fmt.Sprintf("up-%s-%d", region, i), addr)
 			s.upstream[region] = append(s.upstream[region], p)
 			via = append(via, p.Addr())
 		}
-		fwd := NewLeasesForwarders(t, via, s.global.GRPC)
+		fwd := NewLeasesForwarders(t, via, up.GRPC)
 		s.regional[region] = StartCoordinatorGroup(t, GroupOptions{N: 1, Rules: rules, ID: region + "-",
 			Args: []string{"-region", region, "-upstream", joinAddrs(fwd), "-upstream-renew-at", "0.25"}})
 	}
@@ -466,8 +480,8 @@ func replicaReady(ctx context.Context, ss *harness.SentinelSet) (bool, string) {
 		}
 		healthy := false
 		for _, rep := range reps {
-			f := fmt.Sprint(rep)
-			if strings.Contains(f, fmt.Sprintf("port %d", ss.Replica.Port)) && strings.Contains(f, "flags slave ") {
+			f := replyFields(rep)
+			if f["port"] == strconv.Itoa(ss.Replica.Port) && f["flags"] == "slave" {
 				healthy = true
 			}
 		}
@@ -498,6 +512,27 @@ func (s *soak) checkAlive() {
 			s.t.Errorf("soak: agent %s: a retried lease request was not applied once: %v", a.ID, st.Mismatched)
 		}
 	}
+}
+
+// replyFields reads a Sentinel reply describing one server: a map
+// (RESP3) or a flat list of field, value (RESP2).
+func replyFields(reply any) map[string]string {
+	out := map[string]string{}
+	switch v := reply.(type) {
+	case map[any]any:
+		for k, x := range v {
+			out[fmt.Sprint(k)] = fmt.Sprint(x)
+		}
+	case map[string]any:
+		for k, x := range v {
+			out[k] = fmt.Sprint(x)
+		}
+	case []any:
+		for i := 0; i+1 < len(v); i += 2 {
+			out[fmt.Sprint(v[i])] = fmt.Sprint(v[i+1])
+		}
+	}
+	return out
 }
 
 func tail(s string, n int) string {
