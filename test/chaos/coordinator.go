@@ -110,6 +110,30 @@ func (c *CoordinatorProcs) WaitVoters(t testing.TB, n int) {
 	})
 }
 
+// WaitCaughtUp waits until node i (restarted) follows a leader and has
+// applied everything the leader had committed when the wait began: a
+// voter again in fact, not only in the configuration, so that a fault
+// after it meets a healthy majority rather than two failures at once.
+func (c *CoordinatorProcs) WaitCaughtUp(t testing.TB, i int) {
+	t.Helper()
+	var commit uint64
+	waitFor(t, 30*time.Second, fmt.Sprintf("node %d caught up with the leader", i), func() bool {
+		if commit == 0 {
+			l := c.Leader(t)
+			if l == i {
+				return true
+			}
+			st := c.status(l)
+			if st == nil || st.State != "Leader" {
+				return false
+			}
+			commit = st.CommitIndex
+		}
+		st := c.status(i)
+		return st != nil && st.State == "Follower" && st.AppliedIndex >= commit
+	})
+}
+
 func (c *CoordinatorProcs) status(i int) *rationv1.StatusResponse {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
