@@ -61,9 +61,11 @@
 //     is admitted. Use it to try a new limit on real traffic.
 //   - lease: only with mode: leased (an error otherwise); optional. period
 //     (the lease length D, a Go duration > 0, default 10s), min_slice (the
-//     smallest slice granted, tokens, in [0, burst], default 0), max_slice
-//     (the largest slice, tokens, default 0 meaning no cap; otherwise
-//     >= min_slice and <= 1e12), max_subjects (at most this many subjects
+//     least rate share of each lease holder, tokens/s, in [0, rate],
+//     default 0), max_slice (the largest rate share, tokens/s, default 0
+//     meaning no cap; otherwise in [min_slice, rate]); with rate 0 both are
+//     held to burst/period instead (caps are then slice x period),
+//     max_subjects (at most this many subjects
 //     hold quotas at once, default 0 meaning no bound), default_share (a
 //     fraction f in [0, 1], default 0, only with a "*" key: the part f of
 //     every subject's budget is leased once per rule and each agent spends

@@ -79,7 +79,7 @@ func TestLoadSample(t *testing.T) {
 			Shadow: true, Line: 25},
 		{Name: "export-global", Match: map[string]string{"endpoint": "export"}, Burst: 1000, Rate: 10, Mode: ModeLeased,
 			OnFailure: Emergency, Emergency: EmergencyLimit{Burst: 2, Rate: 0.5, MaxDuration: time.Minute},
-			Lease: Lease{Period: 10 * time.Second, MinSlice: 5, MaxSlice: 200}, Line: 32},
+			Lease: Lease{Period: 10 * time.Second, MinSlice: 5, MaxSlice: 8}, Line: 32},
 	}
 	rules := s.Rules()
 	if len(rules) != len(want) {
@@ -166,8 +166,8 @@ func TestParseValid(t *testing.T) {
 		{"rate with spaces and fraction", head + "  rate: 1.5 / s\n", rateIs(1.5)},
 		{"rate max", head + "  rate: 1e12\n", rateIs(1e12)},
 		{"leased default lease", head + "  rate: 1\n  mode: leased\n", leaseIs(Lease{Period: DefaultLeasePeriod})},
-		{"leased partial lease", head + "  rate: 1\n  mode: leased\n  lease: {min_slice: 2}\n", leaseIs(Lease{Period: DefaultLeasePeriod, MinSlice: 2})},
-		{"leased uncapped", head + "  rate: 1\n  mode: leased\n  lease: {period: 1m, min_slice: 10, max_slice: 0}\n", leaseIs(Lease{Period: time.Minute, MinSlice: 10})},
+		{"leased partial lease", head + "  rate: 2\n  mode: leased\n  lease: {min_slice: 2}\n", leaseIs(Lease{Period: DefaultLeasePeriod, MinSlice: 2})},
+		{"leased uncapped", head + "  rate: 10\n  mode: leased\n  lease: {period: 1m, min_slice: 10, max_slice: 0}\n", leaseIs(Lease{Period: time.Minute, MinSlice: 10})},
 		{"leased max subjects", head + "  rate: 1\n  mode: leased\n  lease: {max_subjects: 50000}\n", leaseIs(Lease{Period: DefaultLeasePeriod, MaxSubjects: 50000})},
 		{"leased default share", "rules:\n- name: r\n  match: {user: \"*\"}\n  burst: 10\n  rate: 1\n  mode: leased\n  lease: {default_share: 0.25}\n", leaseIs(Lease{Period: DefaultLeasePeriod, DefaultShare: 0.25})},
 		{"leased default share whole", "rules:\n- name: r\n  match: {user: \"*\", k: v}\n  burst: 10\n  rate: 1\n  mode: leased\n  lease: {default_share: 1}\n", leaseIs(Lease{Period: DefaultLeasePeriod, DefaultShare: 1})},
@@ -351,8 +351,8 @@ func TestParseInvalid(t *testing.T) {
 			{"f.yaml:7:35: rules[0].lease.min_slice: ", "got -1"},
 			{"f.yaml:7:50: rules[0].lease.max_slice: ", "got -2"},
 		}},
-		{"lease slices conflict", rule("  mode: leased\n  lease: {min_slice: 5, max_slice: 2}\n"), []want{
-			{"f.yaml:7:36: rules[0].lease.max_slice: ", "2 is below min_slice 5"},
+		{"lease slices conflict", rule("  mode: leased\n  lease: {min_slice: 0.5, max_slice: 0.2}\n"), []want{
+			{"f.yaml:7:38: rules[0].lease.max_slice: ", "0.2 is below min_slice 0.5"},
 		}},
 		{"lease default share out of range", rule("  mode: leased\n  lease: {default_share: 1.5}\n"), []want{
 			{"f.yaml:7:26: rules[0].lease.default_share: ", "must be a fraction in [0, 1] (0 means off), got 1.5"},
@@ -360,8 +360,11 @@ func TestParseInvalid(t *testing.T) {
 		{"lease default share one subject", rule("  mode: leased\n  lease: {default_share: 0.5}\n"), []want{
 			{"f.yaml:7:26: rules[0].lease.default_share: ", "match has no \"*\" key"},
 		}},
-		{"lease min slice above burst", rule("  mode: leased\n  lease: {min_slice: 11}\n"), []want{
-			{"f.yaml:7:22: rules[0].lease.min_slice: ", "11 exceeds burst 10"},
+		{"lease min slice above rate", rule("  mode: leased\n  lease: {min_slice: 2}\n"), []want{
+			{"f.yaml:7:22: rules[0].lease.min_slice: ", "2 tokens/s exceeds rate 1 tokens/s"},
+		}},
+		{"lease max slice above rate", rule("  mode: leased\n  lease: {max_slice: 5}\n"), []want{
+			{"f.yaml:7:22: rules[0].lease.max_slice: ", "5 tokens/s exceeds rate 1 tokens/s"},
 		}},
 		{"lease max subjects negative", rule("  mode: leased\n  lease: {max_subjects: -1}\n"), []want{
 			{"f.yaml:7:25: rules[0].lease.max_subjects: ", "must be in [0, 1000000000] (0 means no bound), got -1"},

@@ -269,15 +269,31 @@ func (r *Rule) validate() []fieldProblem {
 		if l.Period <= 0 {
 			add("lease.period", "must be > 0, got %v", l.Period)
 		}
+		// min_slice and max_slice bound each holder's rate share, in
+		// tokens/s (lease.QuotaConfig), so they are held to rate, not
+		// burst: a min_slice above the rate could never be granted, a
+		// max_slice above it would never bind (most likely a value
+		// written as tokens). A rule with rate 0 sizes caps by slice x
+		// period instead, so there the bound is burst/period.
+		// default_share scales rate and slices alike, so a rule valid
+		// here is valid for both of its parts.
+		sliceTo, unit := r.Rate, "rate "+fmtFloat(r.Rate)+" tokens/s"
+		if r.Rate == 0 && l.Period > 0 {
+			sliceTo = r.Burst / l.Period.Seconds()
+			unit = fmt.Sprintf("burst %s over the lease period %v (rate is 0), %s tokens/s", fmtFloat(r.Burst), l.Period, fmtFloat(sliceTo))
+		}
+		bounded := checkRange(r.Burst, false) == "" && checkRange(r.Rate, true) == "" && (r.Rate > 0 || l.Period > 0)
 		if msg := checkRange(l.MinSlice, true); msg != "" {
 			add("lease.min_slice", "%s", msg)
-		} else if l.MinSlice > r.Burst && checkRange(r.Burst, false) == "" {
-			add("lease.min_slice", "%s exceeds burst %s: no slice could ever be granted", fmtFloat(l.MinSlice), fmtFloat(r.Burst))
+		} else if bounded && l.MinSlice > sliceTo {
+			add("lease.min_slice", "%s tokens/s exceeds %s: it is each holder's least rate share, so no slice could ever be granted", fmtFloat(l.MinSlice), unit)
 		}
 		if msg := checkRange(l.MaxSlice, true); msg != "" {
 			add("lease.max_slice", "%s", msg)
 		} else if l.MaxSlice != 0 && l.MaxSlice < l.MinSlice {
 			add("lease.max_slice", "%s is below min_slice %s (0 means no cap)", fmtFloat(l.MaxSlice), fmtFloat(l.MinSlice))
+		} else if bounded && l.MaxSlice > sliceTo {
+			add("lease.max_slice", "%s tokens/s exceeds %s: it is each holder's largest rate share, so it would never bind; lower it, or 0 for no cap", fmtFloat(l.MaxSlice), unit)
 		}
 		if l.MaxSubjects < 0 || l.MaxSubjects > MaxSubjectsLimit {
 			add("lease.max_subjects", "must be in [0, %d] (0 means no bound), got %d", MaxSubjectsLimit, l.MaxSubjects)
