@@ -122,11 +122,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	if cfg.ValidateOnly {
 		leased := 0
 		for _, r := range set.Rules() {
-			if r.Mode == rules.ModeLeased {
+			if r.Mode.Leases() {
 				leased++
 			}
 		}
-		fmt.Fprintf(stdout, "configuration valid; rules: %d, %d leased (version %s)\n", len(set.Rules()), leased, set.Hash())
+		fmt.Fprintf(stdout, "configuration valid; rules: %d, %d leased or auto (version %s)\n", len(set.Rules()), leased, set.Hash())
 		return nil
 	}
 

@@ -123,7 +123,10 @@ type step struct {
 	reason  Reason
 	charged bool // tokens were taken and must be refunded if the request is denied
 	shared  bool // leased: taken from the subject's copy of the default lease
-	item    int  // index of the request in its batch
+	// hot: a mode auto step decided on the lease of a promotion (hot.go);
+	// the lease subject is hot.subject.
+	hot  *hotKey
+	item int // index of the request in its batch
 	// rid is the request's id (req.RequestID may be cleared for a local
 	// emergency bucket); the admission log carries it.
 	rid string
@@ -187,7 +190,7 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 		var err error
 		matches, err = s.match(set, &reqs[i], matches[:0])
 		if err == nil {
-			steps, err = s.prepare(steps, matches, &reqs[i], i)
+			steps, err = s.prepare(set, steps, matches, &reqs[i], i)
 		}
 		if err != nil {
 			steps = steps[:items[i].first]
@@ -281,7 +284,7 @@ func (s *Service) match(set *rules.Set, req *Request, buf []rules.Match) ([]rule
 
 // prepare turns matches into steps, validating every charge before any I/O
 // so that a request that cannot succeed touches no bucket.
-func (s *Service) prepare(steps []step, matches []rules.Match, req *Request, idx int) ([]step, error) {
+func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, req *Request, idx int) ([]step, error) {
 	for _, m := range matches {
 		// A scope: global redis rule's bucket in this region is the
 		// region's weighted share.
@@ -310,9 +313,29 @@ func (s *Service) prepare(steps []step, matches []rules.Match, req *Request, idx
 				return steps, fmt.Errorf("%w: rule %s is leased and its subject is not valid UTF-8", ErrInvalidRequest, m.Rule.Name)
 			}
 		}
+		if m.Rule.Mode == rules.ModeAuto {
+			s.prepareAuto(set, m, &br)
+		}
 		steps = append(steps, step{rule: m.Rule, subject: m.Subject, req: br, item: idx, rid: req.RequestID})
 	}
 	return steps, nil
+}
+
+// prepareAuto makes br a hot-key request (bucket.Request.Hot) for a mode
+// auto rule's subject: its own bucket key (the plain script never touches
+// it, so a rule that changes mode starts afresh), no request id in the
+// store (the agent's own record answers replays). A subject whose
+// promotion's quota name would be too long for the coordinator, or is not
+// UTF-8, stays a plain Redis subject: every agent makes the same choice
+// from the same rule, so its key never sees the hot-key script.
+func (s *Service) prepareAuto(set *rules.Set, m rules.Match, br *bucket.Request) {
+	const epochLen = 1 + 19 // "@" and the digits of an int64
+	if len(m.Rule.Name)+1+len(m.Subject)+epochLen > lease.MaxNameLen || !utf8.ValidString(m.Subject) {
+		return
+	}
+	br.Key = bucket.HotKey(m.Rule.Name, m.Subject)
+	br.RequestID = ""
+	br.Hot = s.hot.hot(set, m.Rule)
 }
 
 // charge decides every step: leased ones locally, store ones in one round
@@ -325,6 +348,15 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 		st := &steps[i]
 		if st.replayed || st.skip {
 			continue // path stays pathNone: nothing is charged
+		}
+		if st.req.Hot != nil && s.leases != nil {
+			if leaseNow == 0 {
+				leaseNow = s.leases.Now()
+			}
+			if k := s.hot.spendable(st.req.Key, leaseNow); k != nil {
+				s.spendHot(ctx, st, k, leaseNow)
+				continue
+			}
 		}
 		if st.rule.Mode == rules.ModeLeased {
 			if s.leases != nil {
@@ -345,7 +377,14 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 		nStore++
 	}
 	if nStore > 0 {
+		var sentAt int64
+		if s.leases != nil {
+			sentAt = s.leases.Now()
+		}
 		s.chargeStore(ctx, steps, nStore)
+		if wait, again := s.adoptPromotions(ctx, steps, sentAt, nil); len(again) > 0 {
+			s.decideAfterLapse(ctx, steps, again, wait)
+		}
 	}
 	var now time.Time
 	for i := range steps {
@@ -359,7 +398,7 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 		// An emergency allowance is measured from the start of the outage
 		// of the dependency this rule uses.
 		down := s.fallback.since(now)
-		if st.rule.Mode == rules.ModeLeased {
+		if st.rule.Mode == rules.ModeLeased || st.hot != nil {
 			down = 0
 			if s.leases != nil {
 				down = s.leases.DownFor()
@@ -367,6 +406,96 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 		}
 		s.fallback.decide(ctx, st, down)
 	}
+}
+
+// spendHot decides st on the lease of its promotion k.
+func (s *Service) spendHot(ctx context.Context, st *step, k *hotKey, now int64) {
+	st.hot = k
+	if res, shared, ok := s.leases.Spend(ctx, st.rule, k.subject, st.req.Cost, now); ok {
+		st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
+		st.shared = shared
+		st.reason = verdict(res.Allowed)
+		k.count.Add(1)
+		return
+	}
+	st.path = pathFallback
+}
+
+// adoptPromotions follows the promotions the store reported: a step the
+// store answered "leased" is decided now on the promotion's lease; a step
+// whose decision promoted its subject stands, and the subject's next
+// decisions go to the lease. sentAt is the leases' clock read before the
+// store call.
+//
+// A "leased" answer whose mark ends too soon to spend under (within the
+// pause allowance: a promotion that is being let go) cannot be decided on
+// the lease, nor on the store until the mark lapses. With retry, such
+// steps are left on pathRedis for the caller to decide again once the
+// longest of those marks is over (wait; n is how many); without, they fall
+// to the failure policy.
+func (s *Service) adoptPromotions(ctx context.Context, steps []step, sentAt int64, only []int) (wait time.Duration, again []int) {
+	retry := only == nil
+	for j := range steps {
+		i := j
+		if !retry {
+			if j >= len(only) {
+				break
+			}
+			i = only[j]
+		}
+		st := &steps[i]
+		if st.path != pathRedis || st.req.Hot == nil || st.res.Promotion.Epoch == 0 {
+			continue
+		}
+		leased := st.res.Leased
+		var k *hotKey
+		if s.leases != nil {
+			k = s.hot.adopt(st, st.res.Promotion, sentAt)
+		}
+		if !leased {
+			continue
+		}
+		p := st.res.Promotion
+		st.res, st.allowed, st.charged, st.reason = bucket.Result{}, false, false, 0
+		if k == nil && s.leases != nil && retry && p.For <= 2*hotPause.Microseconds() {
+			wait = max(wait, time.Duration(p.For+1000)*time.Microsecond)
+			again = append(again, i)
+			continue
+		}
+		if k == nil {
+			st.path = pathFallback // no leases here, or no room for one more hot subject
+			st.hot = &hotKey{}     // the failure policy's clock is the leases'
+			continue
+		}
+		s.spendHot(ctx, st, k, s.leases.Now())
+	}
+	return wait, again
+}
+
+// decideAfterLapse decides steps[again] in the store again once wait (the
+// rest of their marks, at most 2*hotPause) has passed: by then the store
+// decides them, or has promoted them anew. It is the rare path of a
+// promotion being let go, so the steps go one by one.
+func (s *Service) decideAfterLapse(ctx context.Context, steps []step, again []int, wait time.Duration) {
+	t := time.NewTimer(wait)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	t.Stop()
+	sentAt := s.leases.Now()
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.DecisionTimeout)
+	defer cancel()
+	for _, i := range again {
+		st := &steps[i]
+		if !s.breaker.Allow() {
+			st.path = pathFallback
+			continue
+		}
+		res, err := s.store.Take(cctx, st.req)
+		s.storeResult(ctx, st, res, err, time.Now())
+	}
+	s.adoptPromotions(ctx, steps, sentAt, again)
 }
 
 // prepareLeases starts acquiring every leased quota of steps before the
@@ -565,7 +694,11 @@ func (s *Service) refund(ctx context.Context, steps []step, out []Response) {
 				s.metrics.storeErrors.WithLabelValues("refund").Inc()
 			}
 		case pathLeased:
-			s.leases.Refund(st.rule, st.subject, st.req.Cost, st.shared)
+			subject := st.subject
+			if st.hot != nil {
+				subject = st.hot.subject
+			}
+			s.leases.Refund(st.rule, subject, st.req.Cost, st.shared)
 		case pathFallback:
 			s.fallback.refund(ctx, st)
 		}

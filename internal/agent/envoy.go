@@ -263,7 +263,7 @@ func (s *Service) decideAll(ctx context.Context, reqs []Request, out []Response)
 		var err error
 		matches, err = s.match(set, &reqs[i], matches[:0])
 		if err == nil {
-			steps, err = s.prepare(steps, matches, &reqs[i], i)
+			steps, err = s.prepare(set, steps, matches, &reqs[i], i)
 		}
 		if err != nil {
 			s.metrics.invalid.Inc()

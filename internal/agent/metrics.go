@@ -26,6 +26,10 @@ type metrics struct {
 	rulesReloads         *prometheus.CounterVec // result
 	redisEvictionSafe    prometheus.Gauge
 	replays              *prometheus.CounterVec // rule
+	hotSubjects          prometheus.Gauge
+	hotPromotions        prometheus.Counter
+	hotMarks             *prometheus.CounterVec // verdict
+	hotFull              prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -95,7 +99,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ration_request_id_replays_total",
 			Help: "Per-rule answers replayed from this agent's record of request ids (a retry through the same agent): nothing charged, not counted in ration_decisions_total.",
 		}, []string{"rule"}),
+		hotSubjects: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_agent_hot_subjects",
+			Help: "Promoted subjects of mode auto rules this agent decides on leases now (their marks are live).",
+		}),
+		hotPromotions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_agent_hot_promotions_total",
+			Help: "Promotions of mode auto subjects to leases this agent has taken up (one per subject and epoch).",
+		}),
+		hotMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_agent_hot_marks_total",
+			Help: "Extensions of promoted subjects' marks in the store, by verdict: kept (extended), cool (cooled below demote_below: not extended), gone (the promotion is over), error (not answered; the mark runs out unless a later one lands).",
+		}, []string{"verdict"}),
+		hotFull: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_agent_hot_table_full_total",
+			Help: "Promotions not taken up because this agent already spends on the most promoted subjects it tracks (10000): those decisions fall to the rule's failure policy.",
+		}),
 	}
+	for _, v := range []string{"kept", "cool", "gone", "error"} {
+		m.hotMarks.WithLabelValues(v) // every verdict exported from the start, at 0
+	}
+	reg.MustRegister(m.hotSubjects, m.hotPromotions, m.hotMarks, m.hotFull)
 	reg.MustRegister(m.replays, m.decisions, m.noRule, m.invalid, m.duration, m.storeErrors, m.breakerShortCircuits,
 		m.breakerOpen, m.fallbackActive, m.fallbackActivations, m.overshootBound, m.refunds, m.grpcPanics,
 		m.rulesLoaded, m.rulesReloads, m.redisEvictionSafe)

@@ -41,7 +41,7 @@ func (noStore) Ping(context.Context) error                   { return nil }
 func redisRules(set *rules.Set) []string {
 	var out []string
 	for _, r := range set.Rules() {
-		if r.Mode == rules.ModeRedis {
+		if r.Mode == rules.ModeRedis || r.Mode == rules.ModeAuto {
 			out = append(out, r.Name)
 		}
 	}
@@ -52,7 +52,7 @@ func redisRules(set *rules.Set) []string {
 // that names its mode: redis rules.
 func checkStoreless(set *rules.Set) error {
 	if names := redisRules(set); len(names) > 0 {
-		return fmt.Errorf("-redis: rules %v are mode: redis and need the region's Redis; "+
+		return fmt.Errorf("-redis: rules %v are mode: redis or auto and need the region's Redis; "+
 			"only an agent whose rules are all mode: leased runs without -redis", names)
 	}
 	return nil

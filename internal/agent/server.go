@@ -68,13 +68,13 @@ func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (L
 	addrs := cfg.CoordinatorAddrs()
 	var leased []string
 	for _, r := range set.Rules() {
-		if r.Mode == rules.ModeLeased {
+		if r.Mode.Leases() {
 			leased = append(leased, r.Name)
 		}
 	}
 	if len(addrs) == 0 && !cfg.Dev {
 		if len(leased) > 0 {
-			return nil, fmt.Errorf("agent: rules %v are mode: leased but -coordinators is empty", leased)
+			return nil, fmt.Errorf("agent: rules %v are mode: leased or auto but -coordinators is empty", leased)
 		}
 		return nil, nil
 	}
@@ -215,6 +215,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	go func() { _ = s.grpc.Serve(s.grpcLn) }()
 	go func() { _ = s.http.Serve(s.httpLn) }()
 	go svc.RunProber(runCtx)
+	go svc.RunHotMarks(runCtx)
 	if s.holder != nil {
 		s.holderDone = make(chan struct{})
 		go func() { defer close(s.holderDone); s.holder.Run(runCtx) }()

@@ -62,6 +62,7 @@ type Service struct {
 	fallback *fallback
 	rec      *recorder      // nil unless recording (-record)
 	ids      *requestRecord // nil when Options.RequestRecords < 0
+	hot      *hotKeys       // promoted subjects of mode auto rules (hot.go)
 }
 
 // New builds a Service. It does not contact the store; see Probe.
@@ -93,6 +94,11 @@ func New(o Options) (*Service, error) {
 	}
 	s := &Service{cfg: o, rules: o.Rules, store: o.Store, leases: o.Leases, logger: o.Logger}
 	s.metrics = newMetrics(o.Registry)
+	hotClock := func() int64 { return 0 }
+	if o.Leases != nil {
+		hotClock = o.Leases.Now
+	}
+	s.hot = newHotKeys(o.Region, hotClock, s.metrics)
 	s.fallback = newFallback(o.Logger, s.metrics)
 	if o.RequestRecords >= 0 {
 		n, ttl := o.RequestRecords, o.RequestRecordTTL

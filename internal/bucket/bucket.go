@@ -162,3 +162,11 @@ const DefaultRequestIDTTL = 10 * time.Minute
 func Key(rule, subject string) string {
 	return "ration:{" + rule + "|" + subject + "}"
 }
+
+// HotKey names the hot-key bucket (Request.Hot) of one rule and one subject:
+// Key's, in the same slot, with a suffix, so that a plain bucket and a
+// hot-key one never share a key (a rule that changes mode between redis
+// and auto starts afresh rather than mixing the two scripts).
+func HotKey(rule, subject string) string {
+	return Key(rule, subject) + ":auto"
+}

@@ -288,8 +288,19 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 	if !ok {
 		return fail("no rule %q in the coordinator's rules", ref.GetRule())
 	}
-	if r.Mode != rules.ModeLeased {
+	if !r.Mode.Leases() {
 		return fail("rule %q is not leased (mode %v)", r.Name, r.Mode)
+	}
+	// A mode auto rule leases one promotion of a hot subject at a time,
+	// named subject@epoch, whose pool starts empty: the subject's Redis
+	// bucket may have spent the budget up to the promotion
+	// (internal/bucket/hot.go).
+	startEmpty := false
+	if r.Mode == rules.ModeAuto {
+		if _, _, ok := rules.SplitPromoted(ref.GetSubject()); !ok {
+			return fail("rule %q is mode auto: a quota is one promotion of a subject, named subject@epoch, got %q", r.Name, ref.GetSubject())
+		}
+		startEmpty = true
 	}
 	id := QuotaID(r.Name, ref.GetSubject())
 	c := lease.ConfigureQuota{
@@ -300,6 +311,7 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 		MinSlice:     r.Lease.MinSlice,
 		MaxSlice:     r.Lease.MaxSlice,
 		SafetyMargin: cfg.SafetyMargin.Microseconds(),
+		StartEmpty:   startEmpty,
 	}
 	if r.Lease.MaxSubjects > 0 {
 		// Only then: a rule without it keeps the shape (and the encoding)

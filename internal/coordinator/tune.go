@@ -92,8 +92,8 @@ func (n *Node) checkTuning(p *rationv1.Tuning, clear, allowOvershoot bool) (leas
 		bad("rule: required")
 	} else if rr, ok := n.rules.Load().Rule(t.Rule); !ok {
 		bad("rule %q: not in this coordinator's rules", t.Rule)
-	} else if rr.Mode != rules.ModeLeased {
-		bad("rule %q: mode is %v; only leased rules have lease settings", t.Rule, rr.Mode)
+	} else if !rr.Mode.Leases() {
+		bad("rule %q: mode is %v; only leased and auto rules have lease settings", t.Rule, rr.Mode)
 	} else {
 		r = rr
 	}

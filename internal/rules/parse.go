@@ -99,6 +99,8 @@ type ruleSrc struct {
 	node  *yaml.Node
 	pos   map[string]*yaml.Node // relative field -> node to point at
 	bad   map[string]bool       // relative fields already reported
+	// autoPending fills auto.regions defaults once the block is read.
+	autoPending func()
 }
 
 func (p *parser) full() bool { return len(p.problems) >= maxProblems }
@@ -492,7 +494,7 @@ func (p *parser) enum(v *yaml.Node, field string, names []string) (int, bool) {
 
 var emergencyFields = []string{"burst", "rate", "max_duration"}
 
-var ruleFields = []string{"name", "match", "burst", "rate", "mode", "on_failure", "emergency", "shadow", "lease", "scope", "regions", "allow_overshoot"}
+var ruleFields = []string{"name", "match", "burst", "rate", "mode", "on_failure", "emergency", "shadow", "lease", "auto", "scope", "regions", "allow_overshoot"}
 
 // rule parses rules[i]. It returns nil only when the item is not a mapping.
 func (p *parser) rule(i int, n *yaml.Node) *ruleSrc {
@@ -535,6 +537,9 @@ func (p *parser) rule(i int, n *yaml.Node) *ruleSrc {
 		case "lease":
 			src.pos[name] = k
 			ok = p.lease(src, v)
+		case "auto":
+			src.pos[name] = k
+			ok = p.auto(src, v, seen)
 		case "scope":
 			var sc int
 			sc, ok = p.enum(v, f, region.ScopeNames)
@@ -581,11 +586,20 @@ func (p *parser) rule(i int, n *yaml.Node) *ruleSrc {
 	switch {
 	case src.bad["mode"]:
 		src.bad["lease"] = true
-	case seen["lease"] && r.Mode != ModeLeased:
-		p.at(src.pos["lease"], src.field+".lease", "is set, but mode is %v: it would never be used; remove it or set mode: leased", r.Mode)
+	case seen["lease"] && !r.Mode.Leases():
+		p.at(src.pos["lease"], src.field+".lease", "is set, but mode is %v: it would never be used; remove it or set mode: leased (or auto)", r.Mode)
 		src.bad["lease"] = true
-	case r.Mode == ModeLeased && !seen["lease"]:
+	case r.Mode.Leases() && !seen["lease"]:
 		r.Lease.Period = DefaultLeasePeriod
+	}
+	switch {
+	case src.bad["mode"]:
+		src.bad["auto"] = true
+	case seen["auto"] && r.Mode != ModeAuto:
+		p.at(src.pos["auto"], src.field+".auto", "is set, but mode is %v: it would never be used; remove it or set mode: auto", r.Mode)
+		src.bad["auto"] = true
+	case r.Mode == ModeAuto && !seen["auto"]:
+		defaultAuto(&r.Auto, seen)
 	}
 	for _, fp := range r.validate() {
 		if src.reported(fp.field) {

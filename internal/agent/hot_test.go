@@ -1,0 +1,151 @@
+package agent_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/harness"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+const autoRules = `
+rules:
+  - name: api
+    match: {tenant: "*"}
+    burst: 100
+    rate: 100
+    mode: auto
+    auto: {promote_above: 60, demote_below: 20, hold: 400ms}
+    lease: {period: 2s}
+`
+
+// TestAutoPromotesAndDemotes: two agents on one Redis and a real 3-node
+// coordinator group. A subject driven past promote_above through both
+// agents moves to leases (decided on path leased, its Redis key no longer
+// charged), a quiet subject stays on Redis, the hot subject's admissions
+// over the whole run stay within B + r*T, and once its traffic falls below
+// demote_below it is decided on Redis again.
+func TestAutoPromotesAndDemotes(t *testing.T) {
+	c := harness.StartCoordinators(t, 3, autoRules)
+	r := harness.StartRedis(t)
+	coords := func(cfg *agent.Config) { cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",") }
+	agents := []*testAgent{startAgentOn(t, r.Addr, autoRules, coords), startAgentOn(t, r.Addr, autoRules, coords)}
+
+	hot := &rationv1.AllowRequest{Descriptors: map[string]string{"tenant": "hot"}}
+	quiet := &rationv1.AllowRequest{Descriptors: map[string]string{"tenant": "quiet"}}
+
+	// ~300 decisions/s of the hot subject for 3s, half through each agent
+	// (bounded in count and time), and 5/s of the quiet one.
+	var admitted, calls atomic.Int64
+	start := time.Now()
+	stop := start.Add(3 * time.Second)
+	var wg sync.WaitGroup
+	for g := 0; g < 6; g++ {
+		a := agents[g%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(20 * time.Millisecond)
+			defer tick.Stop()
+			for i := 0; i < 200 && time.Now().Before(stop); i++ {
+				<-tick.C
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				resp, err := a.rl.Allow(ctx, hot)
+				cancel()
+				if err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+				calls.Add(1)
+				if resp.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	for i := 0; i < 15 && time.Now().Before(stop); i++ {
+		if resp := agents[i%2].allow(t, quiet); !resp.Allowed {
+			t.Fatalf("quiet subject denied: %v", resp)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	// The bound, from the rule's constants: B + r*T over the whole run.
+	if bound := 100 + 100*elapsed.Seconds(); float64(admitted.Load()) > bound {
+		t.Fatalf("hot subject: %d admitted in %v, more than B + r*T = %.0f", admitted.Load(), elapsed, bound)
+	}
+	// And the budget was used: demand (~300/s) is three times the rate.
+	if floor := 0.6 * 100 * elapsed.Seconds(); float64(admitted.Load()) < floor {
+		t.Fatalf("hot subject: %d admitted of %d calls in %v; want at least %.0f (60%% of r*T)", admitted.Load(), calls.Load(), elapsed, floor)
+	}
+	var leased, promotions float64
+	for _, a := range agents {
+		for _, res := range []string{"allowed", "denied"} {
+			for _, reason := range []string{"ok", "over_limit"} {
+				leased += metricValue(t, a.srv.Registry, "ration_decisions_total",
+					map[string]string{"rule": "api", "path": "leased", "result": res, "reason": reason})
+			}
+		}
+		promotions += metricValue(t, a.srv.Registry, "ration_agent_hot_promotions_total", nil)
+	}
+	if leased < float64(calls.Load())/2 || promotions < 1 {
+		t.Fatalf("%v of %d hot decisions on leases, %v promotions taken up; want most on leases", leased, calls.Load(), promotions)
+	}
+	t.Logf("hot subject: %d calls in %v, %d admitted (B + r*T = %.0f), %v on leases, %v promotions taken up",
+		calls.Load(), elapsed.Round(time.Millisecond), admitted.Load(), 100+100*elapsed.Seconds(), leased, promotions)
+	// The quiet subject never left Redis.
+	if v := metricValue(t, agents[0].srv.Registry, "ration_decisions_total",
+		map[string]string{"rule": "api", "path": "store", "result": "allowed", "reason": "ok"}); v < 5 {
+		t.Fatalf("store decisions on agent 0 = %v; the quiet subject should be decided on Redis", v)
+	}
+
+	// Cooled (a decision every 200ms, 5/s < demote_below 20): the marks
+	// stop being extended, the promotion lapses within a hold or so, and
+	// the subject is decided on Redis again.
+	storeHot := func() float64 {
+		var n float64
+		for _, a := range agents {
+			for _, res := range []string{"allowed", "denied"} {
+				for _, reason := range []string{"ok", "over_limit"} {
+					n += metricValue(t, a.srv.Registry, "ration_decisions_total",
+						map[string]string{"rule": "api", "path": "store", "result": res, "reason": reason})
+				}
+			}
+		}
+		return n
+	}
+	before := storeHot()
+	deadline := time.Now().Add(10 * time.Second)
+	for storeHot() < before+3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the hot subject was not demoted within 10s of cooling (store decisions %v -> %v)", before, storeHot())
+		}
+		agents[0].allow(t, hot)
+		time.Sleep(200 * time.Millisecond)
+	}
+	// No fault, so no decision fell to the failure policy, through the
+	// promotion and the demotion alike.
+	for i, a := range agents {
+		for _, res := range []string{"allowed", "denied"} {
+			if v := metricValue(t, a.srv.Registry, "ration_decisions_total",
+				map[string]string{"rule": "api", "path": "fallback", "result": res, "reason": "unavailable"}); v != 0 {
+				t.Errorf("agent %d: %v decisions by the failure policy (%s) without any fault", i, v, res)
+			}
+		}
+	}
+	// And it is the hot-key bucket that decides it again: its key exists
+	// and holds no live mark.
+	ctx := context.Background()
+	lu, err := r.Client().HGet(ctx, bucket.HotKey("api", "tenant=hot"), "lu").Result()
+	if err == nil {
+		t.Fatalf("after demotion the bucket still holds a mark lu=%s", lu)
+	}
+}
