@@ -54,9 +54,16 @@ const (
 	// ModeLeased decides locally from a budget slice leased from the
 	// coordinator (hot keys, global quotas).
 	ModeLeased
+	// ModeAuto decides each subject in Redis until it is hot, then on
+	// leases until it cools (auto.go, docs/leases.md Hot keys).
+	ModeAuto
 )
 
-var modeNames = []string{ModeRedis: "redis", ModeLeased: "leased"}
+var modeNames = []string{ModeRedis: "redis", ModeLeased: "leased", ModeAuto: "auto"}
+
+// Leases reports whether subjects of a rule in this mode may be decided on
+// coordinator leases (its lease block applies).
+func (m Mode) Leases() bool { return m == ModeLeased || m == ModeAuto }
 
 // String returns the name used in the file.
 func (m Mode) String() string {
@@ -158,9 +165,12 @@ type Rule struct {
 	// Emergency is set iff OnFailure is Emergency.
 	Emergency EmergencyLimit
 	Shadow    bool
-	// Lease is set iff Mode is ModeLeased (Period defaults to
+	// Lease is set iff Mode is ModeLeased or ModeAuto (Period defaults to
 	// DefaultLeasePeriod).
 	Lease Lease
+	// Auto is set iff Mode is ModeAuto (defaults: DefaultPromoteAbove,
+	// a quarter of it, DefaultHold).
+	Auto Auto
 	// Scope is how far the rule's number reaches (region.ScopeRegion by
 	// default). Regions is set iff Scope is region.ScopeGlobal: each
 	// region's weight, and with mode leased its safe share.
@@ -243,7 +253,7 @@ func (r *Rule) validate() []fieldProblem {
 	if msg := checkRange(r.Rate, true); msg != "" {
 		add("rate", "%s", msg)
 	}
-	if r.Mode != ModeRedis && r.Mode != ModeLeased {
+	if r.Mode != ModeRedis && r.Mode != ModeLeased && r.Mode != ModeAuto {
 		add("mode", "%v is not one of %s", r.Mode, joinNames(modeNames))
 	}
 	switch r.OnFailure {
@@ -264,7 +274,8 @@ func (r *Rule) validate() []fieldProblem {
 	default:
 		add("on_failure", "%v is not one of %s", r.OnFailure, joinNames(policyNames))
 	}
-	if r.Mode == ModeLeased {
+	r.validateAuto(add)
+	if r.Mode.Leases() {
 		l := r.Lease
 		if l.Period <= 0 {
 			add("lease.period", "must be > 0, got %v", l.Period)
@@ -305,7 +316,7 @@ func (r *Rule) validate() []fieldProblem {
 			add("lease.default_share", "is set, but match has no %q key: the rule has one subject, so there is nothing to share by default; remove it", Wildcard)
 		}
 	} else if r.Lease != (Lease{}) {
-		add("lease", "is set, but mode is %v: it would never be used; remove it or set mode: leased", r.Mode)
+		add("lease", "is set, but mode is %v: it would never be used; remove it or set mode: leased (or auto)", r.Mode)
 	}
 	ps = append(ps, r.validateScope()...)
 	return ps
