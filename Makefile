@@ -27,10 +27,11 @@ build: ## build every binary (cmd/*) into bin/, stamped with VERSION and COMMIT
 install: ## go install every binary, stamped like make build
 	$(GO) install -trimpath -ldflags '$(LDFLAGS)' ./cmd/...
 
-docs: ## regenerate the generated tables in docs/ from the code (their tests fail when they drift)
+docs: ## regenerate the generated tables in docs/ from the code (their tests fail when they drift) and the status page screenshot
 	$(GO) test -count=1 -run '^TestFlagDocs$$' ./cmd/gateway-agent -update
 	$(GO) test -count=1 -run '^TestFlagDocs$$' ./cmd/coordinator -update
 	cd deploy && $(GO) test -count=1 -run '^TestMetricsDocs$$' . -update
+	$(GO) test -count=1 -run '^TestStatusPage$$' ./internal/coordinator -update # docs/images/coordinator-status.png (headless Chromium)
 
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Ration's tests need on a fresh machine: redis-server (with
 # redis-sentinel and redis-benchmark), jq (scripts/bench.sh), nginx (the
-# auth_request end-to-end test) and caddy (the forward_auth one). Tests
+# auth_request end-to-end test), caddy (the forward_auth one) and chromium
+# (the coordinator status page, rendered in headless Chromium). Tests
 # start their own servers on free loopback ports with their own files; a
 # redis on 6379 or an nginx or caddy on 80 is neither used nor touched.
 set -euo pipefail
@@ -15,6 +16,8 @@ command -v jq >/dev/null 2>&1 || need+=(jq) # scripts/bench.sh reads ration-benc
 # nginx is often in /usr/sbin, which is not on every user's PATH.
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v caddy >/dev/null 2>&1 || need+=(caddy)
+# Debian installs the browser as /usr/bin/chromium (the status page test runs it headless).
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 

@@ -141,7 +141,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "raft-advertise", Env: "RAFT_ADVERTISE", Usage: "Raft address peers dial, when it differs from -raft", Value: &c.RaftAdvertise},
 		{Flag: "grpc", Env: "GRPC", Usage: "gRPC listen address (ration.v1.Leases and ration.v1.Admin)", Value: &c.GRPCAddr},
 		{Flag: "grpc-advertise", Env: "GRPC_ADVERTISE", Usage: "gRPC address clients are redirected to, when it differs from -grpc", Value: &c.GRPCAdvertise},
-		{Flag: "http", Env: "HTTP", Usage: "HTTP listen address for /metrics, /healthz, /readyz (empty disables)", Value: &c.HTTPAddr},
+		{Flag: "http", Env: "HTTP", Usage: "HTTP listen address for /metrics, /healthz, /readyz and the status page (/, /status.json) (empty disables)", Value: &c.HTTPAddr},
 		{Flag: "data-dir", Env: "DATA_DIR", Usage: "directory for the Raft log (BoltDB) and snapshots", Value: &c.DataDir},
 		{Flag: "bootstrap", Env: "BOOTSTRAP", Usage: "form a new cluster with this node as its only voter (once, on the first node)", Value: &c.Bootstrap},
 		{Flag: "join", Env: "JOIN", Usage: "admin gRPC address of a cluster member to join through", Value: &c.Join},

@@ -26,3 +26,6 @@ func EntryKinds(data []byte) ([]string, error) {
 
 // ReadState runs fn on the node's live state (tests only).
 func (n *Node) ReadState(fn func(*lease.State)) { n.fsm.read(fn) }
+
+// FmtNum is how the status page writes a number.
+var FmtNum = fmtNum

@@ -11,7 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// serveHTTP serves /metrics, /healthz and /readyz.
+// serveHTTP serves /metrics, /healthz, /readyz and the status page (/ and
+// /status.json, status.go).
 //
 // /healthz: the process is up and its state machine has not stopped.
 // /readyz: a leader is known and, when that is this node, it has applied
@@ -39,10 +40,12 @@ func (n *Node) serveHTTP() error {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	n.serveStatus(mux)
 	n.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 64 << 10}
-	n.wg.Add(1)
+	n.wg.Add(2)
+	go n.sampleStatus()
 	go func() {
 		defer n.wg.Done()
 		if err := n.httpServer.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -59,6 +59,8 @@ type Node struct {
 	watch   watchers
 	incs    incarnations
 	lastNow atomic.Int64 // the last timestamp this node stamped, µs
+	// status is the status page's charts and leader changes (status.go).
+	status statusState
 
 	notify   chan bool
 	observer *raft.Observer
@@ -273,6 +275,7 @@ func (n *Node) watchLeaders(obs chan raft.Observation) {
 		case o := <-obs:
 			lo := o.Data.(raft.LeaderObservation)
 			n.m.leaderChanges.Inc()
+			n.status.leaderChanged(n.clock(), string(lo.LeaderID), leaderTerm(n.raft))
 			n.logger.Info("leader changed", "leader_id", string(lo.LeaderID), "leader_addr", string(lo.LeaderAddr))
 		}
 	}

@@ -1,0 +1,589 @@
+package coordinator
+
+import (
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"math"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/region"
+)
+
+// The status page: what an operator would otherwise piece together from
+// coordinator status, quotas, leases and tunings, on the HTTP listener, as
+// one read-only page (GET /) and the same data as JSON (GET /status.json).
+// It reads this node's replicated state: on a follower it may lag the
+// leader by the entries not yet applied, as the admin API does.
+//
+// The page is rendered on the server by html/template (every subject and
+// holder comes from clients, so everything is escaped there); its small
+// script only fetches the page's body again (GET /?part=body) every
+// refresh and swaps it in, so the live view and the first view are the
+// same rendering.
+
+//go:embed status.html
+var statusHTML string
+
+var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
+	"num": fmtNum,
+	// secs writes seconds with one decimal: a lease's expiry moves on
+	// every refresh, so more digits would only flicker.
+	"secs": func(s float64) string { return strconv.FormatFloat(s, 'f', 1, 64) + "s" },
+}).Parse(statusHTML))
+
+const (
+	// statusEvery is how often the sampler reads the state for the charts.
+	statusEvery = time.Second
+	// statusHistory is how many samples a chart keeps: ten minutes.
+	statusHistory = 600
+	// statusCharted bounds the quotas with a chart, the busiest by
+	// demand: a chart costs statusHistory samples (14 KB).
+	statusCharted = 12
+	// statusScan bounds the quotas one sample reads; beyond it a window
+	// moves over the rest, so the sampler's time under the state's read
+	// lock stays bounded with any number of subjects.
+	statusScan = 5000
+	// statusListed bounds the quotas the page and the JSON list (busiest
+	// first); the admin API lists them all.
+	statusListed = 200
+	// statusElections is how many leader changes the page remembers.
+	statusElections = 10
+)
+
+// statusSample is one second of one quota, in tokens/s.
+type statusSample struct {
+	at int64 // unix seconds
+	// admitted is sum(min(demand, slice rate)) over the live leases: the
+	// most the holders could have admitted at their reported demand.
+	admitted float32
+	demand   float32 // sum of the demands the holders reported
+	leased   float32 // sum of the live leases' slice rates
+	limit    float32 // the quota's rate r (with funding, for a funded quota)
+}
+
+// statusSeries is one charted quota's ring of samples.
+type statusSeries struct {
+	ring  [statusHistory]statusSample
+	next  int     // where the next sample goes
+	n     int     // samples held
+	score float64 // moving average of demand, to rank quotas
+	seen  bool    // found in the latest scan
+}
+
+func (s *statusSeries) add(v statusSample) {
+	if s.n == 0 {
+		s.score = float64(v.demand) // a new chart ranks by what it came in with
+	}
+	s.score = 0.9*s.score + 0.1*float64(v.demand)
+	s.ring[s.next] = v
+	s.next = (s.next + 1) % statusHistory
+	s.n = min(s.n+1, statusHistory)
+}
+
+// samples returns the held samples, oldest first.
+func (s *statusSeries) samples() []statusSample {
+	out := make([]statusSample, 0, s.n)
+	for i := range s.n {
+		out = append(out, s.ring[(s.next-s.n+i+statusHistory)%statusHistory])
+	}
+	return out
+}
+
+// statusState is the page's memory in the node: the charts and the leader
+// changes this node observed. Zero is ready to use.
+type statusState struct {
+	mu        sync.Mutex
+	series    map[string]*statusSeries
+	cursor    int // where the next scan window starts, past statusScan quotas
+	elections []statusElection
+}
+
+type statusElection struct {
+	At       time.Time `json:"at"`
+	LeaderID string    `json:"leader_id"` // "" while no leader is known
+	Term     uint64    `json:"term"`
+}
+
+// leaderChanged records a leader observation (watchLeaders).
+func (s *statusState) leaderChanged(at time.Time, id string, term uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.elections = append(s.elections, statusElection{At: at, LeaderID: id, Term: term})
+	if len(s.elections) > statusElections {
+		s.elections = s.elections[len(s.elections)-statusElections:]
+	}
+}
+
+// quotaTotals sums a quota's live leases.
+type quotaTotals struct{ admitted, demand, leased float64 }
+
+func totalsOf(leases []lease.LeaseInfo, now int64) quotaTotals {
+	var t quotaTotals
+	for _, l := range leases {
+		if l.Expiry < now {
+			continue // expired: no longer spending, only not reclaimed yet
+		}
+		t.admitted += math.Min(l.Demand, l.Rate)
+		t.demand += l.Demand
+		t.leased += l.Rate
+	}
+	return t
+}
+
+// sampleStatus records one sample per second for the busiest quotas until
+// the node stops.
+func (n *Node) sampleStatus() {
+	defer n.wg.Done()
+	t := time.NewTicker(statusEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.done:
+			return
+		case <-t.C:
+			n.sampleOnce(n.clock())
+		}
+	}
+}
+
+func (n *Node) sampleOnce(at time.Time) {
+	type reading struct {
+		name string
+		v    statusSample
+	}
+	s := &n.status
+	s.mu.Lock()
+	tracked := make([]string, 0, len(s.series))
+	for name := range s.series {
+		tracked = append(tracked, name)
+	}
+	cursor := s.cursor
+	s.mu.Unlock()
+
+	var got []reading
+	n.fsm.read(func(st *lease.State) {
+		names := st.Quotas()
+		if len(names) > statusScan {
+			start := cursor % len(names)
+			window := names[start:min(start+statusScan, len(names))]
+			cursor = start + len(window)
+			names = append(window, tracked...)
+		}
+		now := st.Now()
+		for _, name := range names {
+			q, ok := st.Quota(name)
+			if !ok {
+				continue
+			}
+			tot := totalsOf(st.Leases(name), now)
+			got = append(got, reading{name, statusSample{
+				at: at.Unix(), admitted: float32(tot.admitted), demand: float32(tot.demand),
+				leased: float32(tot.leased), limit: float32(q.Effective().Rate),
+			}})
+		}
+	})
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cursor = cursor
+	if s.series == nil {
+		s.series = map[string]*statusSeries{}
+	}
+	for _, sr := range s.series {
+		sr.seen = false
+	}
+	for _, r := range got {
+		if sr := s.series[r.name]; sr != nil {
+			if !sr.seen { // a tracked quota may be read twice in a window
+				sr.add(r.v)
+				sr.seen = true
+			}
+			continue
+		}
+		if r.v.demand <= 0 && len(s.series) >= statusCharted {
+			continue
+		}
+		if len(s.series) >= statusCharted {
+			// Full: a quota replaces the quietest only when clearly
+			// busier, so two similar quotas do not take turns (each
+			// change loses a chart's history).
+			low, lowName := math.Inf(1), ""
+			for name, sr := range s.series {
+				if sr.score < low {
+					low, lowName = sr.score, name
+				}
+			}
+			if float64(r.v.demand) <= 2*low {
+				continue
+			}
+			delete(s.series, lowName)
+		}
+		sr := &statusSeries{seen: true}
+		sr.add(r.v)
+		s.series[r.name] = sr
+	}
+	for name, sr := range s.series {
+		if !sr.seen {
+			delete(s.series, name) // the quota left the state (idle, removed by Tick)
+		}
+	}
+}
+
+// The view the page and /status.json show. Rates are tokens/s, caps and
+// pools tokens, times RFC 3339 or seconds from now.
+type statusView struct {
+	Generated time.Time `json:"generated"`
+	// This node and the group as it sees it.
+	NodeID            string           `json:"node_id"`
+	State             string           `json:"state"`
+	Region            string           `json:"region,omitempty"`
+	Upstream          string           `json:"upstream,omitempty"`
+	LeaderID          string           `json:"leader_id"`
+	LeaderAddress     string           `json:"leader_address"`
+	Term              uint64           `json:"term"`
+	CommitIndex       uint64           `json:"commit_index"`
+	AppliedIndex      uint64           `json:"applied_index"`
+	LastSnapshotIndex uint64           `json:"last_snapshot_index"`
+	LastContact       string           `json:"last_contact"`
+	Servers           []statusServer   `json:"servers"`
+	Elections         []statusElection `json:"elections"`
+	// Quotas, the busiest (by reported demand) first, at most statusListed.
+	Quotas      []statusQuota  `json:"quotas"`
+	QuotasTotal int            `json:"quotas_total"`
+	Tunings     []statusTuning `json:"tunings"`
+	Charted     int            `json:"charted_max"`
+}
+
+type statusServer struct {
+	ID       string `json:"id"`
+	Address  string `json:"address"`
+	Suffrage string `json:"suffrage"`
+	Leader   bool   `json:"leader"`
+	Self     bool   `json:"self"`
+}
+
+type statusQuota struct {
+	Name    string `json:"name"`
+	Rule    string `json:"rule"`
+	Subject string `json:"subject"`
+	// Burst and Rate are the shape conservation holds it to (Funded:
+	// its own part plus the upstream lease's).
+	Burst      float64 `json:"burst"`
+	Rate       float64 `json:"rate"`
+	Funded     bool    `json:"funded,omitempty"`
+	Pool       float64 `json:"pool"`
+	LeasedCap  float64 `json:"leased_cap"`
+	LeasedRate float64 `json:"leased_rate"`
+	// Demand and Admitted are over the live leases: the demands the
+	// holders last reported, and sum(min(demand, slice rate)).
+	Demand   float64       `json:"demand"`
+	Admitted float64       `json:"admitted"`
+	Period   float64       `json:"lease_period_s"`
+	MinSlice float64       `json:"min_slice"`
+	MaxSlice float64       `json:"max_slice"` // 0: no maximum
+	Leases   []statusLease `json:"leases"`
+	// History is the chart's samples, oldest first, for the quotas
+	// charted (the busiest statusCharted).
+	History []statusPoint `json:"history,omitempty"`
+	Chart   *statusChart  `json:"-"`
+}
+
+type statusLease struct {
+	ID     uint64 `json:"id"`
+	Holder string `json:"holder"`
+	// Kind is "agent", or "region" for a region's regional group.
+	Kind string `json:"kind"`
+	// Rate and Cap are the slice and burst share of the latest answer;
+	// ReservedRate and ReservedCap what is still counted (larger while a
+	// shrink is unconfirmed).
+	Rate         float64 `json:"rate"`
+	Cap          float64 `json:"cap"`
+	ReservedRate float64 `json:"reserved_rate"`
+	ReservedCap  float64 `json:"reserved_cap"`
+	Demand       float64 `json:"demand"`
+	// TargetRate and TargetCap are the fair share the next renewal moves
+	// the lease towards (live leases only).
+	TargetRate float64   `json:"target_rate"`
+	TargetCap  float64   `json:"target_cap"`
+	Expiry     time.Time `json:"expiry"`
+	ExpiresIn  float64   `json:"expires_in_s"` // negative: expired, not yet reclaimed
+	Live       bool      `json:"live"`
+}
+
+type statusPoint struct {
+	At       int64   `json:"t"`
+	Admitted float32 `json:"admitted"`
+	Demand   float32 `json:"demand"`
+	Leased   float32 `json:"leased"`
+	Limit    float32 `json:"limit"`
+}
+
+type statusTuning struct {
+	Rule   string `json:"rule"`
+	Region string `json:"region"` // "" is the rule's default
+	// Settings are the overridden settings, as name=value.
+	Settings []string `json:"settings"`
+	// Pending is a safe-share change the global group is still waiting
+	// on the region to confirm: from SafePrev to SafeShare.
+	Pending string `json:"pending,omitempty"`
+}
+
+// statusChart is one quota's SVG chart, laid out on the server.
+type statusChart struct {
+	W, H                    int
+	Admitted, Demand, Limit string // polyline points
+	Max                     float64
+	Span                    string
+	Points                  int
+	LastAdmitted, LastLimit float64
+}
+
+func (n *Node) statusView() statusView {
+	now := n.clock()
+	v := statusView{Generated: now, NodeID: n.cfg.ID, Region: n.cfg.Region, Upstream: n.cfg.Upstream, Charted: statusCharted}
+	stats := n.raft.Stats()
+	u := func(k string) uint64 { x, _ := strconv.ParseUint(stats[k], 10, 64); return x }
+	v.State = n.raft.State().String()
+	v.LeaderID, v.LeaderAddress = n.Leader()
+	v.Term, v.CommitIndex, v.AppliedIndex, v.LastSnapshotIndex = u("term"), u("commit_index"), u("applied_index"), u("last_snapshot_index")
+	v.LastContact = stats["last_contact"]
+	if servers, err := n.servers(); err == nil {
+		for _, s := range servers {
+			v.Servers = append(v.Servers, statusServer{
+				ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(),
+				Leader: string(s.ID) == v.LeaderID, Self: string(s.ID) == n.cfg.ID,
+			})
+		}
+	}
+	n.status.mu.Lock()
+	v.Elections = append([]statusElection(nil), n.status.elections...)
+	history := map[string][]statusSample{}
+	for name, sr := range n.status.series {
+		history[name] = sr.samples()
+	}
+	n.status.mu.Unlock()
+	for i, j := 0, len(v.Elections)-1; i < j; i, j = i+1, j-1 {
+		v.Elections[i], v.Elections[j] = v.Elections[j], v.Elections[i] // newest first
+	}
+
+	nowUs := now.UnixMicro()
+	n.fsm.read(func(st *lease.State) {
+		names := st.Quotas()
+		v.QuotasTotal = len(names)
+		type ranked struct {
+			name   string
+			demand float64
+		}
+		if len(names) > statusScan {
+			// Too many to rank on every view: the charted (busiest)
+			// quotas first, then the others by name.
+			charted := make([]string, 0, len(history))
+			for name := range history {
+				charted = append(charted, name)
+			}
+			sort.Strings(charted)
+			names = append(charted, names...)
+		}
+		rank := make([]ranked, 0, min(len(names), statusScan))
+		listed := map[string]bool{}
+		for _, name := range names {
+			if listed[name] || len(rank) == statusScan {
+				continue
+			}
+			listed[name] = true
+			rank = append(rank, ranked{name, totalsOf(st.Leases(name), st.Now()).demand})
+		}
+		sort.SliceStable(rank, func(i, j int) bool { return rank[i].demand > rank[j].demand })
+		if len(rank) > statusListed {
+			rank = rank[:statusListed]
+		}
+		for _, r := range rank {
+			v.Quotas = append(v.Quotas, quotaView(st, r.name, nowUs))
+		}
+		for _, t := range st.Tunings() {
+			v.Tunings = append(v.Tunings, tuningView(t))
+		}
+	})
+	for i := range v.Quotas {
+		q := &v.Quotas[i]
+		if h := history[q.Name]; len(h) > 0 {
+			q.History = make([]statusPoint, len(h))
+			for k, s := range h {
+				q.History[k] = statusPoint{At: s.at, Admitted: s.admitted, Demand: s.demand, Leased: s.leased, Limit: s.limit}
+			}
+			q.Chart = chartOf(h)
+		}
+	}
+	return v
+}
+
+func quotaView(st *lease.State, name string, nowUs int64) statusQuota {
+	info, _ := st.Quota(name)
+	eff := info.Effective()
+	rule, subject, _ := strings.Cut(name, "|")
+	q := statusQuota{
+		Name: name, Rule: rule, Subject: subject, Burst: eff.Burst, Rate: eff.Rate, Funded: info.Funded,
+		Pool: info.Pool, LeasedCap: info.ReservedCap, LeasedRate: info.ReservedRate,
+		Period: float64(info.LeasePeriod) / 1e6, MinSlice: info.MinSlice, MaxSlice: info.MaxSlice,
+	}
+	targets := map[string]lease.Share{}
+	if shares, _, _, _, ok := st.Shares(name); ok {
+		for _, s := range shares {
+			targets[s.Holder] = s
+		}
+	}
+	leases := st.Leases(name)
+	tot := totalsOf(leases, st.Now())
+	q.Demand, q.Admitted = tot.demand, tot.admitted
+	for _, l := range leases {
+		kind := "agent"
+		if _, ok := region.FromHolder(l.Holder); ok {
+			kind = "region"
+		}
+		sl := statusLease{
+			ID: l.ID, Holder: l.Holder, Kind: kind, Rate: l.Rate, Cap: l.Cap,
+			ReservedRate: l.ReservedRate, ReservedCap: l.ReservedCap, Demand: l.Demand,
+			Expiry: time.UnixMicro(l.Expiry).UTC(), ExpiresIn: float64(l.Expiry-nowUs) / 1e6,
+			Live: l.Expiry >= st.Now(),
+		}
+		if t, ok := targets[l.Holder]; ok {
+			sl.TargetRate, sl.TargetCap = t.TargetRate, t.TargetCap
+		}
+		q.Leases = append(q.Leases, sl)
+	}
+	return q
+}
+
+func tuningView(t lease.Tuning) statusTuning {
+	v := statusTuning{Rule: t.Rule, Region: t.Region}
+	set := func(name string, val string) { v.Settings = append(v.Settings, name+"="+val) }
+	if t.LeasePeriod != 0 {
+		set("lease_period", (time.Duration(t.LeasePeriod) * time.Microsecond).String())
+	}
+	if t.RenewAt != 0 {
+		set("renew_at", fmtNum(t.RenewAt))
+	}
+	if t.MinSlice != nil {
+		set("min_slice", fmtNum(*t.MinSlice)+"/s")
+	}
+	if t.MaxSlice != nil {
+		set("max_slice", fmtNum(*t.MaxSlice)+"/s")
+	}
+	if t.Weight != 0 {
+		set("weight", fmtNum(t.Weight))
+	}
+	if t.SafeShare != nil {
+		set("safe_share", fmtNum(*t.SafeShare)+"/s")
+		if t.SafePrev != nil {
+			v.Pending = fmt.Sprintf("safe_share %s/s -> %s/s, waiting for the region to confirm", fmtNum(*t.SafePrev), fmtNum(*t.SafeShare))
+		}
+	}
+	return v
+}
+
+// chartOf lays out a chart of the samples: admitted and demand against the
+// limit, over the samples' span, scaled to the largest value shown.
+func chartOf(h []statusSample) *statusChart {
+	const w, h0, pad = 600, 120, 2
+	// At most one point per two pixels: the page is fetched again every
+	// refresh, and finer points would not show.
+	if step := (len(h) + w/2 - 1) / (w / 2); step > 1 {
+		thin := make([]statusSample, 0, len(h)/step+1)
+		for i := 0; i < len(h); i += step {
+			thin = append(thin, h[i])
+		}
+		if thin[len(thin)-1] != h[len(h)-1] {
+			thin = append(thin, h[len(h)-1])
+		}
+		h = thin
+	}
+	c := &statusChart{W: w, H: h0, Points: len(h)}
+	for _, s := range h {
+		c.Max = math.Max(c.Max, math.Max(float64(s.limit), math.Max(float64(s.admitted), float64(s.demand))))
+	}
+	if c.Max <= 0 {
+		c.Max = 1
+	}
+	c.Max *= 1.1 // headroom over the top line
+	first, last := h[0].at, h[len(h)-1].at
+	span := max(last-first, 1)
+	c.Span = (time.Duration(span) * time.Second).String()
+	line := func(val func(statusSample) float32) string {
+		var b strings.Builder
+		for i, s := range h {
+			x := float64(w) * float64(s.at-first) / float64(span)
+			if len(h) == 1 {
+				x = w
+			}
+			y := float64(h0-pad) - float64(h0-2*pad)*float64(val(s))/c.Max
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%.1f,%.1f", x, y)
+		}
+		return b.String()
+	}
+	c.Admitted = line(func(s statusSample) float32 { return s.admitted })
+	c.Demand = line(func(s statusSample) float32 { return s.demand })
+	c.Limit = line(func(s statusSample) float32 { return s.limit })
+	c.LastAdmitted, c.LastLimit = float64(h[len(h)-1].admitted), float64(h[len(h)-1].limit)
+	return c
+}
+
+// fmtNum writes a number for people: at most 3 decimals, no exponent
+// below 1e15, "∞"-free (the state holds no infinities).
+func fmtNum(v float64) string {
+	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	s := strconv.FormatFloat(v, 'f', 3, 64)
+	s = strings.TrimRight(s, "0")
+	return strings.TrimSuffix(s, ".")
+}
+
+// serveStatus serves the page (GET /, or only its body with ?part=body,
+// for the page's refresh) and GET /status.json.
+func (n *Node) serveStatus(mux *http.ServeMux) {
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		v := n.statusView()
+		name := "page"
+		if r.URL.Query().Get("part") == "body" {
+			name = "body"
+		}
+		h := w.Header()
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		h.Set("Cache-Control", "no-store")
+		// Everything the page needs is in it: no other origin is
+		// reachable from it, even through an injected attribute.
+		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:")
+		h.Set("X-Content-Type-Options", "nosniff")
+		if err := statusTmpl.ExecuteTemplate(w, name, v); err != nil {
+			n.logger.Warn("status page", "err", err)
+		}
+	})
+	mux.HandleFunc("GET /status.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(n.statusView()); err != nil {
+			n.logger.Warn("status.json", "err", err)
+		}
+	})
+}
+
+// leaderTerm is the Raft term as the node knows it, for the elections list.
+func leaderTerm(r *raft.Raft) uint64 {
+	t, _ := strconv.ParseUint(r.Stats()["term"], 10, 64)
+	return t
+}
