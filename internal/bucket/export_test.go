@@ -100,7 +100,7 @@ func (s *RedisStore) HotTakeRaw(ctx context.Context, req Request) (HotDecision, 
 
 // ModelHotTake is HotTake reporting the model's floats.
 func ModelHotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (HotState, HotDecision) {
-	s, d, leased, p := HotTake(s, exists, l, h, cost, now)
+	s, d, leased, p := hotTake(s, exists, l, h, cost, now)
 	return s, HotDecision{Allowed: d.allowed, Tokens: d.tokens, Now: now, Leased: leased, Promotion: p}
 }
 

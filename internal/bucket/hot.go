@@ -93,7 +93,18 @@ type HotState struct {
 // charged. Otherwise it decides as Take does (tokens bit-identical), counts
 // the decision in the rate estimate, and promotes the key when the estimate
 // reaches h.PromoteAbove, reporting the new promotion with the decision.
-func HotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (st HotState, d decision, leased bool, p Promotion) {
+func HotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (st HotState, res Result, leased bool, p Promotion) {
+	st, d, leased, p := hotTake(s, exists, l, h, cost, now)
+	if leased {
+		return st, Result{Now: now, Leased: true, Promotion: p}, true, p
+	}
+	res = d.result(now)
+	res.Promotion = p
+	return st, res, false, p
+}
+
+// hotTake is HotTake with the decision's floats as computed.
+func hotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (st HotState, d decision, leased bool, p Promotion) {
 	if exists && s.LeasedUntil != 0 {
 		if now < s.LeasedUntil {
 			return s, decision{}, true, Promotion{Epoch: s.Epoch, For: s.LeasedUntil - now}

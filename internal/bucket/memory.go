@@ -97,13 +97,8 @@ func (m *MemoryStore) Take(_ context.Context, req Request) (Result, error) {
 		sh.buckets[req.Key] = b
 	}
 	if req.Hot != nil {
-		st, d, leased, p := HotTake(b.st, exists, req.Limit, *req.Hot, req.Cost, now)
+		st, res, _, _ := HotTake(b.st, exists, req.Limit, *req.Hot, req.Cost, now)
 		b.setHot(st, req.Limit, now)
-		if leased {
-			return Result{Now: now, Leased: true, Promotion: p}, nil
-		}
-		res := d.result(now)
-		res.Promotion = p
 		return res, nil
 	}
 	st, d := take(b.st.State, exists, req.Limit, req.Cost, now)
