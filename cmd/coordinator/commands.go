@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/coordinator"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -36,7 +38,7 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 	}
 	fs := flag.NewFlagSet("coordinator "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr, timeout := bindAddr(fs)
+	addr, timeout, dial := bindAddr(fs)
 	quota := new(string)
 	if name == "leases" {
 		quota = fs.String("quota", "", "only the leases of this quota (rule|subject)")
@@ -62,7 +64,7 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%s: unexpected arguments %q", name, fs.Args())
 	}
-	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := dial(*addr)
 	if err != nil {
 		return fmt.Errorf("%s: -addr %q: %w", name, *addr, err)
 	}
@@ -98,7 +100,7 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		}
 		printTunings(w, tl.Tunings)
 	case "tune":
-		resp, err := atLeader(ctx, admin, *addr, func(ctx context.Context, admin rationv1.AdminClient, opt grpc.CallOption) (*rationv1.TuneResponse, error) {
+		resp, err := atLeader(ctx, admin, *addr, dial, func(ctx context.Context, admin rationv1.AdminClient, opt grpc.CallOption) (*rationv1.TuneResponse, error) {
 			return admin.Tune(ctx, tuneReq, opt)
 		})
 		if err != nil {
@@ -128,12 +130,35 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 	return nil
 }
 
-// bindAddr binds the flags every command has: the node to ask and the
-// deadline.
-func bindAddr(fs *flag.FlagSet) (addr *string, timeout *time.Duration) {
+// dialFunc opens a connection to a node's admin API.
+type dialFunc func(addr string) (*grpc.ClientConn, error)
+
+// bindAddr binds the flags every command has: the node to ask, the
+// deadline, and the operator's certificate (-tls-cert, -tls-key, -tls-ca,
+// defaulting to RATION_TLS_CERT, RATION_TLS_KEY and RATION_TLS_CA, as on
+// the node). Without them the command dials in plaintext, which a node
+// running with TLS refuses.
+func bindAddr(fs *flag.FlagSet) (addr *string, timeout *time.Duration, dial dialFunc) {
 	addr = fs.String("addr", "127.0.0.1:8301", "gRPC address of a coordinator node")
 	timeout = fs.Duration("timeout", 5*time.Second, "deadline for the call")
-	return addr, timeout
+	var files tlsfiles.Files
+	fs.StringVar(&files.Cert, "tls-cert", os.Getenv("RATION_TLS_CERT"), "operator's PEM certificate (URI SAN ration://operator/<name>) (env RATION_TLS_CERT)")
+	fs.StringVar(&files.Key, "tls-key", os.Getenv("RATION_TLS_KEY"), "PEM private key of -tls-cert (env RATION_TLS_KEY)")
+	fs.StringVar(&files.CA, "tls-ca", os.Getenv("RATION_TLS_CA"), "PEM CA bundle the node's certificate must chain to (env RATION_TLS_CA)")
+	dial = func(a string) (*grpc.ClientConn, error) {
+		creds := insecure.NewCredentials()
+		if files.Enabled() {
+			// A command runs once: the files are read once.
+			src, err := tlsfiles.Open(files, tlsfiles.Options{Interval: time.Hour})
+			if err != nil {
+				return nil, err
+			}
+			defer src.Close()
+			creds = src.ClientCredentials("", nil)
+		}
+		return grpc.NewClient(a, grpc.WithTransportCredentials(creds))
+	}
+	return addr, timeout, dial
 }
 
 func orDash(s string) string {
@@ -228,7 +253,7 @@ func printTunings(w io.Writer, ts []*rationv1.Tuning) {
 // until the deadline. opt must be passed to the RPC: it reads the trailer.
 // A call may so reach the state machine twice: a Tune sets the same record
 // twice, an AddVoter of a voter at the same address is a no-op.
-func atLeader[T any](ctx context.Context, admin rationv1.AdminClient, addr string,
+func atLeader[T any](ctx context.Context, admin rationv1.AdminClient, addr string, dial dialFunc,
 	call func(ctx context.Context, admin rationv1.AdminClient, opt grpc.CallOption) (T, error)) (T, error) {
 	var zero T
 	for {
@@ -238,7 +263,7 @@ func atLeader[T any](ctx context.Context, admin rationv1.AdminClient, addr strin
 			return resp, err
 		}
 		if l := md.Get(coordinator.LeaderTrailer); len(l) > 0 && l[0] != "" && l[0] != addr {
-			cc, cerr := grpc.NewClient(l[0], grpc.WithTransportCredentials(insecure.NewCredentials()))
+			cc, cerr := dial(l[0])
 			if cerr != nil {
 				return zero, fmt.Errorf("leader %q: %w", l[0], cerr)
 			}

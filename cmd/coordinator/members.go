@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -43,7 +42,7 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintln(stderr, membersUsage)
 		fs.PrintDefaults()
 	}
-	addr, timeout := bindAddr(fs)
+	addr, timeout, dial := bindAddr(fs)
 	// Without an action (members -h) every action's flags are shown.
 	var id, raftAddr, grpcAddr string
 	if action != "list" {
@@ -79,7 +78,7 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("members %s: %s required", action, strings.Join(missing, ", "))
 	}
 
-	cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := dial(*addr)
 	if err != nil {
 		return fmt.Errorf("members %s: -addr %q: %w", action, *addr, err)
 	}
@@ -110,7 +109,7 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		resp   *rationv1.MembershipResponse
 		leader string
 	}
-	res, err := atLeader(ctx, admin, *addr, func(ctx context.Context, admin rationv1.AdminClient, opt grpc.CallOption) (changed, error) {
+	res, err := atLeader(ctx, admin, *addr, dial, func(ctx context.Context, admin rationv1.AdminClient, opt grpc.CallOption) (changed, error) {
 		var resp *rationv1.MembershipResponse
 		var err error
 		if action == "add" {

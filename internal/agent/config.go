@@ -15,6 +15,7 @@ import (
 	"github.com/ration-dev/ration/internal/envflag"
 	"github.com/ration-dev/ration/internal/logformat"
 	"github.com/ration-dev/ration/internal/rules"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
 // Config is everything the gateway-agent process needs. Layers, in order:
@@ -37,6 +38,16 @@ type Config struct {
 	Record          string        // -record, RATION_RECORD: admission log file (off when empty)
 	Dev             bool          // -dev: in-memory store, embedded sample rules
 	Validate        bool          // -validate: check the rules file and exit
+	// TLS is the agent's certificate (URI SAN ration://agent/<-id>), key
+	// and CA bundle: mutual TLS to the coordinators, which bind the lease
+	// holder -id to it. Reloaded when the files change.
+	TLS tlsfiles.Files // -tls-cert, -tls-key, -tls-ca
+	// Insecure talks to the coordinators in plaintext by choice. Without
+	// TLS files and without it (or -dev), the agent warns at start-up.
+	Insecure bool // -insecure, RATION_INSECURE
+	// TLSReloadInterval: how often the TLS files are checked (0: the
+	// default). Not a flag: tests shorten it.
+	TLSReloadInterval time.Duration
 
 	// DevCoordinator starts the single-node coordinator that -dev embeds
 	// when -coordinators is empty. It is not a flag: cmd/gateway-agent
@@ -104,6 +115,10 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "log-level", Env: "LOG_LEVEL", Usage: "debug, info, warn or error", Value: &c.LogLevel},
 		{Flag: "log-format", Env: "LOG_FORMAT", Usage: logformat.Usage, Value: &c.LogFormat},
 		{Flag: "record", Env: "RECORD", Usage: "append every decision to this admission log (for ration-check and the chaos suite; about 0.3 µs per decision); off when empty", Value: &c.Record},
+		{Flag: "tls-cert", Env: "TLS_CERT", Usage: "PEM certificate of this agent (URI SAN ration://agent/<-id>), for mutual TLS to the coordinators; reloaded when it changes", Value: &c.TLS.Cert},
+		{Flag: "tls-key", Env: "TLS_KEY", Usage: "PEM private key of -tls-cert", Value: &c.TLS.Key},
+		{Flag: "tls-ca", Env: "TLS_CA", Usage: "PEM CA bundle the coordinators' certificates must chain to", Value: &c.TLS.CA},
+		{Flag: "insecure", Env: "INSECURE", Usage: "talk to the coordinators in plaintext, unauthenticated, by choice (-dev implies it); without TLS files and without it the agent warns at start-up", Value: &c.Insecure},
 		{Flag: "dev", Env: "DEV", Usage: "development mode: in-memory store and the sample rules (examples/rules.yaml), no other process needed", Value: &c.Dev},
 		{Flag: "validate", Usage: "check the -rules file, print every problem and exit (status 1 if invalid)", Value: &c.Validate},
 	}
@@ -165,6 +180,12 @@ func (c Config) Check() error {
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("-log-level %q: want debug, info, warn or error", c.LogLevel))
+	}
+	if err := c.TLS.Check(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.TLS.Enabled() && c.Insecure {
+		errs = append(errs, errors.New("-insecure and -tls-cert/-tls-key/-tls-ca: choose plaintext or TLS"))
 	}
 	if _, err := logformat.Parse(c.LogFormat); err != nil {
 		errs = append(errs, fmt.Errorf("-log-format %q: %w", c.LogFormat, err))

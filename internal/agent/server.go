@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/ration-dev/ration/internal/grpcsafe"
 	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/rules"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -96,7 +98,28 @@ func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (L
 		s.closeFns = append(s.closeFns, func() { _ = node.Close() })
 		addrs = []string{addr}
 	}
-	client := coordclient.New(addrs, coordclient.Options{Logger: s.logger})
+	opts := coordclient.Options{Logger: s.logger}
+	switch {
+	case s.devCoordinator != nil:
+		// The embedded coordinator is plaintext on loopback.
+	case cfg.TLS.Enabled():
+		src, err := tlsfiles.Open(cfg.TLS, tlsfiles.Options{Logger: s.logger.With("component", "tls"), Interval: cfg.TLSReloadInterval})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		s.closeFns = append(s.closeFns, src.Close)
+		if id := tlsfiles.Names(src.Leaf(), tlsfiles.RoleAgent); !slices.Contains(id, cfg.AgentID) {
+			// The coordinators would refuse every renewal: say so now.
+			s.logger.Error("the -tls-cert does not name this agent: the coordinators will refuse its leases",
+				"agent_id", cfg.AgentID, "want_uri_san", tlsfiles.URI(tlsfiles.RoleAgent, cfg.AgentID), "cert_agents", id)
+		}
+		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(src.ClientCredentials("", nil))}
+	case cfg.Insecure || cfg.Dev:
+		s.logger.Warn("PLAINTEXT to the coordinators by -insecure or -dev: anyone on the path can read and alter lease traffic", "coordinators", cfg.Coordinators)
+	default:
+		s.logger.Error("PLAINTEXT to the coordinators: no -tls-cert/-tls-key/-tls-ca and no -insecure; lease traffic is unencrypted and unauthenticated. Set the TLS files (docs/security.md), or -insecure to choose plaintext", "coordinators", cfg.Coordinators)
+	}
+	client := coordclient.New(addrs, opts)
 	s.closeFns = append(s.closeFns, func() { _ = client.Close() })
 	h, err := holder.New(holder.Options{
 		Client: client, Holder: cfg.AgentID, Region: cfg.Region,

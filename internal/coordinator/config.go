@@ -13,6 +13,7 @@ import (
 	"github.com/ration-dev/ration/internal/envflag"
 	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
 // Config is everything one coordinator node needs. Layers, in order:
@@ -71,6 +72,19 @@ type Config struct {
 	SafetyMargin    time.Duration // -safety-margin
 	ShutdownTimeout time.Duration // -shutdown-timeout: leadership transfer and drain on SIGTERM
 	MaxItems        int           // items per Renew/Release request at most
+
+	// TLS names the certificate, key and CA bundle of every link: the
+	// gRPC listener (mutual TLS, holders bound to their certificates), the
+	// Raft transport (coordinator certificates only) and the node's own
+	// calls to other groups. The files are reloaded when they change.
+	TLS tlsfiles.Files // -tls-cert, -tls-key, -tls-ca
+	// Insecure runs every link in plaintext, with no authentication. Without
+	// TLS files and without it (or -dev), the node still starts, in
+	// plaintext, with a warning at start-up (docs/security.md).
+	Insecure bool // -insecure, RATION_INSECURE
+	// TLSReloadInterval is how often the TLS files are checked for a
+	// change (0: tlsfiles.DefaultInterval). Not a flag: tests shorten it.
+	TLSReloadInterval time.Duration
 
 	LogLevel     string // -log-level, RATION_LOG_LEVEL
 	Dev          bool   // -dev: single node, temporary data dir, bootstrap, sample rules
@@ -162,6 +176,10 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "apply-timeout", Env: "APPLY_TIMEOUT", Usage: "longest a proposal waits to be taken by Raft", Value: &c.ApplyTimeout},
 		{Flag: "safety-margin", Env: "SAFETY_MARGIN", Usage: "added to a lease's expiry before its tokens are reclaimed: covers clock drift and offset between coordinator nodes", Value: &c.SafetyMargin},
 		{Flag: "shutdown-timeout", Env: "SHUTDOWN_TIMEOUT", Usage: "graceful shutdown limit (leadership transfer, draining)", Value: &c.ShutdownTimeout},
+		{Flag: "tls-cert", Env: "TLS_CERT", Usage: "PEM certificate (chain) of this node, for mutual TLS on gRPC, Raft and calls to other groups; reloaded when it changes", Value: &c.TLS.Cert},
+		{Flag: "tls-key", Env: "TLS_KEY", Usage: "PEM private key of -tls-cert", Value: &c.TLS.Key},
+		{Flag: "tls-ca", Env: "TLS_CA", Usage: "PEM CA bundle that clients' and peers' certificates must chain to", Value: &c.TLS.CA},
+		{Flag: "insecure", Env: "INSECURE", Usage: "plaintext and unauthenticated on every link, by choice (-dev implies it); without TLS files and without it the node runs in plaintext with a warning", Value: &c.Insecure},
 		{Flag: "log-level", Env: "LOG_LEVEL", Usage: "debug, info, warn or error", Value: &c.LogLevel},
 		{Flag: "dev", Env: "DEV", Usage: "development mode: one node, temporary data dir, bootstrap, sample rules", Value: &c.Dev},
 		{Flag: "validate", Usage: "check the configuration and the -rules file, print every problem and exit", Value: &c.ValidateOnly},
@@ -270,6 +288,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxItems < 1 {
 		bad("max items %d: must be at least 1", c.MaxItems)
+	}
+	if err := c.TLS.Check(); err != nil {
+		bad("%v", err)
+	}
+	if c.TLS.Enabled() && c.Insecure {
+		bad("-insecure and -tls-cert/-tls-key/-tls-ca: choose plaintext or TLS")
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		bad("-log-level %q: %v", c.LogLevel, err)

@@ -72,6 +72,9 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	if err := checkHolderRequest(req.GetHolder(), req.GetSeq(), len(req.GetItems()), n.cfg.MaxItems); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
+	if err := n.authorizeHolder(ctx, req.GetHolder()); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
 	n.seenHolder(ctx, req.Holder)
 	set := n.rules.Load()
 	items := newItemChecker(true)
@@ -190,6 +193,9 @@ func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest
 		return nil, n.rpcError(ctx, err)
 	}
 	if err := checkHolderRequest(req.GetHolder(), req.GetSeq(), len(req.GetItems()), n.cfg.MaxItems); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	if err := n.authorizeHolder(ctx, req.GetHolder()); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
 	n.seenHolder(ctx, req.Holder)
@@ -491,6 +497,9 @@ func (n *Node) rpcError(ctx context.Context, err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, lease.ErrStale):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, ErrPermissionDenied):
+		n.logger.Warn("call refused for the caller's identity", "err", err)
+		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	case errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNotReady) || errors.Is(err, ErrStopped) ||

@@ -21,6 +21,7 @@ import (
 	"github.com/ration-dev/ration/internal/grpcsafe"
 	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -61,6 +62,9 @@ type Node struct {
 	lastNow atomic.Int64 // the last timestamp this node stamped, µs
 	// status is the status page's charts and leader changes (status.go).
 	status statusState
+
+	// tls is the node's TLS material; nil in plaintext (-insecure, -dev).
+	tls *tlsfiles.Source
 
 	notify   chan bool
 	observer *raft.Observer
@@ -112,8 +116,17 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, reg *prometheus
 	}
 	n.rules.Store(set)
 	n.checkSafeShares(set)
+	if cfg.TLS.Enabled() {
+		src, err := tlsfiles.Open(cfg.TLS, tlsfiles.Options{Logger: n.logger.With("component", "tls"), Interval: cfg.TLSReloadInterval})
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		n.tls = src
+	} else {
+		warnPlaintext(n.logger, cfg)
+	}
 	if cfg.Upstream != "" {
-		n.upClient = NewClient(cfg.UpstreamAddrs(), ClientOptions{Logger: n.logger.With("component", "upstream")})
+		n.upClient = NewClient(cfg.UpstreamAddrs(), ClientOptions{Logger: n.logger.With("component", "upstream"), DialOptions: n.dialOptions()})
 	}
 	if err := n.open(ctx); err != nil {
 		n.close()
@@ -148,7 +161,16 @@ func (n *Node) open(ctx context.Context) error {
 		}
 		advertise = a
 	}
-	n.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, advertise, 3, 10*time.Second, hl.Named("transport"))
+	if n.tls != nil {
+		var layer *tlsStreamLayer
+		if layer, err = newTLSStreamLayer(cfg.RaftAddr, advertise, n.tls); err == nil {
+			n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+				Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl.Named("transport"),
+			})
+		}
+	} else {
+		n.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, advertise, 3, 10*time.Second, hl.Named("transport"))
+	}
 	if err != nil {
 		return fmt.Errorf("coordinator: -raft %s: %w", cfg.RaftAddr, err)
 	}
@@ -222,7 +244,8 @@ func (n *Node) open(ctx context.Context) error {
 		n.logger.Info("bootstrapped a new cluster", "raft_addr", n.raftAddr)
 	}
 
-	n.grpcServer = grpc.NewServer(grpcsafe.ServerOptions(n.logger, n.m.grpcPanics.Inc)...)
+	n.grpcServer = grpc.NewServer(append(grpcsafe.ServerOptions(n.logger, n.m.grpcPanics.Inc),
+		n.serverCreds(), grpc.ChainUnaryInterceptor(n.adminOnly))...)
 	rationv1.RegisterLeasesServer(n.grpcServer, &leasesServer{n: n})
 	rationv1.RegisterAdminServer(n.grpcServer, &adminServer{n: n})
 	n.wg.Add(1)
@@ -253,7 +276,7 @@ func (n *Node) open(ctx context.Context) error {
 // join asks the cluster at cfg.Join to add this node as a voter, following
 // redirects to the leader.
 func (n *Node) join(ctx context.Context) error {
-	c := NewClient([]string{n.cfg.Join}, ClientOptions{MaxAttempts: 50, BackoffMax: time.Second, Logger: n.logger})
+	c := NewClient([]string{n.cfg.Join}, ClientOptions{MaxAttempts: 50, BackoffMax: time.Second, Logger: n.logger, DialOptions: n.dialOptions()})
 	defer c.Close()
 	_, err := c.AddVoter(ctx, &rationv1.AddVoterRequest{
 		Id: n.cfg.ID, RaftAddress: n.raftAddr, GrpcAddress: n.grpcAddr,
@@ -457,6 +480,9 @@ func (n *Node) close() error {
 		n.wg.Wait()
 		if n.upClient != nil {
 			_ = n.upClient.Close()
+		}
+		if n.tls != nil {
+			n.tls.Close()
 		}
 		if n.removeDir != "" {
 			os.RemoveAll(n.removeDir)

@@ -131,6 +131,9 @@ func (s *leasesServer) Watch(req *rationv1.WatchRequest, stream rationv1.Leases_
 	if msg := checkHolderName(req.GetHolder()); msg != "" {
 		return status.Error(codes.InvalidArgument, "watch: "+msg)
 	}
+	if err := n.authorizeHolder(ctx, req.GetHolder()); err != nil {
+		return n.rpcError(ctx, err)
+	}
 	n.seenHolder(ctx, req.GetHolder())
 	w := n.watch.add(req.Holder)
 	defer n.watch.remove(req.Holder, w)

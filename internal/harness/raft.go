@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/rules"
@@ -36,6 +37,11 @@ type Coordinators struct {
 	rules *rules.Set
 	opts  []func(*coordinator.Config)
 	logs  *testLog
+
+	// pki, when set (StartCoordinatorsTLS), runs every node with mutual
+	// TLS; the harness's own admin calls use an operator certificate.
+	pki       *PKI
+	adminDial []grpc.DialOption
 
 	mu      sync.Mutex
 	slots   []*coordSlot
@@ -67,6 +73,8 @@ func RaftTestConfig() coordinator.Config {
 	c.ApplyTimeout = 3 * time.Second
 	c.SafetyMargin = 200 * time.Millisecond
 	c.ShutdownTimeout = 2 * time.Second
+	// Plaintext by choice; StartCoordinatorsTLS turns TLS on.
+	c.Insecure = true
 	return c
 }
 
@@ -80,6 +88,21 @@ func RaftTestConfig() coordinator.Config {
 // warn, error; default warn).
 func StartCoordinators(t testing.TB, n int, rulesYAML string, opts ...func(*coordinator.Config)) *Coordinators {
 	t.Helper()
+	return startCoordinators(t, n, rulesYAML, nil, opts...)
+}
+
+// StartCoordinatorsTLS is StartCoordinators with mutual TLS on every link:
+// each node gets a certificate of pki (PKI.Coordinator, applied after
+// opts), and the harness's own admin calls (Remove) present an operator
+// certificate. Clients of the cluster need certificates of pki too
+// (PKI.DialOptions).
+func StartCoordinatorsTLS(t testing.TB, n int, rulesYAML string, pki *PKI, opts ...func(*coordinator.Config)) *Coordinators {
+	t.Helper()
+	return startCoordinators(t, n, rulesYAML, pki, append(opts, pki.Coordinator)...)
+}
+
+func startCoordinators(t testing.TB, n int, rulesYAML string, pki *PKI, opts ...func(*coordinator.Config)) *Coordinators {
+	t.Helper()
 	if n < 1 {
 		t.Fatalf("harness: StartCoordinators(%d): need at least one node", n)
 	}
@@ -87,7 +110,10 @@ func StartCoordinators(t testing.TB, n int, rulesYAML string, opts ...func(*coor
 	if err != nil {
 		t.Fatalf("harness: rules: %v", err)
 	}
-	c := &Coordinators{t: t, rules: set, opts: opts, logs: newTestLog(t)}
+	c := &Coordinators{t: t, rules: set, opts: opts, logs: newTestLog(t), pki: pki}
+	if pki != nil {
+		c.adminDial = pki.DialOptions(pki.Operator("harness"))
+	}
 	t.Cleanup(c.stopAll)
 	for i := range n {
 		cfg := RaftTestConfig()
@@ -283,7 +309,7 @@ func (c *Coordinators) Remove(i int) {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), raftWait)
 	defer cancel()
-	cl := coordinator.NewClient(c.liveAddrs(), coordinator.ClientOptions{})
+	cl := coordinator.NewClient(c.liveAddrs(), coordinator.ClientOptions{DialOptions: c.adminDial})
 	defer cl.Close()
 	if _, err := cl.RemoveServer(ctx, &rationv1.RemoveServerRequest{Id: id}); err != nil {
 		c.t.Fatalf("harness: remove node%d: %v", i, err)
@@ -318,6 +344,13 @@ func (c *Coordinators) liveAddrs() []string {
 		out = append(out, c.Node(j).GRPCAddr())
 	}
 	return out
+}
+
+// Config returns node i's configuration (its addresses as bound).
+func (c *Coordinators) Config(i int) coordinator.Config {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.slots[i].cfg
 }
 
 // Client returns a Client for all nodes, closed at cleanup.

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/tlsfiles"
+)
+
+// A node started from the command line with -tls-cert, -tls-key and
+// -tls-ca serves the operator commands over mutual TLS only: with an
+// operator certificate they work (tune through a follower included, which
+// follows the redirect with the same certificate); with an agent's, or in
+// plaintext, they are refused.
+func TestCommandsOverMutualTLS(t *testing.T) {
+	pki := harness.NewPKI(t)
+	node := pki.Issue("n1", tlsfiles.URI(tlsfiles.RoleCoordinator, "n1"))
+	dir := t.TempDir()
+	rulesFile := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesFile, devRules, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-id", "n1", "-bootstrap", "-data-dir", filepath.Join(dir, "data"), "-rules", rulesFile,
+			"-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "",
+			"-tls-cert", node.Cert, "-tls-key", node.Key, "-tls-ca", node.CA}, &bytes.Buffer{}, &stderr, noEnv)
+	}()
+	re := regexp.MustCompile(`coordinator started.* grpc_addr=(\S+)`)
+	var addr string
+	deadline := time.Now().Add(30 * time.Second)
+	for addr == "" {
+		if m := re.FindStringSubmatch(stderr.String()); m != nil {
+			addr = m[1]
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("coordinator exited: %v\n%s", err, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("coordinator did not start:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(stderr.String(), "TLS material loaded") || strings.Contains(stderr.String(), "PLAINTEXT") {
+		t.Fatalf("start-up log does not show TLS:\n%s", stderr.String())
+	}
+	ops := pki.Operator("ops")
+	opFlags := []string{"-tls-cert", ops.Cert, "-tls-key", ops.Key, "-tls-ca", ops.CA}
+	var out bytes.Buffer
+	for {
+		out.Reset()
+		if err := run(ctx, append([]string{"status", "-addr", addr}, opFlags...), &out, &bytes.Buffer{}, noEnv); err != nil {
+			t.Fatalf("status with an operator certificate: %v", err)
+		}
+		if strings.Contains(out.String(), "Leader") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status never showed a leader:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	out.Reset()
+	if err := run(ctx, append([]string{"tune", "-addr", addr, "-rule", "export-global", "-max-slice", "7"}, opFlags...), &out, &bytes.Buffer{}, noEnv); err != nil {
+		t.Fatalf("tune with an operator certificate: %v", err)
+	}
+	ag := pki.Agent("a1")
+	err := run(ctx, []string{"tune", "-addr", addr, "-rule", "export-global", "-max-slice", "9", "-tls-cert", ag.Cert, "-tls-key", ag.Key, "-tls-ca", ag.CA}, &out, &bytes.Buffer{}, noEnv)
+	if err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Errorf("tune with an agent's certificate: %v, want PermissionDenied", err)
+	}
+	err = run(ctx, []string{"status", "-addr", addr, "-timeout", "2s"}, &out, &bytes.Buffer{}, noEnv)
+	if err == nil {
+		t.Error("status in plaintext against a TLS node succeeded")
+	}
+	out.Reset()
+	if err := run(ctx, append([]string{"tunings", "-addr", addr}, opFlags...), &out, &bytes.Buffer{}, noEnv); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`export-global\s+-\s+-\s+-\s+-\s+7\s+-`).MatchString(out.String()) {
+		t.Errorf("tunings %q: want max slice 7 (the operator's), not 9", out.String())
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("coordinator returned %v on shutdown", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("coordinator did not stop")
+	}
+}
+
+// Without TLS files and without -insecure the node starts, in plaintext,
+// and says so loudly; with -insecure it says so as a warning; TLS files
+// and -insecure together, or a partial set of files, are refused.
+func TestPlaintextIsAnnounced(t *testing.T) {
+	dir := t.TempDir()
+	rulesFile := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesFile, devRules, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"-id", "n1", "-bootstrap", "-rules", rulesFile, "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", ""}
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		want  string
+	}{
+		{"unacknowledged", nil, `level=ERROR msg="PLAINTEXT: no -tls-cert`},
+		{"insecure", []string{"-insecure"}, `level=WARN msg="PLAINTEXT by -insecure`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			var stderr syncBuffer
+			done := make(chan error, 1)
+			args := append(append(append([]string{}, base...), "-data-dir", t.TempDir()), tc.extra...)
+			go func() { done <- run(ctx, args, &bytes.Buffer{}, &stderr, noEnv) }()
+			deadline := time.Now().Add(30 * time.Second)
+			for !strings.Contains(stderr.String(), "coordinator started") {
+				if time.Now().After(deadline) {
+					t.Fatalf("no start:\n%s", stderr.String())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			cancel()
+			<-done
+			if !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("start-up log lacks %q:\n%s", tc.want, stderr.String())
+			}
+		})
+	}
+	pki := harness.NewPKI(t)
+	f := pki.Issue("n1", tlsfiles.URI(tlsfiles.RoleCoordinator, "n1"))
+	for _, tc := range []struct {
+		extra []string
+		want  string
+	}{
+		{[]string{"-tls-cert", f.Cert, "-tls-key", f.Key, "-tls-ca", f.CA, "-insecure"}, "choose plaintext or TLS"},
+		{[]string{"-tls-cert", f.Cert}, "missing [-tls-key -tls-ca]"},
+	} {
+		err := run(context.Background(), append(append([]string{}, base...), append([]string{"-data-dir", t.TempDir()}, tc.extra...)...), &bytes.Buffer{}, &bytes.Buffer{}, noEnv)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error containing %q", tc.extra, err, tc.want)
+		}
+	}
+}
