@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/breaker"
+	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/envflag"
 	"github.com/ration-dev/ration/internal/logformat"
 	"github.com/ration-dev/ration/internal/rules"
@@ -48,6 +49,9 @@ type Config struct {
 	// TLSReloadInterval: how often the TLS files are checked (0: the
 	// default). Not a flag: tests shorten it.
 	TLSReloadInterval time.Duration
+	// RedisTLS verifies and authenticates a rediss:// -redis (CA, client
+	// certificate, server name).
+	RedisTLS bucket.RedisTLS // -redis-tls-ca, -redis-tls-cert, -redis-tls-key, -redis-tls-server-name
 
 	// DevCoordinator starts the single-node coordinator that -dev embeds
 	// when -coordinators is empty. It is not a flag: cmd/gateway-agent
@@ -102,7 +106,11 @@ func (c *Config) settings() []envflag.Setting {
 	return []envflag.Setting{
 		{Flag: "rules", Env: "RULES", Usage: "rules YAML file (required unless -dev); reloaded when its content changes and on SIGHUP", Value: &c.RulesFile},
 		{Flag: "coordinators", Env: "COORDINATORS", Usage: "coordinator gRPC addresses, comma separated (any members of the region's group; the agent finds the leader), for mode: leased rules; under -dev without it a single-node coordinator is embedded", Value: &c.Coordinators},
-		{Flag: "redis", Env: "REDIS", Usage: "the region's Redis (required unless -dev, or unless every rule is mode: leased): host:port, redis://[user:pass@]host:port[/db], redis-sentinel://h:p[,h:p]/master, redis-cluster://h:p[,h:p]", Value: &c.Redis},
+		{Flag: "redis", Env: "REDIS", Usage: "the region's Redis (required unless -dev, or unless every rule is mode: leased): host:port, redis://[user:pass@]host:port[/db], redis-sentinel://[user:pass@]h:p[,h:p]/master[?sentinel_username=U&sentinel_password=P], redis-cluster://h:p[,h:p]; rediss://, rediss-sentinel://, rediss-cluster:// for TLS", Value: &c.Redis},
+		{Flag: "redis-tls-ca", Env: "REDIS_TLS_CA", Usage: "PEM CA bundle a rediss:// server's certificate must chain to (default: the system's roots)", Value: &c.RedisTLS.CA},
+		{Flag: "redis-tls-cert", Env: "REDIS_TLS_CERT", Usage: "PEM client certificate for a rediss:// server that requires one (tls-auth-clients yes)", Value: &c.RedisTLS.Cert},
+		{Flag: "redis-tls-key", Env: "REDIS_TLS_KEY", Usage: "PEM private key of -redis-tls-cert", Value: &c.RedisTLS.Key},
+		{Flag: "redis-tls-server-name", Env: "REDIS_TLS_SERVER_NAME", Usage: "name to verify a rediss:// server's certificate against, when it differs from the host in -redis", Value: &c.RedisTLS.ServerName},
 		{Flag: "http", Env: "HTTP", Usage: "HTTP listen address (/v1/allow, /v1/check, /metrics, /healthz, /readyz)", Value: &c.HTTPAddr},
 		{Flag: "grpc", Env: "GRPC", Usage: "gRPC listen address (ration.v1.RateLimiter, Envoy's rate-limit service, grpc.health.v1)", Value: &c.GRPCAddr},
 		{Flag: "region", Env: "REGION", Usage: "region name this agent runs in; picks its share of scope: global rules", Value: &c.Region},

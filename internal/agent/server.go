@@ -296,7 +296,7 @@ func (s *Server) openStore(ctx context.Context, cfg Config) (Store, error) {
 	if cfg.Dev && cfg.Redis == "" {
 		return bucket.NewMemoryStore(nil), nil
 	}
-	client, err := bucket.OpenRedis(cfg.Redis, cfg.DecisionTimeout)
+	client, err := bucket.OpenRedisTLS(cfg.Redis, cfg.DecisionTimeout, cfg.RedisTLS)
 	if err != nil {
 		return nil, fmt.Errorf("agent: -redis: %w", err)
 	}

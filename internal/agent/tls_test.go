@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -51,5 +52,34 @@ func TestLeasedOverMutualTLS(t *testing.T) {
 	}
 	if ok := metricValue(t, impostor.srv.Registry, "ration_agent_lease_renewals_total", map[string]string{"result": "ok"}); ok != 0 {
 		t.Fatalf("the impostor had %v renewals accepted, want 0", ok)
+	}
+}
+
+// The agent decides on a Redis reached by rediss:// (client certificate
+// required) as an ACL user, from its flags' settings.
+func TestAgentOnRedisTLS(t *testing.T) {
+	pki := harness.NewPKI(t)
+	r := harness.StartRedis(t, harness.WithTLS(pki.Issue("redis"), true),
+		harness.WithConfig("user ration on >s3cret ~ration:* &* +@all"))
+	client := pki.Issue("agent")
+	const yaml = `
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 3
+    rate: 0.001
+`
+	a := startAgentOn(t, "rediss://ration:s3cret@"+r.TLSAddr, yaml, func(cfg *agent.Config) {
+		cfg.RedisTLS.CA, cfg.RedisTLS.Cert, cfg.RedisTLS.Key = client.CA, client.Cert, client.Key
+	})
+	req := &rationv1.AllowRequest{Descriptors: map[string]string{"user": "alice"}}
+	for i := range 4 {
+		resp := a.allow(t, req)
+		if want := i < 3; resp.Allowed != want || resp.Reason == rationv1.Reason_REASON_UNAVAILABLE {
+			t.Fatalf("decision %d over rediss://: %v, want allowed %v by the bucket", i+1, resp, want)
+		}
+	}
+	if n, err := r.Client().Exists(context.Background(), "ration:{per-user|user=alice}").Result(); err != nil || n != 1 {
+		t.Fatalf("bucket key in Redis: %v, %v; want it written over TLS", n, err)
 	}
 }

@@ -2,10 +2,13 @@ package bucket
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,6 +31,12 @@ import (
 //	redis-cluster://[user:password@]host:port[,host:port...]
 //	    a Redis Cluster; the listed nodes are seeds, the rest is discovered.
 //
+// rediss://, rediss-sentinel:// and rediss-cluster:// are the same over TLS
+// (Sentinels and servers alike), verified as RedisTLS says. A Sentinel
+// form takes ?sentinel_username=U&sentinel_password=P for Sentinels that
+// require a password of their own (the user:password part is the Redis
+// servers'); they are the only query parameters.
+//
 // A user or password containing ':', '@', '/' or ',' must be percent-encoded
 // (%3A, %40, %2F, %2C). IPv6 hosts go in brackets: [::1]:6379.
 //
@@ -37,6 +46,51 @@ import (
 // owner (no latency or random routing). OpenRedis does no I/O; an error names
 // the part of spec that is wrong (passwords are never echoed).
 func OpenRedis(spec string, timeout time.Duration) (redis.UniversalClient, error) {
+	return OpenRedisTLS(spec, timeout, RedisTLS{})
+}
+
+// RedisTLS is how a rediss:// connection is verified and authenticated.
+// The zero value verifies the server against the system's roots and the
+// host dialed, and presents no client certificate.
+type RedisTLS struct {
+	CA         string // PEM CA bundle the servers' certificates chain to (empty: system roots)
+	Cert, Key  string // PEM client certificate and key, for tls-auth-clients yes (both or neither)
+	ServerName string // name to verify the servers' certificates against (empty: the host dialed)
+}
+
+// Enabled reports whether any field is set.
+func (t RedisTLS) Enabled() bool { return t != RedisTLS{} }
+
+// config reads the files into a tls.Config. They are read once: a client
+// certificate for Redis is replaced by restarting the agent.
+func (t RedisTLS) config() (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CA != "" {
+		b, err := os.ReadFile(t.CA)
+		if err != nil {
+			return nil, fmt.Errorf("redis TLS CA: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("redis TLS CA %s: no PEM certificate", t.CA)
+		}
+	}
+	if (t.Cert == "") != (t.Key == "") {
+		return nil, errors.New("redis TLS: a client certificate needs both its certificate and its key")
+	}
+	if t.Cert != "" {
+		cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		if err != nil {
+			return nil, fmt.Errorf("redis TLS client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+// OpenRedisTLS is OpenRedis with the TLS settings of rediss:// forms. TLS
+// settings with a plaintext form are an error: they would be ignored.
+func OpenRedisTLS(spec string, timeout time.Duration, tlsOpts RedisTLS) (redis.UniversalClient, error) {
 	if timeout <= 0 {
 		return nil, fmt.Errorf("bucket: redis timeout %v must be positive", timeout)
 	}
@@ -55,6 +109,18 @@ func OpenRedis(spec string, timeout time.Duration) (redis.UniversalClient, error
 		WriteTimeout:          timeout,
 		PoolTimeout:           timeout,
 		ContextTimeoutEnabled: true,
+		SentinelUsername:      a.sentinelUser,
+		SentinelPassword:      a.sentinelPassword,
+	}
+	switch {
+	case a.tls:
+		c, err := tlsOpts.config()
+		if err != nil {
+			return nil, fmt.Errorf("bucket: %w", err)
+		}
+		o.TLSConfig = c
+	case tlsOpts.Enabled():
+		return nil, fmt.Errorf("bucket: redis address %q: TLS settings given for a plaintext address (use rediss://)", redactSpec(spec))
 	}
 	switch a.kind {
 	case "sentinel":
@@ -67,11 +133,13 @@ func OpenRedis(spec string, timeout time.Duration) (redis.UniversalClient, error
 }
 
 type redisSpec struct {
-	kind           string // "single", "sentinel", "cluster"
-	addrs          []string
-	user, password string
-	db             int
-	master         string
+	kind                           string // "single", "sentinel", "cluster"
+	tls                            bool   // rediss, rediss-sentinel, rediss-cluster
+	addrs                          []string
+	user, password                 string
+	sentinelUser, sentinelPassword string
+	db                             int
+	master                         string
 }
 
 func parseRedisSpec(spec string) (redisSpec, error) {
@@ -84,6 +152,9 @@ func parseRedisSpec(spec string) (redisSpec, error) {
 		a.kind, a.addrs = "single", []string{spec}
 		return a, nil
 	}
+	if s, ok := strings.CutPrefix(scheme, "rediss"); ok {
+		a.tls, scheme = true, "redis"+s
+	}
 	switch scheme {
 	case "redis":
 		a.kind = "single"
@@ -92,10 +163,33 @@ func parseRedisSpec(spec string) (redisSpec, error) {
 	case "redis-cluster":
 		a.kind = "cluster"
 	default:
-		return a, fmt.Errorf("scheme %q is not supported (want redis://, redis-sentinel:// or redis-cluster://)", scheme)
+		return a, fmt.Errorf("scheme %q is not supported (want redis://, redis-sentinel:// or redis-cluster://, or rediss... for TLS)", scheme)
 	}
-	if strings.ContainsAny(rest, "?#") {
-		return a, errors.New("query parameters and fragments are not supported")
+	if strings.Contains(rest, "#") {
+		return a, errors.New("fragments are not supported")
+	}
+	rest, query, hasQuery := strings.Cut(rest, "?")
+	if hasQuery {
+		if a.kind != "sentinel" {
+			return a, errors.New("query parameters are only for Sentinel forms (sentinel_username, sentinel_password)")
+		}
+		q, err := url.ParseQuery(query)
+		if err != nil {
+			return a, errors.New("query is not valid percent-encoding")
+		}
+		for k, v := range q {
+			if len(v) != 1 {
+				return a, fmt.Errorf("query parameter %q given %d times", k, len(v))
+			}
+			switch k {
+			case "sentinel_username":
+				a.sentinelUser = v[0]
+			case "sentinel_password":
+				a.sentinelPassword = v[0]
+			default:
+				return a, fmt.Errorf("query parameter %q is not supported (want sentinel_username, sentinel_password)", k)
+			}
+		}
 	}
 	authority, path, _ := strings.Cut(rest, "/")
 	if i := strings.LastIndex(authority, "@"); i >= 0 {
@@ -163,8 +257,17 @@ func checkHostPort(hp string) error {
 	return nil
 }
 
-// redactSpec hides a password in spec (for error messages).
+// redactSpec hides the passwords in spec (for error messages).
 func redactSpec(spec string) string {
+	if base, query, ok := strings.Cut(spec, "?"); ok {
+		if q, err := url.ParseQuery(query); err == nil && q.Has("sentinel_password") {
+			q.Set("sentinel_password", "xxxxx")
+			query = q.Encode()
+		} else if err != nil {
+			query = "xxxxx"
+		}
+		return redactSpec(base) + "?" + query
+	}
 	scheme, rest, ok := strings.Cut(spec, "://")
 	if !ok {
 		return spec

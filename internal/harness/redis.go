@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
 // How long a server may take to answer PING after it was started, and to
@@ -33,6 +35,10 @@ const (
 type Redis struct {
 	Addr string // 127.0.0.1:Port
 	Port int
+	// TLSAddr is 127.0.0.1:TLSPort, where the server speaks TLS (WithTLS);
+	// "" otherwise. Addr stays plaintext, for the harness and tests.
+	TLSAddr string
+	TLSPort int
 
 	t        testing.TB
 	name     string // for messages: "redis", "sentinel"
@@ -48,6 +54,9 @@ type Redis struct {
 	done   chan struct{} // closed when proc has exited
 	paused bool
 	client *redis.Client
+	// password is the server's requirepass (WithPassword), which the
+	// harness's own probe and Client send.
+	password string
 }
 
 // RedisOption adds to a server's configuration.
@@ -57,6 +66,34 @@ type redisConfig struct {
 	lines    []string
 	sentinel bool
 	cluster  bool
+	tls      []string // tls-* lines (WithTLS); the port is added at start
+	password string   // requirepass (WithPassword)
+}
+
+// WithPassword sets requirepass: every client, the harness's included,
+// must AUTH with password (for a Sentinel: the Sentinels' own password,
+// and what they send to each other).
+func WithPassword(password string) RedisOption {
+	return func(c *redisConfig) {
+		c.password = password
+		c.lines = append(c.lines, "requirepass "+password)
+	}
+}
+
+// WithTLS makes the server also listen with TLS on a port of its own
+// (Redis.TLSAddr), presenting server (files of a PKI certificate for
+// 127.0.0.1) and verifying clients against server.CA: with
+// requireClientCert, a client without a certificate of that CA is
+// refused (tls-auth-clients yes).
+func WithTLS(server tlsfiles.Files, requireClientCert bool) RedisOption {
+	auth := "no"
+	if requireClientCert {
+		auth = "yes"
+	}
+	return func(c *redisConfig) {
+		c.tls = []string{"tls-cert-file " + server.Cert, "tls-key-file " + server.Key,
+			"tls-ca-cert-file " + server.CA, "tls-auth-clients " + auth}
+	}
 }
 
 // WithConfig adds redis.conf lines, e.g. "maxmemory-policy allkeys-lru" or
@@ -93,6 +130,7 @@ func startRedis(t testing.TB, c redisConfig) *Redis {
 		bin:      RequireBinary(t, "redis-server", "redis-server"),
 		dir:      t.TempDir(),
 		sentinel: c.sentinel,
+		password: c.password,
 	}
 	if c.sentinel {
 		r.name = "sentinel"
@@ -107,7 +145,13 @@ func startRedis(t testing.TB, c redisConfig) *Redis {
 		if c.cluster {
 			r.busPort = FreePort(t)
 		}
-		if err := os.WriteFile(r.conf, []byte(r.config(c.lines)), 0o600); err != nil {
+		lines := c.lines
+		if c.tls != nil {
+			r.TLSPort = FreePort(t)
+			r.TLSAddr = "127.0.0.1:" + strconv.Itoa(r.TLSPort)
+			lines = append(append([]string{"tls-port " + strconv.Itoa(r.TLSPort)}, c.tls...), lines...)
+		}
+		if err := os.WriteFile(r.conf, []byte(r.config(lines)), 0o600); err != nil {
 			t.Fatalf("harness: write %s: %v", r.conf, err)
 		}
 		lastErr = r.start()
@@ -167,7 +211,7 @@ func (r *Redis) start() error {
 	r.mu.Unlock()
 
 	c := redis.NewClient(&redis.Options{
-		Addr: r.Addr, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1, Protocol: 2,
+		Addr: r.Addr, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1, Protocol: 2, Password: r.password,
 	})
 	defer c.Close()
 	deadline := time.Now().Add(startTimeout)
@@ -217,7 +261,7 @@ func (r *Redis) Client() *redis.Client {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.client == nil {
-		r.client = redis.NewClient(&redis.Options{Addr: r.Addr, DialTimeout: 2 * time.Second, ReadTimeout: 5 * time.Second})
+		r.client = redis.NewClient(&redis.Options{Addr: r.Addr, DialTimeout: 2 * time.Second, ReadTimeout: 5 * time.Second, Password: r.password})
 	}
 	return r.client
 }

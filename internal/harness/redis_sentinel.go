@@ -33,6 +33,19 @@ type SentinelSet struct {
 // replica and the two other Sentinels (so a failover can be voted).
 func StartSentinel(t testing.TB, name string) *SentinelSet {
 	t.Helper()
+	return startSentinel(t, name, "")
+}
+
+// StartSentinelWithPassword is StartSentinel with Sentinels that require
+// password (requirepass, and sentinel-pass between them); the Redis
+// servers themselves require none.
+func StartSentinelWithPassword(t testing.TB, name, password string) *SentinelSet {
+	t.Helper()
+	return startSentinel(t, name, password)
+}
+
+func startSentinel(t testing.TB, name, password string) *SentinelSet {
+	t.Helper()
 	s := &SentinelSet{MasterName: name}
 	s.Primary = StartRedis(t)
 	s.Replica = StartRedis(t, WithReplicaOf(s.Primary.Addr))
@@ -47,12 +60,17 @@ func StartSentinel(t testing.TB, name string) *SentinelSet {
 		return st == "up", "master_link_status:" + st
 	})
 	for i := 0; i < 3; i++ {
-		sn := startRedis(t, redisConfig{sentinel: true, lines: []string{
+		c := redisConfig{sentinel: true, lines: []string{
 			fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2", name, s.Primary.Port),
 			fmt.Sprintf("sentinel down-after-milliseconds %s %d", name, sentinelDownAfter.Milliseconds()),
 			fmt.Sprintf("sentinel failover-timeout %s %d", name, sentinelFailoverTimeout.Milliseconds()),
 			fmt.Sprintf("sentinel parallel-syncs %s 1", name),
-		}})
+		}}
+		if password != "" {
+			WithPassword(password)(&c)
+			c.lines = append(c.lines, "sentinel sentinel-pass "+password)
+		}
+		sn := startRedis(t, c)
 		s.Sentinels = append(s.Sentinels, sn)
 		s.SentinelAddrs = append(s.SentinelAddrs, sn.Addr)
 	}
