@@ -306,3 +306,54 @@ func servedSerial(t *testing.T, addr string, pki *harness.PKI) string {
 	defer conn.Close()
 	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
 }
+
+// TestRegionOverMutualTLS: a regional group leases from the global group
+// over mutual TLS as region/eu, with its nodes' certificates naming
+// ration://region/eu; a regional group whose certificates name no region
+// is refused by the global group and holds no upstream lease.
+func TestRegionOverMutualTLS(t *testing.T) {
+	pki := harness.NewPKI(t)
+	global := harness.StartCoordinatorsTLS(t, 1, hierRules, pki, noTicks)
+	up := strings.Join(global.GRPCAddrs(), ",")
+	eu := harness.StartCoordinatorsTLS(t, 1, hierRules, pki, func(c *coordinator.Config) {
+		c.Region, c.Upstream = "eu", up
+	})
+	us := harness.StartCoordinators(t, 1, hierRules, func(c *coordinator.Config) {
+		c.Region, c.Upstream = "us", up
+		pki.Coordinator(c)
+		// A coordinator certificate without ration://region/us.
+		c.TLS = pki.Issue("us-"+c.ID, tlsfiles.URI(tlsfiles.RoleCoordinator, c.ID))
+	})
+	ops := adminWith(t, global.Node(0).GRPCAddr(), pki.DialOptions(pki.Operator("ops")))
+	ctx := timeout(t, 60*time.Second)
+	renew := func(c *harness.Coordinators, h *holder) {
+		t.Helper()
+		cl := tlsClient(c, pki, pki.Agent(h.name))
+		req := h.request([]*rationv1.QuotaRef{{Rule: "g", Subject: "x"}}, 40)
+		resp, err := cl.Renew(ctx, req)
+		if err != nil {
+			t.Fatalf("%s renews at its region: %v", h.name, err)
+		}
+		if err := h.adopt(req, resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ha, hb := newHolder("eu-agent"), newHolder("us-agent")
+	deadline := time.Now().Add(20 * time.Second)
+	for len(leasesOf(t, ops, "region/eu")) == 0 {
+		renew(eu, ha)
+		renew(us, hb)
+		if time.Now().After(deadline) {
+			t.Fatal("region eu never held a lease of the global group over mutual TLS")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// us has asked as often as eu by now, and kept asking: refused each time.
+	for range 5 {
+		renew(us, hb)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if l := leasesOf(t, ops, "region/us"); len(l) != 0 {
+		t.Fatalf("region us holds %d global leases with a certificate naming no region", len(l))
+	}
+}
