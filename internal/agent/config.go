@@ -49,6 +49,15 @@ type Config struct {
 	// TLSReloadInterval: how often the TLS files are checked (0: the
 	// default). Not a flag: tests shorten it.
 	TLSReloadInterval time.Duration
+	// ListenTLS serves the agent's own gRPC and HTTP listeners over TLS
+	// with the -tls-cert certificate; ListenClientAuth also requires the
+	// gateway's client certificate, chaining to -tls-ca.
+	ListenTLS        bool // -listen-tls, RATION_LISTEN_TLS
+	ListenClientAuth bool // -listen-client-auth, RATION_LISTEN_CLIENT_AUTH
+	// MetricsAddr, when set, serves /metrics, /healthz and /readyz on a
+	// plaintext listener of their own, and /metrics no longer on -http (so
+	// Prometheus and probes need no client certificate).
+	MetricsAddr string // -metrics, RATION_METRICS
 	// RedisTLS verifies and authenticates a rediss:// -redis (CA, client
 	// certificate, server name).
 	RedisTLS bucket.RedisTLS // -redis-tls-ca, -redis-tls-cert, -redis-tls-key, -redis-tls-server-name
@@ -107,6 +116,9 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "rules", Env: "RULES", Usage: "rules YAML file (required unless -dev); reloaded when its content changes and on SIGHUP", Value: &c.RulesFile},
 		{Flag: "coordinators", Env: "COORDINATORS", Usage: "coordinator gRPC addresses, comma separated (any members of the region's group; the agent finds the leader), for mode: leased rules; under -dev without it a single-node coordinator is embedded", Value: &c.Coordinators},
 		{Flag: "redis", Env: "REDIS", Usage: "the region's Redis (required unless -dev, or unless every rule is mode: leased): host:port, redis://[user:pass@]host:port[/db], redis-sentinel://[user:pass@]h:p[,h:p]/master[?sentinel_username=U&sentinel_password=P], redis-cluster://h:p[,h:p]; rediss://, rediss-sentinel://, rediss-cluster:// for TLS", Value: &c.Redis},
+		{Flag: "listen-tls", Env: "LISTEN_TLS", Usage: "serve the -grpc and -http listeners over TLS with the -tls-cert certificate (reloaded when it changes)", Value: &c.ListenTLS},
+		{Flag: "listen-client-auth", Env: "LISTEN_CLIENT_AUTH", Usage: "with -listen-tls, require clients of -grpc and -http to present a certificate chaining to -tls-ca", Value: &c.ListenClientAuth},
+		{Flag: "metrics", Env: "METRICS", Usage: "plaintext listen address for /metrics, /healthz and /readyz on their own (then /metrics is not on -http); empty: all on -http", Value: &c.MetricsAddr},
 		{Flag: "redis-tls-ca", Env: "REDIS_TLS_CA", Usage: "PEM CA bundle a rediss:// server's certificate must chain to (default: the system's roots)", Value: &c.RedisTLS.CA},
 		{Flag: "redis-tls-cert", Env: "REDIS_TLS_CERT", Usage: "PEM client certificate for a rediss:// server that requires one (tls-auth-clients yes)", Value: &c.RedisTLS.Cert},
 		{Flag: "redis-tls-key", Env: "REDIS_TLS_KEY", Usage: "PEM private key of -redis-tls-cert", Value: &c.RedisTLS.Key},
@@ -191,6 +203,17 @@ func (c Config) Check() error {
 	}
 	if err := c.TLS.Check(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.ListenTLS && !c.TLS.Enabled() {
+		errs = append(errs, errors.New("-listen-tls needs -tls-cert, -tls-key and -tls-ca"))
+	}
+	if c.ListenClientAuth && !c.ListenTLS {
+		errs = append(errs, errors.New("-listen-client-auth needs -listen-tls"))
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			errs = append(errs, fmt.Errorf("-metrics %q: %w", c.MetricsAddr, err))
+		}
 	}
 	if c.TLS.Enabled() && c.Insecure {
 		errs = append(errs, errors.New("-insecure and -tls-cert/-tls-key/-tls-ca: choose plaintext or TLS"))

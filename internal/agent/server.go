@@ -4,6 +4,7 @@ import (
 	"github.com/ration-dev/ration/internal/region"
 
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -56,6 +58,11 @@ type Server struct {
 	holder         *holder.Leases
 	holderDone     chan struct{}
 	devCoordinator DevCoordinator
+
+	// tls is the agent's TLS material (-tls-cert, ...), nil without it.
+	tls       *tlsfiles.Source
+	metrics   *http.Server // -metrics, nil when unset
+	metricsLn net.Listener
 
 	storeless bool           // no -redis: every rule is mode: leased (nostore.go)
 	rules     *acceptedRules // the rules in force, when a rules file is watched
@@ -102,12 +109,8 @@ func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (L
 	switch {
 	case s.devCoordinator != nil:
 		// The embedded coordinator is plaintext on loopback.
-	case cfg.TLS.Enabled():
-		src, err := tlsfiles.Open(cfg.TLS, tlsfiles.Options{Logger: s.logger.With("component", "tls"), Interval: cfg.TLSReloadInterval})
-		if err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
-		}
-		s.closeFns = append(s.closeFns, src.Close)
+	case s.tls != nil:
+		src := s.tls
 		if id := tlsfiles.Names(src.Leaf(), tlsfiles.RoleAgent); !slices.Contains(id, cfg.AgentID) {
 			// The coordinators would refuse every renewal: say so now.
 			s.logger.Error("the -tls-cert does not name this agent: the coordinators will refuse its leases",
@@ -150,6 +153,14 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		}
 	}()
 
+	if cfg.TLS.Enabled() {
+		src, err := tlsfiles.Open(cfg.TLS, tlsfiles.Options{Logger: logger.With("component", "tls"), Interval: cfg.TLSReloadInterval})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		s.tls = src
+		s.closeFns = append(s.closeFns, src.Close)
+	}
 	set, err := loadRules(cfg)
 	if err != nil {
 		return nil, err
@@ -218,7 +229,28 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("agent: HTTP listen %s: %w", cfg.HTTPAddr, err)
 	}
-	s.grpc = grpc.NewServer(grpcsafe.ServerOptions(logger, svc.metrics.grpcPanics.Inc)...)
+	grpcOpts := grpcsafe.ServerOptions(logger, svc.metrics.grpcPanics.Inc)
+	if cfg.ListenTLS {
+		// The gateway side: a certificate the gateway trusts, and, with
+		// -listen-client-auth, only gateways with one of the CA's
+		// certificates get a decision.
+		var tcfg *tls.Config
+		if cfg.ListenClientAuth {
+			tcfg = s.tls.ServerConfig(nil)
+		} else {
+			tcfg = s.tls.ServerConfigNoClientCert()
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(tcfg.Clone())))
+		s.httpLn = tls.NewListener(s.httpLn, tcfg)
+	}
+	if cfg.MetricsAddr != "" {
+		if s.metricsLn, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			return nil, fmt.Errorf("agent: -metrics listen %s: %w", cfg.MetricsAddr, err)
+		}
+		s.metrics = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+	}
+	s.grpc = grpc.NewServer(grpcOpts...)
 	rationv1.RegisterRateLimiterServer(s.grpc, &grpcServer{svc: svc})
 	registerEnvoy(s.grpc, svc) // envoy.service.ratelimit.v3.RateLimitService (envoy.go)
 	// The standard health service lets gRPC load balancers and probes check
@@ -237,6 +269,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	s.cancel = cancel
 	go func() { _ = s.grpc.Serve(s.grpcLn) }()
 	go func() { _ = s.http.Serve(s.httpLn) }()
+	if s.metrics != nil {
+		go func() { _ = s.metrics.Serve(s.metricsLn) }()
+	}
 	go svc.RunProber(runCtx)
 	go svc.RunHotMarks(runCtx)
 	if s.holder != nil {
@@ -348,7 +383,22 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/allow", s.Service.handleAllow)
 	mux.HandleFunc("/v1/check", s.Service.handleCheck)
+	if s.cfg.MetricsAddr == "" {
+		mux.Handle("/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+	}
+	s.probes(mux)
+	return mux
+}
+
+// metricsHandler serves -metrics: /metrics and the probes.
+func (s *Server) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry}))
+	s.probes(mux)
+	return mux
+}
+
+func (s *Server) probes(mux *http.ServeMux) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.ready.Load() {
@@ -357,7 +407,14 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	return mux
+}
+
+// MetricsAddr is the bound -metrics address, "" when it is unset.
+func (s *Server) MetricsAddr() string {
+	if s.metricsLn == nil {
+		return ""
+	}
+	return s.metricsLn.Addr().String()
 }
 
 // GRPCAddr is the bound gRPC address.
@@ -395,6 +452,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		s.grpc.Stop()
 		err = ctx.Err()
+	}
+	if s.metrics != nil {
+		_ = s.metrics.Shutdown(ctx)
 	}
 	if herr := s.http.Shutdown(ctx); herr != nil && err == nil {
 		err = herr

@@ -2,9 +2,16 @@ package agent_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/harness"
@@ -81,5 +88,97 @@ rules:
 	}
 	if n, err := r.Client().Exists(context.Background(), "ration:{per-user|user=alice}").Result(); err != nil || n != 1 {
 		t.Fatalf("bucket key in Redis: %v, %v; want it written over TLS", n, err)
+	}
+}
+
+// -listen-tls with -listen-client-auth: a gateway with a certificate of
+// the CA gets decisions over gRPC and HTTPS; one without, or in plaintext,
+// gets none. -metrics moves /metrics (and the probes) to a plaintext
+// listener of its own.
+func TestAgentListenersTLS(t *testing.T) {
+	pki := harness.NewPKI(t)
+	const yaml = `
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 100
+    rate: 1
+`
+	a := startAgent(t, yaml, func(cfg *agent.Config) {
+		cfg.TLS = pki.Issue("agent-a1", "ration://agent/a1")
+		cfg.AgentID = "a1"
+		cfg.ListenTLS, cfg.ListenClientAuth = true, true
+		cfg.MetricsAddr = "127.0.0.1:0"
+	})
+	gw := pki.Source(pki.Issue("gateway"))
+	ctx := context.Background()
+	req := &rationv1.AllowRequest{Descriptors: map[string]string{"user": "alice"}}
+
+	cc, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(gw.ClientCredentials("", nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	if resp, err := rationv1.NewRateLimiterClient(cc).Allow(ctx, req); err != nil || !resp.Allowed {
+		t.Fatalf("gRPC Allow with a gateway certificate: %v, %v; want allowed", resp, err)
+	}
+	// Verifies the agent's certificate, presents none.
+	noCert := &tls.Config{RootCAs: x509.NewCertPool()}
+	noCert.RootCAs.AppendCertsFromPEM(pki.CA.CertPEM)
+	cc2, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(noCert)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc2.Close()
+	if _, err := rationv1.NewRateLimiterClient(cc2).Allow(ctx, req); err == nil {
+		t.Fatal("gRPC Allow without a client certificate succeeded")
+	}
+	if _, err := a.rl.Allow(ctx, req); err == nil {
+		t.Fatal("plaintext gRPC Allow against -listen-tls succeeded")
+	}
+
+	https := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: gw.ClientConfig("127.0.0.1", nil)}}
+	resp, err := https.Get("https://" + a.srv.HTTPAddr() + "/v1/check?user=alice")
+	if err != nil {
+		t.Fatalf("HTTPS /v1/check with a gateway certificate: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("HTTPS /v1/check = %d, want 200", resp.StatusCode)
+	}
+	bare := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: noCert}}
+	if resp, err := bare.Get("https://" + a.srv.HTTPAddr() + "/v1/check?user=alice"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("HTTPS /v1/check without a client certificate = %d, want refused", resp.StatusCode)
+	}
+	if resp, err := http.Get("http://" + a.srv.HTTPAddr() + "/v1/check?user=alice"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatal("plaintext HTTP /v1/check against -listen-tls answered 200")
+		}
+	}
+
+	// /metrics on -metrics, in plaintext; no longer on -http.
+	m, err := http.Get("http://" + a.srv.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(m.Body)
+	m.Body.Close()
+	if m.StatusCode != http.StatusOK || !strings.Contains(string(body), "ration_") {
+		t.Fatalf("-metrics /metrics = %d, want 200 with ration_ series", m.StatusCode)
+	}
+	if r, err := http.Get("http://" + a.srv.MetricsAddr() + "/readyz"); err != nil || r.StatusCode != http.StatusOK {
+		t.Fatalf("-metrics /readyz: %v, %v", r, err)
+	} else {
+		r.Body.Close()
+	}
+	resp, err = https.Get("https://" + a.srv.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("/metrics on -http with -metrics set = %d, want 404", resp.StatusCode)
 	}
 }
