@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test deps bench bench-auto lint proto ci fuzz chaos chaos-breaks soak demo-regions
+.PHONY: help dev build install docs test deps bench bench-auto lint proto ci fuzz chaos chaos-breaks soak demo-regions certs
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -77,6 +77,9 @@ soak: deps ## two regions (make demo-regions) under steady load, a random fault 
 
 demo-regions: ## two regions + a 3-node global coordinator group on loopback, with a guide
 	./deploy/local/demo-regions.sh
+
+certs: ## a development PKI in certs/ (CA, coordinator, agent and operator certificates for localhost; docs/security.md) with Go's crypto, no network
+	$(GO) run ./internal/certgen/ration-certs -out certs
 
 fuzz: ## run every fuzz target for 20s each
 	@for p in $$($(GO) list ./...); do \
