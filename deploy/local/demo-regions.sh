@@ -35,6 +35,9 @@ dir="${DEMO_DIR:-$(mktemp -d -t ration-regions.XXXXXX)}"
 bin="$dir/bin"
 rules="$root/deploy/local/regions.yaml"
 mkdir -p "$bin" "$dir/logs"
+# Every process on loopback, in plaintext by choice (docs/security.md):
+# without it each would log a PLAINTEXT error at start-up.
+export RATION_INSECURE=true
 
 command -v redis-server >/dev/null || { echo "redis-server missing: make deps" >&2; exit 2; }
 
