@@ -107,6 +107,28 @@ func (hc *hotCheck) checkState(f fataler, now int64) {
 		}
 		return
 	}
+	if hc.pendingWrite {
+		hc.deadline = 0
+		if ttl := bucket.HotExpiresAfter(hc.st, hc.l, hc.pendingAt); ttl > 0 {
+			hc.deadline = hc.pendingAt + ttl
+		}
+		hc.pendingWrite = false
+	}
+	if v[0] == nil && hc.deadline != 0 {
+		// Gone: fine if its expiry has passed by now (a loaded machine can
+		// stall longer than a short bucket's time to full between the
+		// script and this read); the model then starts afresh, as the
+		// script will.
+		tm, err := hc.c.Time(ctx).Result()
+		if err != nil {
+			f.Fatalf("TIME: %v", err)
+		}
+		if tm.UnixMicro() < hc.deadline-3000 {
+			f.Fatalf("bucket gone at %d, before its expiry at %d (state %+v)", tm.UnixMicro(), hc.deadline, hc.st)
+		}
+		hc.exists, hc.st, hc.deadline = false, bucket.HotState{}, 0
+		return
+	}
 	num := func(i int) float64 {
 		if v[i] == nil {
 			return 0
@@ -134,13 +156,6 @@ func (hc *hotCheck) checkState(f fataler, now int64) {
 	if err != nil {
 		f.Fatalf("PTTL: %v", err)
 	}
-	if hc.pendingWrite {
-		hc.deadline = 0
-		if ttl := bucket.HotExpiresAfter(want, hc.l, hc.pendingAt); ttl > 0 {
-			hc.deadline = hc.pendingAt + ttl
-		}
-	}
-	hc.pendingWrite = false
 	// PEXPIRE is in whole ms, rounded up, on a clock Redis reads in whole
 	// ms (and caches), and time passes before PTTL: a few ms either way.
 	// The side that matters is never expiring while the model holds the
