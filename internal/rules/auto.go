@@ -150,7 +150,7 @@ func (p *parser) auto(src *ruleSrc, v *yaml.Node, seen map[string]bool) bool {
 			a.Hold, ok = p.duration(v, field+"."+name)
 		case "regions":
 			src.pos[rel] = k
-			ok = p.autoRegions(src, v, seen)
+			ok = p.autoRegions(src, v)
 		}
 		if !ok {
 			src.bad[rel] = true
@@ -164,78 +164,47 @@ func (p *parser) auto(src *ruleSrc, v *yaml.Node, seen map[string]bool) bool {
 // autoRegions parses auto.regions: {ID: {promote_above, demote_below}}; a
 // region's demote_below defaults to its promote_above/4, its
 // promote_above to the rule's.
-func (p *parser) autoRegions(src *ruleSrc, v *yaml.Node, seen map[string]bool) bool {
-	field := src.field + ".auto.regions"
-	if v.Kind != yaml.MappingNode {
-		p.at(v, field, "must be a mapping of region names to {promote_above, demote_below}, got %s", describe(v))
-		return false
-	}
-	if n := len(v.Content) / 2; n > region.MaxRegions {
-		p.at(v, field, "has %d regions, at most %d", n, region.MaxRegions)
-		return false
-	}
-	if !p.visit(v, len(v.Content)/2) {
-		return false
-	}
+func (p *parser) autoRegions(src *ruleSrc, v *yaml.Node) bool {
 	a := &src.rule.Auto
 	a.Regions = make(map[region.ID]AutoThresholds, len(v.Content)/2)
-	type pending struct {
-		id          region.ID
-		promoteSeen bool
-		demoteSeen  bool
+	type given struct {
+		id              region.ID
+		promote, demote bool
 	}
-	var ps []pending
-	ok := true
-	for i := 0; i+1 < len(v.Content); i += 2 {
-		kn, vn := deref(v.Content[i]), deref(v.Content[i+1])
-		k, kok := p.key(kn, field)
-		if !kok {
-			ok = false
-			continue
-		}
-		id := region.ID(k)
-		rel := "auto.regions." + k
-		if id.Check() != "" {
-			rel = "auto.regions[" + strconv.Quote(k) + "]"
-		}
-		if _, dup := a.Regions[id]; dup {
-			p.at(kn, src.field+"."+rel, "region set twice (first at line %d)", src.pos[rel].Line)
-			ok = false
-			continue
-		}
-		src.pos[rel] = kn
+	var gs []given
+	ok := p.regionMap(src, v, "auto.regions", "{promote_above, demote_below}", func(id region.ID, rel string, vn *yaml.Node) {
 		var t AutoThresholds
-		pd := pending{id: id}
+		g := given{id: id}
 		p.fields(vn, src.field+"."+rel, "a region", []string{"promote_above", "demote_below"}, func(name string, _, fv *yaml.Node) {
 			src.pos[rel+"."+name] = fv
 			var fok bool
 			switch name {
 			case "promote_above":
 				t.PromoteAbove, fok = p.rate(fv, src.field+"."+rel+"."+name)
-				pd.promoteSeen = true
+				g.promote = true
 			case "demote_below":
 				t.DemoteBelow, fok = p.rate(fv, src.field+"."+rel+"."+name)
-				pd.demoteSeen = true
+				g.demote = true
 			}
 			if !fok {
 				src.bad[rel+"."+name] = true
 			}
 		})
 		a.Regions[id] = t
-		ps = append(ps, pd)
-	}
+		gs = append(gs, g)
+	})
 	// Defaults are filled once the rule-wide promote_above is known (it may
 	// come after regions in the block): see fillAutoRegions.
 	src.autoPending = func() {
-		for _, pd := range ps {
-			t := a.Regions[pd.id]
-			if !pd.promoteSeen {
+		for _, g := range gs {
+			t := a.Regions[g.id]
+			if !g.promote {
 				t.PromoteAbove = a.PromoteAbove
 			}
-			if !pd.demoteSeen {
+			if !g.demote {
 				t.DemoteBelow = t.PromoteAbove / 4
 			}
-			a.Regions[pd.id] = t
+			a.Regions[g.id] = t
 		}
 	}
 	return ok

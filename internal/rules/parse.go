@@ -740,42 +740,12 @@ var regionFields = []string{"weight", "safe_share"}
 // regions parses regions: {ID: {weight: W, safe_share: S}, ...}. weight
 // defaults to 1, safe_share to 0.
 func (p *parser) regions(src *ruleSrc, v *yaml.Node) bool {
-	field := src.field + ".regions"
-	if v.Kind != yaml.MappingNode {
-		p.at(v, field, "must be a mapping of region names to {weight, safe_share}, got %s", describe(v))
-		return false
-	}
-	if n := len(v.Content) / 2; n > region.MaxRegions {
-		p.at(v, field, "has %d regions, at most %d", n, region.MaxRegions)
-		return false
-	}
-	if !p.visit(v, len(v.Content)/2) {
-		return false
-	}
 	src.rule.Regions = make(map[region.ID]region.Weight, len(v.Content)/2)
-	ok := true
-	for i := 0; i+1 < len(v.Content); i += 2 {
-		kn, vn := deref(v.Content[i]), deref(v.Content[i+1])
-		k, kok := p.key(kn, field)
-		if !kok {
-			ok = false
-			continue
-		}
-		id := region.ID(k)
-		rel := "regions." + k
-		if id.Check() != "" {
-			rel = "regions[" + strconv.Quote(k) + "]"
-		}
-		if _, dup := src.rule.Regions[id]; dup {
-			p.at(kn, src.field+"."+rel, "region set twice (first at line %d)", src.pos[rel].Line)
-			ok = false
-			continue
-		}
-		src.pos[rel] = kn
+	return p.regionMap(src, v, "regions", "{weight, safe_share}", func(id region.ID, rel string, vn *yaml.Node) {
 		w := region.Weight{Weight: 1}
 		if vn.Kind == yaml.ScalarNode && vn.ShortTag() == "!!null" {
 			src.rule.Regions[id] = w // "eu:" alone: weight 1, no safe share
-			continue
+			return
 		}
 		p.fields(vn, src.field+"."+rel, "a region", regionFields, func(name string, _, fv *yaml.Node) {
 			src.pos[rel+"."+name] = fv
@@ -791,6 +761,51 @@ func (p *parser) regions(src *ruleSrc, v *yaml.Node) bool {
 			}
 		})
 		src.rule.Regions[id] = w
+	})
+}
+
+// regionMap checks that v, the rule's block at relative field block
+// ("regions", "auto.regions"), is a mapping of at most region.MaxRegions
+// region names to what want describes, and calls each once per region, in
+// file order, with the region's relative field (block.name, or
+// block["name"] for a name that is not a valid region id, which the
+// rule's validation reports). A region named twice is reported, not
+// passed on.
+func (p *parser) regionMap(src *ruleSrc, v *yaml.Node, block, want string, each func(id region.ID, rel string, vn *yaml.Node)) bool {
+	field := src.field + "." + block
+	if v.Kind != yaml.MappingNode {
+		p.at(v, field, "must be a mapping of region names to %s, got %s", want, describe(v))
+		return false
+	}
+	if n := len(v.Content) / 2; n > region.MaxRegions {
+		p.at(v, field, "has %d regions, at most %d", n, region.MaxRegions)
+		return false
+	}
+	if !p.visit(v, len(v.Content)/2) {
+		return false
+	}
+	seen := make(map[region.ID]bool, len(v.Content)/2)
+	ok := true
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		kn, vn := deref(v.Content[i]), deref(v.Content[i+1])
+		k, kok := p.key(kn, field)
+		if !kok {
+			ok = false
+			continue
+		}
+		id := region.ID(k)
+		rel := block + "." + k
+		if id.Check() != "" {
+			rel = block + "[" + strconv.Quote(k) + "]"
+		}
+		if seen[id] {
+			p.at(kn, src.field+"."+rel, "region set twice (first at line %d)", src.pos[rel].Line)
+			ok = false
+			continue
+		}
+		seen[id] = true
+		src.pos[rel] = kn
+		each(id, rel, vn)
 	}
 	return ok
 }
