@@ -343,20 +343,24 @@ func (s *Service) prepareAuto(set *rules.Set, m rules.Match, br *bucket.Request)
 func (s *Service) charge(ctx context.Context, steps []step) {
 	nStore := 0
 	var leaseNow int64
+	hotStore := false // a mode auto step goes to the store: it may report a promotion
 	s.prepareLeases(steps)
 	for i := range steps {
 		st := &steps[i]
 		if st.replayed || st.skip {
 			continue // path stays pathNone: nothing is charged
 		}
-		if st.req.Hot != nil && s.leases != nil {
-			if leaseNow == 0 {
-				leaseNow = s.leases.Now()
+		if st.req.Hot != nil {
+			if s.leases != nil {
+				if leaseNow == 0 {
+					leaseNow = s.leases.Now()
+				}
+				if k := s.hot.spendable(st.req.Key, leaseNow); k != nil {
+					s.spendHot(ctx, st, k, leaseNow)
+					continue
+				}
 			}
-			if k := s.hot.spendable(st.req.Key, leaseNow); k != nil {
-				s.spendHot(ctx, st, k, leaseNow)
-				continue
-			}
+			hotStore = true
 		}
 		if st.rule.Mode == rules.ModeLeased {
 			if s.leases != nil {
@@ -377,13 +381,13 @@ func (s *Service) charge(ctx context.Context, steps []step) {
 		nStore++
 	}
 	if nStore > 0 {
-		var sentAt int64
-		if s.leases != nil {
-			sentAt = s.leases.Now()
-		}
 		s.chargeStore(ctx, steps, nStore)
-		if wait, again := s.adoptPromotions(ctx, steps, sentAt, nil); len(again) > 0 {
-			s.decideAfterLapse(ctx, steps, again, wait)
+		// leaseNow was read before the store call: a promotion's mark is
+		// counted from it, as from a send.
+		if hotStore {
+			if wait, again := s.adoptPromotions(ctx, steps, leaseNow, nil); len(again) > 0 {
+				s.decideAfterLapse(ctx, steps, again, wait)
+			}
 		}
 	}
 	var now time.Time

@@ -11,6 +11,7 @@ import (
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -147,5 +148,33 @@ func TestAutoPromotesAndDemotes(t *testing.T) {
 	lu, err := r.Client().HGet(ctx, bucket.HotKey("api", "tenant=hot"), "lu").Result()
 	if err == nil {
 		t.Fatalf("after demotion the bucket still holds a mark lu=%s", lu)
+	}
+}
+
+// TestAutoWithoutLeases: an agent with no coordinator (Leases nil) whose
+// store promotes a subject cannot spend the promotion's lease: the
+// subject's decisions fall to the rule's failure policy (fail_closed:
+// unavailable) while the mark lives, never to a denial that looks like
+// "over limit", and never to a Redis decision that ignores the mark.
+func TestAutoWithoutLeases(t *testing.T) {
+	set, err := rules.Parse("auto.yaml", []byte(autoRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := agent.New(agent.Options{Rules: agent.StaticRules{Set: set}, Store: bucket.NewMemoryStore(nil), DecisionTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := agent.Request{Descriptors: map[string]string{"tenant": "t"}}
+	reasons := map[agent.Reason]int{}
+	for range 200 { // promote_above 60: promoted within the first ~61
+		resp, err := svc.Decide(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reasons[resp.Reason]++
+	}
+	if reasons[agent.ReasonUnavailable] == 0 || reasons[agent.ReasonOK] < 50 || reasons[agent.ReasonOK] > 100 {
+		t.Fatalf("reasons %v: want the store's admissions until the promotion, then the failure policy", reasons)
 	}
 }
