@@ -66,8 +66,12 @@ func (r *recorder) batch(start int64, steps []step, out []Response) {
 			Path:      st.path.String(),
 			Reason:    st.reason.String(),
 			RequestID: st.rid,
-			Burst:     st.rule.Burst,
-			Rate:      st.rule.Rate,
+			// The shape this agent enforces: for a scope: global, mode:
+			// redis rule, its region's share, not the rule's whole shape
+			// (a checker given the whole would judge the region too
+			// loosely).
+			Burst: st.req.Limit.Burst,
+			Rate:  st.req.Limit.Rate,
 		}
 		if st.replayed {
 			// Answered from the agent's record of request ids: charged

@@ -60,6 +60,36 @@ rules:
 	}
 }
 
+// A scope: global, mode: redis rule is enforced per region as the
+// region's weighted share, and recorded with that share: a checker
+// (ration-check) given the rule's whole shape would judge each region's
+// admissions against the global budget, far too loosely.
+func TestRecordingGlobalRedisShare(t *testing.T) {
+	set, err := rules.Parse("record.yaml", []byte(globalSplitRule))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := agent.New(agent.Options{Rules: agent.StaticRules{Set: set}, Store: bucket.NewMemoryStore(nil), DecisionTimeout: 50e6, Region: "eu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "adm.log")
+	stop, err := svc.StartRecording(path, "agent-eu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Decide(context.Background(), agent.Request{Descriptors: map[string]string{"user": "u"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	recs := readLog(t, path)
+	if len(recs) != 1 || recs[0].Burst != 200 || recs[0].Rate != 0 {
+		t.Fatalf("records %+v; want one, with eu's share (burst 200 of 300: weight 2 of 3)", recs)
+	}
+}
+
 // The recorder's cost per decision: a batch of 100 decisions against the
 // in-memory store, with and without -record.
 func BenchmarkRecording(b *testing.B) {
