@@ -123,6 +123,10 @@ type step struct {
 	reason  Reason
 	charged bool // tokens were taken and must be refunded if the request is denied
 	shared  bool // leased: taken from the subject's copy of the default lease
+	// limit is the bucket the rule has here (req.Limit as prepared; the
+	// failure policy may point req at its emergency bucket): what the
+	// admission log records.
+	limit bucket.Limit
 	// hot: a mode auto step decided on the lease of a promotion (hot.go);
 	// the lease subject is hot.subject.
 	hot  *hotKey
@@ -316,7 +320,7 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 		if m.Rule.Mode == rules.ModeAuto {
 			s.prepareAuto(set, m, &br)
 		}
-		steps = append(steps, step{rule: m.Rule, subject: m.Subject, req: br, item: idx, rid: req.RequestID})
+		steps = append(steps, step{rule: m.Rule, subject: m.Subject, req: br, limit: br.Limit, item: idx, rid: req.RequestID})
 	}
 	return steps, nil
 }

@@ -69,9 +69,9 @@ func (r *recorder) batch(start int64, steps []step, out []Response) {
 			// The shape this agent enforces: for a scope: global, mode:
 			// redis rule, its region's share, not the rule's whole shape
 			// (a checker given the whole would judge the region too
-			// loosely).
-			Burst: st.req.Limit.Burst,
-			Rate:  st.req.Limit.Rate,
+			// loosely); never the emergency bucket's.
+			Burst: st.limit.Burst,
+			Rate:  st.limit.Rate,
 		}
 		if st.replayed {
 			// Answered from the agent's record of request ids: charged
