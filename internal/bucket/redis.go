@@ -174,25 +174,16 @@ func (s *RedisStore) bound(ctx context.Context) (context.Context, context.Cancel
 
 func noCancel() {}
 
-// TakeBatch decides every request in one pipeline round trip (a Redis
-// Cluster client splits it per node and runs the parts concurrently).
-// Requests on the same key are decided in order. out[i] answers reqs[i]; an
-// invalid request fails alone, without I/O. len(out) must be at least
-// len(reqs): TakeBatch panics otherwise.
-func (s *RedisStore) TakeBatch(ctx context.Context, reqs []Request, out []Outcome) {
-	out = out[:len(reqs)]
-	cmds := make([]*redis.Cmd, len(reqs))
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
+// pipeline runs cmds (nil entries skipped, each by EVALSHA) in one
+// pipeline round trip; those the server answered NOSCRIPT are rebuilt by
+// eval(i) (EVAL, which also caches the script) and sent again in one more.
+// Errors stay on each command.
+func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.Cmd, eval func(i int) *redis.Cmd) {
 	pipe := s.c.Pipeline()
-	for i, req := range reqs {
-		out[i] = Outcome{}
-		if err := req.Validate(); err != nil {
-			out[i].Err = err
-			continue
+	for _, cmd := range cmds {
+		if cmd != nil {
+			_ = pipe.Process(ctx, cmd)
 		}
-		cmds[i] = s.cmd(ctx, opTake, req, true)
-		_ = pipe.Process(ctx, cmds[i])
 	}
 	if pipe.Len() == 0 {
 		return
@@ -205,13 +196,34 @@ func (s *RedisStore) TakeBatch(ctx context.Context, reqs []Request, out []Outcom
 				s.noteReload()
 				again = s.c.Pipeline()
 			}
-			cmds[i] = s.cmd(ctx, opTake, reqs[i], false)
+			cmds[i] = eval(i)
 			_ = again.Process(ctx, cmds[i])
 		}
 	}
 	if again != nil {
 		_, _ = again.Exec(ctx)
 	}
+}
+
+// TakeBatch decides every request in one pipeline round trip (a Redis
+// Cluster client splits it per node and runs the parts concurrently).
+// Requests on the same key are decided in order. out[i] answers reqs[i]; an
+// invalid request fails alone, without I/O. len(out) must be at least
+// len(reqs): TakeBatch panics otherwise.
+func (s *RedisStore) TakeBatch(ctx context.Context, reqs []Request, out []Outcome) {
+	out = out[:len(reqs)]
+	cmds := make([]*redis.Cmd, len(reqs))
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	for i, req := range reqs {
+		out[i] = Outcome{}
+		if err := req.Validate(); err != nil {
+			out[i].Err = err
+			continue
+		}
+		cmds[i] = s.cmd(ctx, opTake, req, true)
+	}
+	s.pipeline(ctx, cmds, func(i int) *redis.Cmd { return s.cmd(ctx, opTake, reqs[i], false) })
 	for i, cmd := range cmds {
 		if cmd == nil {
 			continue

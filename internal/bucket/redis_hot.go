@@ -70,7 +70,6 @@ func (s *RedisStore) Mark(ctx context.Context, marks []MarkRequest, out []MarkOu
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(marks))
-	pipe := s.c.Pipeline()
 	for i, m := range marks {
 		out[i] = MarkOutcome{}
 		if err := m.Validate(); err != nil {
@@ -78,26 +77,8 @@ func (s *RedisStore) Mark(ctx context.Context, marks []MarkRequest, out []MarkOu
 			continue
 		}
 		cmds[i] = s.markCmd(ctx, m, true)
-		_ = pipe.Process(ctx, cmds[i])
 	}
-	if pipe.Len() == 0 {
-		return
-	}
-	_, _ = pipe.Exec(ctx)
-	var again redis.Pipeliner
-	for i, cmd := range cmds {
-		if cmd != nil && isNoScript(cmd.Err()) {
-			if again == nil {
-				s.noteReload()
-				again = s.c.Pipeline()
-			}
-			cmds[i] = s.markCmd(ctx, marks[i], false)
-			_ = again.Process(ctx, cmds[i])
-		}
-	}
-	if again != nil {
-		_, _ = again.Exec(ctx)
-	}
+	s.pipeline(ctx, cmds, func(i int) *redis.Cmd { return s.markCmd(ctx, marks[i], false) })
 	for i, cmd := range cmds {
 		if cmd == nil {
 			continue
