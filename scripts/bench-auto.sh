@@ -170,14 +170,14 @@ EOF
 mkdir -p "$work/data"
 free_port; rp=$port; free_port; gp=$port; free_port; hp=$port
 "$bin/coordinator" -id c1 -raft "127.0.0.1:$rp" -grpc "127.0.0.1:$gp" -http "127.0.0.1:$hp" \
-  -data-dir "$work/data" -rules "$work/rules.yaml" -bootstrap 2>"$work/coordinator.log" &
+  -data-dir "$work/data" -rules "$work/rules.yaml" -bootstrap -insecure 2>"$work/coordinator.log" &
 coord_pid=$!; procs+=("$coord_pid")
 wait_http "http://127.0.0.1:$hp/readyz" 30 || die "coordinator not ready (see $work/coordinator.log)"
 agent_grpc=() agent_http=()
 for id in a1 a2; do
   free_port; ag=$port; free_port; ah=$port
   "$bin/gateway-agent" -id "$id" -rules "$work/rules.yaml" -redis "127.0.0.1:$redis_port" \
-    -coordinators "127.0.0.1:$gp" -grpc "127.0.0.1:$ag" -http "127.0.0.1:$ah" \
+    -coordinators "127.0.0.1:$gp" -insecure -grpc "127.0.0.1:$ag" -http "127.0.0.1:$ah" \
     -decision-timeout "$DTIMEOUT" 2>"$work/$id.log" &
   pid=$!; procs+=("$pid")
   eval "${id}_pid=$pid"

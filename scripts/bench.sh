@@ -212,7 +212,7 @@ COORD=$(sed -n 's/.*coordinator started.* grpc_addr=\([^ ]*\).*/\1/p' "$work/coo
 say "coordinator -dev on grpc $COORD (pid $cpid)"
 
 "$work/bin/gateway-agent" -rules "$work/rules.yaml" -redis "127.0.0.1:$redis_port" \
-  -coordinators "$COORD" -grpc 127.0.0.1:0 -http 127.0.0.1:0 -id bench -log-level info \
+  -coordinators "$COORD" -insecure -grpc 127.0.0.1:0 -http 127.0.0.1:0 -id bench -log-level info \
   -decision-timeout "$DECISION_TIMEOUT" 2>"$work/agent.log" &
 apid=$!
 procs+=("$apid")
@@ -628,7 +628,7 @@ processes:
 \`\`\`sh
 redis-server --port \$REDIS_PORT --bind 127.0.0.1 --save '' --appendonly no --maxmemory-policy noeviction
 coordinator -dev -rules rules.yaml -raft 127.0.0.1:0 -grpc 127.0.0.1:0 -http 127.0.0.1:0
-gateway-agent -rules rules.yaml -redis 127.0.0.1:\$REDIS_PORT -coordinators \$COORD -grpc 127.0.0.1:0 -http 127.0.0.1:0 -decision-timeout $DECISION_TIMEOUT
+gateway-agent -rules rules.yaml -redis 127.0.0.1:\$REDIS_PORT -coordinators \$COORD -insecure -grpc 127.0.0.1:0 -http 127.0.0.1:0 -decision-timeout $DECISION_TIMEOUT
 EOF
   for row in "${matrix[@]}" "${gateway[@]}" "${light[@]}"; do
     IFS='|' read -r _ _ flags <<<"$row"

@@ -119,12 +119,12 @@ for keys in $KEYS; do
     rp=$(free_port); gp=$(free_port); hp=$(free_port)
     # shellcheck disable=SC2086
     "$bin/coordinator" -id c1 -raft "127.0.0.1:$rp" -grpc "127.0.0.1:$gp" -http "127.0.0.1:$hp" \
-      -data-dir "$run/data" -rules "$work/rules.yaml" -bootstrap $COORD_FLAGS 2>"$run/coordinator.log" &
+      -data-dir "$run/data" -rules "$work/rules.yaml" -bootstrap -insecure $COORD_FLAGS 2>"$run/coordinator.log" &
     cpid=$!; procs+=("$cpid")
     wait_http "http://127.0.0.1:$hp/readyz" 20 || die "coordinator not ready (see $run/coordinator.log)"
     ag=$(free_port); ah=$(free_port)
     "$bin/gateway-agent" -id a1 -rules "$work/rules.yaml" -redis "127.0.0.1:$redis_port" \
-      -coordinators "127.0.0.1:$gp" -grpc "127.0.0.1:$ag" -http "127.0.0.1:$ah" 2>"$run/agent.log" &
+      -coordinators "127.0.0.1:$gp" -insecure -grpc "127.0.0.1:$ag" -http "127.0.0.1:$ah" 2>"$run/agent.log" &
     apid=$!; procs+=("$apid")
     wait_http "http://127.0.0.1:$ah/readyz" 20 || die "agent not ready (see $run/agent.log)"
     rss0=$(rss_kb "$cpid")

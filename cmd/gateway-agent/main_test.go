@@ -71,6 +71,42 @@ func TestConfigErrorsAreAllReported(t *testing.T) {
 	}
 }
 
+// An agent that leases from coordinators talks to them over mutual TLS,
+// or in plaintext only by choice: without TLS files and without -insecure
+// (or -dev) it does not start, and says what to set. Without -coordinators
+// there is no lease link to protect, and nothing is asked.
+func TestPlaintextToCoordinatorsOnlyByChoice(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte("rules:\n  - name: a\n    match: {k: v}\n    burst: 10\n    rate: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"-rules", rules, "-redis", "127.0.0.1:1", "-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0"}
+	err := run(context.Background(), append(base, "-coordinators", "127.0.0.1:1"), &bytes.Buffer{}, &bytes.Buffer{}, noEnv)
+	for _, want := range []string{`-coordinators "127.0.0.1:1" without TLS`, "-tls-cert", "-insecure"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("run(-coordinators, no TLS, no -insecure) = %v, want an error containing %q", err, want)
+		}
+	}
+	if exitCode(err) != 2 {
+		t.Errorf("exit code %d, want 2 (a configuration error)", exitCode(err))
+	}
+	env := func(k string) (string, bool) { return "127.0.0.1:1", k == "RATION_COORDINATORS" }
+	if err := run(context.Background(), base, &bytes.Buffer{}, &bytes.Buffer{}, env); err == nil || !strings.Contains(err.Error(), "without TLS") {
+		t.Errorf("RATION_COORDINATORS without TLS = %v, want it refused", err)
+	}
+	for _, c := range []struct {
+		coordinators string
+		insecure     bool
+	}{{"127.0.0.1:1", true}, {"", false}} {
+		cfg := agent.DefaultConfig()
+		cfg.RulesFile, cfg.Redis, cfg.Coordinators, cfg.Insecure = rules, "127.0.0.1:1", c.coordinators, c.insecure
+		if err := cfg.Check(); err != nil {
+			t.Errorf("Check(coordinators %q, insecure %v) = %v, want it accepted", c.coordinators, c.insecure, err)
+		}
+	}
+}
+
 // -log-format takes text or json (RATION_LOG_FORMAT too); another value is
 // refused naming the flag and what it accepts, with the other problems.
 func TestLogFormatRefused(t *testing.T) {

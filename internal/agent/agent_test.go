@@ -66,6 +66,9 @@ func startAgentOn(t *testing.T, redisAddr, rulesYAML string, mutate ...func(*age
 	for _, m := range mutate {
 		m(&cfg)
 	}
+	// The coordinators of these tests are plaintext unless a test gives
+	// the agent TLS files (tls_test.go).
+	cfg.Insecure = !cfg.TLS.Enabled()
 	srv, err := agent.Start(context.Background(), cfg, testLogger(t), nil)
 	if err != nil {
 		t.Fatalf("agent.Start: %v", err)

@@ -138,7 +138,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "tls-cert", Env: "TLS_CERT", Usage: "PEM certificate of this agent (URI SAN ration://agent/<-id>), for mutual TLS to the coordinators; reloaded when it changes", Value: &c.TLS.Cert},
 		{Flag: "tls-key", Env: "TLS_KEY", Usage: "PEM private key of -tls-cert", Value: &c.TLS.Key},
 		{Flag: "tls-ca", Env: "TLS_CA", Usage: "PEM CA bundle the coordinators' certificates must chain to", Value: &c.TLS.CA},
-		{Flag: "insecure", Env: "INSECURE", Usage: "talk to the coordinators in plaintext, unauthenticated, by choice (-dev implies it); without TLS files and without it the agent warns at start-up", Value: &c.Insecure},
+		{Flag: "insecure", Env: "INSECURE", Usage: "talk to the coordinators in plaintext, unauthenticated, by choice (-dev implies it); with -coordinators and without TLS files the agent refuses to start unless it is set", Value: &c.Insecure},
 		{Flag: "dev", Env: "DEV", Usage: "development mode: in-memory store and the sample rules (examples/rules.yaml), no other process needed", Value: &c.Dev},
 		{Flag: "validate", Usage: "check the -rules file, print every problem and exit (status 1 if invalid)", Value: &c.Validate},
 	}
@@ -214,6 +214,11 @@ func (c Config) Check() error {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
 			errs = append(errs, fmt.Errorf("-metrics %q: %w", c.MetricsAddr, err))
 		}
+	}
+	if len(c.CoordinatorAddrs()) > 0 && !c.TLS.Enabled() && !c.Insecure && !c.Dev {
+		// Lease traffic carries the bound: a grant rewritten on the path is
+		// an overshoot, so plaintext to the coordinators is only by choice.
+		errs = append(errs, fmt.Errorf("-coordinators %q without TLS: set -tls-cert, -tls-key and -tls-ca (docs/security.md), or -insecure to talk to the coordinators in plaintext", c.Coordinators))
 	}
 	if c.TLS.Enabled() && c.Insecure {
 		errs = append(errs, errors.New("-insecure and -tls-cert/-tls-key/-tls-ca: choose plaintext or TLS"))

@@ -41,7 +41,7 @@ func BenchmarkAutoPromotion(b *testing.B) {
 	cfg := agent.DefaultConfig()
 	cfg.RulesFile, cfg.Redis = path, r.Addr
 	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
+	cfg.Coordinators, cfg.Insecure = strings.Join(c.GRPCAddrs(), ","), true
 	srv, err := agent.Start(context.Background(), cfg, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		b.Fatal(err)

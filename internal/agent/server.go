@@ -117,10 +117,8 @@ func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (L
 				"agent_id", cfg.AgentID, "want_uri_san", tlsfiles.URI(tlsfiles.RoleAgent, cfg.AgentID), "cert_agents", id)
 		}
 		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(src.ClientCredentials("", nil))}
-	case cfg.Insecure || cfg.Dev:
+	default: // -insecure or -dev: Check refuses plaintext without either
 		s.logger.Warn("PLAINTEXT to the coordinators by -insecure or -dev: anyone on the path can read and alter lease traffic", "coordinators", cfg.Coordinators)
-	default:
-		s.logger.Error("PLAINTEXT to the coordinators: no -tls-cert/-tls-key/-tls-ca and no -insecure; lease traffic is unencrypted and unauthenticated. Set the TLS files (docs/security.md), or -insecure to choose plaintext", "coordinators", cfg.Coordinators)
 	}
 	client := coordclient.New(addrs, opts)
 	s.closeFns = append(s.closeFns, func() { _ = client.Close() })

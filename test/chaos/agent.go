@@ -57,7 +57,7 @@ func StartAgent(t testing.TB, o AgentOptions) *Agent {
 	args := []string{"-id", o.ID, "-rules", rulesPath, "-redis", o.Redis, "-grpc", a.GRPC, "-http", a.HTTP,
 		"-record", a.Record, "-log-level", "info"}
 	if o.Coordinators != "" {
-		args = append(args, "-coordinators", o.Coordinators)
+		args = append(args, "-coordinators", o.Coordinators, "-insecure")
 	}
 	args = append(args, o.Args...)
 	a.Proc = StartProc(t, "agent-"+o.ID, "gateway-agent", args...)
