@@ -19,8 +19,10 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -98,6 +100,9 @@ type dialer struct {
 	envoy  []rlsv3.RateLimitServiceClient
 	http   *http.Client
 	notes  []string
+	// tls names what the preflight connection negotiated ("" in
+	// plaintext), for the report.
+	tls string
 }
 
 // dial opens the connections and checks that every target answers, so a
@@ -105,6 +110,13 @@ type dialer struct {
 // errors.
 func dial(ctx context.Context, cfg Config) (*dialer, error) {
 	d := &dialer{cfg: cfg}
+	tcfg := cfg.tlsConfig
+	if tcfg == nil && cfg.TLS.enabled() { // a Config not made by parseFlags
+		var err error
+		if tcfg, err = cfg.TLS.config(); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Mode == modeHTTP {
 		w := cfg.workers()
 		d.http = &http.Client{Transport: &http.Transport{
@@ -113,6 +125,9 @@ func dial(ctx context.Context, cfg Config) (*dialer, error) {
 			MaxIdleConnsPerHost: w,
 			IdleConnTimeout:     90 * time.Second,
 			DisableCompression:  true,
+			// HTTP/1.1 over TLS when tcfg is set: the agent's listener
+			// offers no HTTP/2.
+			TLSClientConfig: tcfg,
 		}}
 		for _, t := range cfg.HTTPTargets {
 			if err := d.preflightHTTP(ctx, t); err != nil {
@@ -122,9 +137,13 @@ func dial(ctx context.Context, cfg Config) (*dialer, error) {
 		}
 		return d, nil
 	}
+	creds := insecure.NewCredentials()
+	if tcfg != nil {
+		creds = credentials.NewTLS(tcfg)
+	}
 	for i := range cfg.connCount() {
 		target := cfg.Targets[i%len(cfg.Targets)]
-		cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			d.close()
 			return nil, fmt.Errorf("-target %s: %w", target, err)
@@ -148,10 +167,14 @@ const preflightTimeout = 3 * time.Second
 func (d *dialer) preflightGRPC(ctx context.Context, target string, hc healthpb.HealthClient) error {
 	ctx, cancel := context.WithTimeout(ctx, preflightTimeout)
 	defer cancel()
-	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+	var p peer.Peer
+	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Peer(&p))
 	if err != nil {
-		return fmt.Errorf("-target %s: %w: grpc.health.v1 Health/Check failed (is a gateway-agent listening there?): %w",
-			target, errUnreachable, err)
+		return fmt.Errorf("-target %s: %w: grpc.health.v1 Health/Check failed (%s): %w",
+			target, errUnreachable, d.cfg.TLS.dialHint(), err)
+	}
+	if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && d.tls == "" {
+		d.tls = describeTLS(ti.State, d.cfg.TLS.Cert != "")
 	}
 	if s := resp.GetStatus(); s != healthpb.HealthCheckResponse_SERVING {
 		d.notes = append(d.notes, fmt.Sprintf("target %s reported %v at start (store not answered yet?)", target, s))
@@ -163,7 +186,7 @@ func (d *dialer) preflightHTTP(ctx context.Context, target string) error {
 	get := func(path string) (int, error) {
 		ctx, cancel := context.WithTimeout(ctx, preflightTimeout)
 		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+target+path, nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.cfg.TLS.scheme()+"://"+target+path, nil)
 		if err != nil {
 			return 0, err
 		}
@@ -171,16 +194,19 @@ func (d *dialer) preflightHTTP(ctx context.Context, target string) error {
 		if err != nil {
 			return 0, err
 		}
+		if resp.TLS != nil && d.tls == "" {
+			d.tls = describeTLS(*resp.TLS, d.cfg.TLS.Cert != "")
+		}
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		_ = resp.Body.Close()
 		return resp.StatusCode, nil
 	}
 	code, err := get("/healthz")
 	if err != nil {
-		return fmt.Errorf("-http-target %s: %w: GET /healthz: %w", target, errUnreachable, err)
+		return fmt.Errorf("-http-target %s: %w: GET /healthz (%s): %w", target, errUnreachable, d.cfg.TLS.dialHint(), err)
 	}
 	if code != http.StatusOK {
-		return fmt.Errorf("-http-target %s: %w: GET /healthz answered %d (is a gateway-agent listening there?)", target, errUnreachable, code)
+		return fmt.Errorf("-http-target %s: %w: GET /healthz answered %d (%s)", target, errUnreachable, code, d.cfg.TLS.dialHint())
 	}
 	if code, err := get("/readyz"); err != nil || code != http.StatusOK {
 		d.notes = append(d.notes, fmt.Sprintf("http target %s was not ready at start (GET /readyz: %d %v)", target, code, err))
@@ -207,7 +233,7 @@ func (d *dialer) caller(w int) caller {
 	case modeStream:
 		return &streamCaller{client: d.limit[w%len(d.limit)], gen: gen, timeout: timeout}
 	case modeHTTP:
-		return newHTTPCaller(d.http, d.cfg.HTTPTargets[w%len(d.cfg.HTTPTargets)], gen, timeout)
+		return newHTTPCaller(d.http, d.cfg.TLS.scheme()+"://"+d.cfg.HTTPTargets[w%len(d.cfg.HTTPTargets)], gen, timeout)
 	case modeEmpty:
 		return &emptyCaller{client: d.health[w%len(d.health)], timeout: timeout}
 	case modeEnvoy:
@@ -411,15 +437,15 @@ func (c *emptyCaller) close() {}
 // when requests name a rule, POST /v1/allow with {"rule","subject"}.
 type httpCaller struct {
 	client  *http.Client
-	base    string // http://host:port
+	base    string // http://host:port or https://host:port
 	gen     *requestGen
 	timeout time.Duration
 	suffix  string // escaped fixed descriptors and cost: "&k=v&cost=2"
 	key     string // escaped descriptor key
 }
 
-func newHTTPCaller(client *http.Client, target string, gen *requestGen, timeout time.Duration) *httpCaller {
-	c := &httpCaller{client: client, base: "http://" + target, gen: gen, timeout: timeout, key: url.QueryEscape(gen.descKey)}
+func newHTTPCaller(client *http.Client, base string, gen *requestGen, timeout time.Duration) *httpCaller {
+	c := &httpCaller{client: client, base: base, gen: gen, timeout: timeout, key: url.QueryEscape(gen.descKey)}
 	var sb strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(gen.fixed)) {
 		sb.WriteString("&" + url.QueryEscape(k) + "=" + url.QueryEscape(gen.fixed[k]))

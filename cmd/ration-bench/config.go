@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -71,6 +72,11 @@ type Config struct {
 	PIDs       []int
 	JSON       bool
 	CPUProfile string // write this tool's CPU profile here
+
+	// TLS dials agents started with -listen-tls (and -listen-client-auth);
+	// tlsConfig is what parseFlags read from its files (nil: plaintext).
+	TLS       tlsFiles
+	tlsConfig *tls.Config
 }
 
 // weightedRule is one entry of -mix.
@@ -131,8 +137,13 @@ Examples:
   ration-bench -mode http -http-target 127.0.0.1:8080 -dist hot
   ration-bench -mode allow -rate 20000 -duration 30s        # open loop, latency from intended send time
   ration-bench -pids $(pgrep -d, -x redis-server) -json      # CPU µs/decision of given processes
+  ration-bench -tls-ca certs/ca.crt -tls-cert certs/agent-dev.crt -tls-key certs/agent-dev.key
+                                                             # an agent with -listen-tls -listen-client-auth
 
 Targets must be loopback addresses (127.0.0.0/8, ::1 or localhost).
+An agent serving TLS (-listen-tls) is dialed with -tls-ca (its CA), and
+one requiring client certificates (-listen-client-auth) with -tls-cert and
+-tls-key too; -mode http then speaks HTTPS.
 Closed loop (default): -concurrency workers, each with one call in flight.
 Open loop (-rate R): calls start at fixed intervals whether or not earlier
 ones answered; latency counts from the intended start, so a stalled server
@@ -186,6 +197,10 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&pids, "pids", "", "comma list of process ids whose CPU time (utime+stime from /proc) is reported per decision")
 	fs.BoolVar(&cfg.JSON, "json", false, "print the report as JSON on stdout (instead of text)")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write this tool's own CPU profile to the file (is the load generator the bottleneck?)")
+	fs.StringVar(&cfg.TLS.CA, "tls-ca", "", "PEM CA bundle the agent's certificate must chain to: dial TLS (an agent with -listen-tls; HTTPS in -mode http)")
+	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "PEM client certificate to present (an agent with -listen-client-auth); needs -tls-ca and -tls-key")
+	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "PEM private key of -tls-cert")
+	fs.StringVar(&cfg.TLS.ServerName, "tls-server-name", "", "name to verify the agent's certificate against (default: the host of -target or -http-target)")
 	version := fs.Bool("version", false, buildinfo.FlagUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -228,6 +243,11 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		errs = append(errs, fmt.Errorf("-http-target is for -mode http (mode is %q; use -target)", cfg.Mode))
 	}
 	if err := errors.Join(append(errs, cfg.Check())...); err != nil {
+		return cfg, usageError{err}
+	}
+	// The files are read once, here, so that a wrong path or a key that
+	// is not the certificate's stops the run before any load.
+	if cfg.tlsConfig, err = cfg.TLS.config(); err != nil {
 		return cfg, usageError{err}
 	}
 	return cfg, nil
@@ -319,6 +339,7 @@ func (c Config) Check() error {
 	if c.Timeout <= 0 {
 		add("-timeout %v: must be positive", c.Timeout)
 	}
+	errs = append(errs, c.TLS.check()...)
 	return errors.Join(errs...)
 }
 

@@ -95,7 +95,7 @@ func TestHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) || exitCode(err) != 0 {
 		t.Errorf("-h: %v, exit %d; want flag.ErrHelp, exit 0", err, exitCode(err))
 	}
-	for _, w := range []string{"-mode", "-rate", "-pids", "coordinated omission", "loopback"} {
+	for _, w := range []string{"-mode", "-rate", "-pids", "coordinated omission", "loopback", "-tls-ca", "-listen-tls"} {
 		if !strings.Contains(stderr.String(), w) {
 			t.Errorf("-h output does not mention %q", w)
 		}

@@ -15,11 +15,14 @@ import (
 )
 
 // startAgent runs a -dev gateway-agent (in-memory store, sample rules) in
-// this process on free loopback ports.
-func startAgent(t *testing.T) *agent.Server {
+// this process on free loopback ports; opts adjust its configuration.
+func startAgent(t *testing.T, opts ...func(*agent.Config)) *agent.Server {
 	t.Helper()
 	cfg := agent.DevConfig()
 	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+	for _, o := range opts {
+		o(&cfg)
+	}
 	srv, err := agent.Start(context.Background(), cfg, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatalf("agent.Start: %v", err)

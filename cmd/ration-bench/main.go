@@ -8,6 +8,7 @@
 //	ration-bench -mode allow -target 127.0.0.1:8081 -keys 10000 -duration 10s
 //	ration-bench -mode batch -batch 100 -dist zipf -pids 1234,5678 -json
 //	ration-bench -mode http -http-target 127.0.0.1:8080 -rate 5000
+//	ration-bench -mode allow -tls-ca certs/ca.crt -tls-cert certs/agent-dev.crt -tls-key certs/agent-dev.key
 //	ration-bench plan -decisions 1000000 -leased-share 0.2 -gateways 200 -lease-period 10s -headroom 0.3
 //	ration-bench -version
 //
@@ -15,7 +16,8 @@
 // nodes for a decision rate and traffic mix from the per-decision costs
 // scripts/bench.sh measures (docs/capacity.md).
 //
-// Only loopback targets are accepted. Every run is bounded by -duration
+// An agent serving TLS (-listen-tls, -listen-client-auth) is dialed with
+// -tls-ca, -tls-cert and -tls-key. Only loopback targets are accepted. Every run is bounded by -duration
 // and/or -requests. scripts/bench.sh runs the reference matrix and writes
 // docs/performance.md. See -h for every flag.
 package main

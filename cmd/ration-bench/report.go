@@ -20,6 +20,7 @@ type Report struct {
 	Endpoint       string         `json:"endpoint"`
 	Targets        []string       `json:"targets"`
 	Conns          int            `json:"conns,omitempty"` // gRPC connections
+	TLS            string         `json:"tls,omitempty"`   // what the connections negotiated; empty: plaintext
 	Loop           string         `json:"loop"`            // closed or open
 	Concurrency    int            `json:"concurrency,omitempty"`
 	Rate           float64        `json:"rate,omitempty"` // open loop: decisions/s asked for
@@ -99,6 +100,7 @@ func newReport(cfg Config, d *dialer) *Report {
 		DurationSeconds: cfg.Duration.Seconds(),
 		RequestsCap:     cfg.Requests,
 		Notes:           slices.Clone(d.notes),
+		TLS:             d.tls,
 	}
 	if cfg.Mode == modeHTTP {
 		r.Targets = cfg.HTTPTargets
@@ -192,6 +194,9 @@ func (r *Report) writeText(w io.Writer) error {
 		load += fmt.Sprintf(", %d gRPC connections", r.Conns)
 	}
 	p("load\t%s\n", load)
+	if r.TLS != "" {
+		p("tls\t%s\n", r.TLS)
+	}
 	if r.Mode != modeEmpty {
 		keys := fmt.Sprintf("%s subjects, %s", group(int64(r.Keys)), r.Dist)
 		if r.ZipfS > 0 {
