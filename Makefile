@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test deps bench bench-auto lint proto ci fuzz chaos chaos-breaks soak demo-regions certs
+.PHONY: help dev build install docs test deps bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ bench: deps ## benchmarks: model, stores, agent load vs. redis-benchmark ceiling
 
 bench-auto: deps ## hot keys: a rule in mode auto vs the same in mode redis, 2 agents on one Redis, one subject at half the traffic (~3 min)
 	./scripts/bench-auto.sh
+
+bench-tls: deps ## TLS's cost: agent listeners plaintext vs -listen-tls vs -listen-client-auth, renewals plaintext vs mutual TLS (~5 min); writes the TLS block of docs/performance.md
+	./scripts/bench-tls.sh
 
 chaos: deps ## every chaos scenario incl. S12 (regions), no -race (<= 15 min); writes the table to docs/reliability.md
 	set -o pipefail; $(GO) test -count=1 -run 'TestS12' -v ./internal/coordinator/ | grep -E '^(---|ok|FAIL)|region_test'
