@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -61,31 +62,140 @@ type RedisTLS struct {
 // Enabled reports whether any field is set.
 func (t RedisTLS) Enabled() bool { return t != RedisTLS{} }
 
-// config reads the files into a tls.Config. They are read once: a client
-// certificate for Redis is replaced by restarting the agent.
+// config makes the tls.Config of the client. The files are read now (so
+// that a bad file is an error at start-up) and again, for new connections,
+// when they change: cert-manager and other rotators replace them in place,
+// and a connection made after the rotation must present the new client
+// certificate and trust the new CA without a restart. Connections already
+// open keep the material they were made with.
 func (t RedisTLS) config() (*tls.Config, error) {
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
-	if t.CA != "" {
-		b, err := os.ReadFile(t.CA)
-		if err != nil {
-			return nil, fmt.Errorf("redis TLS CA: %w", err)
-		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("redis TLS CA %s: no PEM certificate", t.CA)
-		}
-	}
 	if (t.Cert == "") != (t.Key == "") {
 		return nil, errors.New("redis TLS: a client certificate needs both its certificate and its key")
 	}
+	f := &redisTLSFiles{t: t, interval: time.Second}
+	if _, err := f.current(); err != nil {
+		return nil, err
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
 	if t.Cert != "" {
-		cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
-		if err != nil {
-			return nil, fmt.Errorf("redis TLS client certificate: %w", err)
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			m, err := f.current()
+			if err != nil {
+				return nil, err
+			}
+			return m.cert, nil
 		}
-		c.Certificates = []tls.Certificate{cert}
+	}
+	if t.CA != "" {
+		// The roots can change, so the chain is verified here against the
+		// current ones rather than by crypto/tls against a pool fixed now;
+		// the name checked is the one crypto/tls sent (ServerName, or the
+		// host dialed).
+		c.InsecureSkipVerify = true
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			m, err := f.current()
+			if err != nil {
+				return err
+			}
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("redis TLS: the server sent no certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, ic := range cs.PeerCertificates[1:] {
+				inter.AddCert(ic)
+			}
+			_, err = cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+				DNSName: cs.ServerName, Roots: m.roots, Intermediates: inter,
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			})
+			if err != nil {
+				return fmt.Errorf("redis TLS: server certificate: %w", err)
+			}
+			return nil
+		}
 	}
 	return c, nil
+}
+
+// redisTLSFiles is the CA and client certificate of a rediss:// client,
+// reread when the files change (checked at most every interval, on a
+// handshake: new connections are rare, so no timer is needed).
+type redisTLSFiles struct {
+	t        RedisTLS
+	interval time.Duration
+
+	mu      sync.Mutex
+	checked time.Time
+	sum     [32]byte
+	m       *redisTLSMaterial
+}
+
+type redisTLSMaterial struct {
+	roots *x509.CertPool   // nil: the system's
+	cert  *tls.Certificate // nil: none
+}
+
+// current returns the material, reloaded when a file changed. A file that
+// no longer parses (half written by a rotator) keeps the last good
+// material, so a rotation in progress does not refuse connections; with
+// none yet, it is the error.
+func (f *redisTLSFiles) current() (*redisTLSMaterial, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m != nil && time.Since(f.checked) < f.interval {
+		return f.m, nil
+	}
+	f.checked = time.Now()
+	raw, sum, err := f.read()
+	if err == nil && f.m != nil && sum == f.sum {
+		return f.m, nil
+	}
+	var m *redisTLSMaterial
+	if err == nil {
+		m, err = f.parse(raw)
+	}
+	if err != nil {
+		if f.m != nil {
+			return f.m, nil
+		}
+		return nil, err
+	}
+	f.m, f.sum = m, sum
+	return m, nil
+}
+
+func (f *redisTLSFiles) read() (raw [3][]byte, sum [32]byte, err error) {
+	h := sha256.New()
+	for i, path := range []string{f.t.CA, f.t.Cert, f.t.Key} {
+		if path == "" {
+			continue
+		}
+		if raw[i], err = os.ReadFile(path); err != nil {
+			return raw, sum, fmt.Errorf("redis TLS: %w", err)
+		}
+		h.Write(raw[i])
+		h.Write([]byte{0})
+	}
+	copy(sum[:], h.Sum(nil))
+	return raw, sum, nil
+}
+
+func (f *redisTLSFiles) parse(raw [3][]byte) (*redisTLSMaterial, error) {
+	m := &redisTLSMaterial{}
+	if f.t.CA != "" {
+		m.roots = x509.NewCertPool()
+		if !m.roots.AppendCertsFromPEM(raw[0]) {
+			return nil, fmt.Errorf("redis TLS CA %s: no PEM certificate", f.t.CA)
+		}
+	}
+	if f.t.Cert != "" {
+		cert, err := tls.X509KeyPair(raw[1], raw[2])
+		if err != nil {
+			return nil, fmt.Errorf("redis TLS client certificate %s: %w", f.t.Cert, err)
+		}
+		m.cert = &cert
+	}
+	return m, nil
 }
 
 // OpenRedisTLS is OpenRedis with the TLS settings of rediss:// forms. TLS

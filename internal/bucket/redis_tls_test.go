@@ -2,12 +2,14 @@ package bucket_test
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
 // rediss:// against a real redis-server speaking TLS on a port of its own,
@@ -100,5 +102,65 @@ func TestSentinelPassword(t *testing.T) {
 	_, err := bucket.OpenRedis("redis-sentinel://"+addrs+"/m?sentinel_password=sentinel-pw&bogus=1", testTimeout)
 	if err == nil || strings.Contains(err.Error(), "sentinel-pw") || !strings.Contains(err.Error(), "bogus") {
 		t.Errorf("unknown query parameter: %v, want refused naming it, without the password", err)
+	}
+}
+
+// A rotation replaces the CA, the server's certificate and the client's
+// certificate and key in place (what cert-manager does): after the server
+// restarts with its new files, the same client makes its new connections
+// with the new files, without being reopened. A client that read its files
+// once cannot: it presents a certificate of the old CA and distrusts the
+// server's new one.
+func TestRedisTLSFilesReloaded(t *testing.T) {
+	pki := harness.NewPKI(t)
+	srv := pki.Issue("redis")
+	r := harness.StartRedis(t, harness.WithTLS(srv, true))
+	files := pki.Issue("agent")
+	c, err := bucket.OpenRedisTLS("rediss://"+r.TLSAddr, testTimeout, bucket.RedisTLS{CA: files.CA, Cert: files.Cert, Key: files.Key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING over TLS before the rotation: %v", err)
+	}
+
+	next := harness.NewPKI(t) // the new CA
+	for _, f := range []struct {
+		files tlsfiles.Files
+		name  string
+	}{{srv, "redis"}, {files, "agent"}} {
+		next.Reissue(f.files, f.name)
+		writeFile(t, f.files.CA, next.CA.CertPEM)
+	}
+	r.Restart() // reads its new files; every pooled connection is closed
+	// The files are checked at most once a second.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := c.Ping(ctx).Err()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("PING after the rotation: %v; want the client to use the rotated files", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	st := bucket.NewRedisStore(c, bucket.RedisOptions{Timeout: testTimeout})
+	if _, err := st.Take(ctx, bucket.Request{Key: bucket.Key("tls", "bob"), Limit: bucket.Limit{Burst: 2, Rate: 1}, Cost: 1}); err != nil {
+		t.Fatalf("decision after the rotation: %v", err)
+	}
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }
