@@ -4,6 +4,7 @@
 // network and no openssl. Production certificates come from your PKI.
 //
 //	go run ./internal/certgen/ration-certs -out certs -coordinators n1,n2,n3 -region eu -agents gw-1 -operators ops
+//	go run ./internal/certgen/ration-certs -out certs -coordinators g0,g1,g2,eu-0@eu,us-0@us -agents eu-a1,us-a1
 package main
 
 import (
@@ -33,8 +34,8 @@ func main() {
 func run(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("ration-certs", flag.ContinueOnError)
 	out := fs.String("out", "certs", "directory to write to (created)")
-	coords := fs.String("coordinators", "dev", "coordinator ids, comma separated: ration://coordinator/<id>")
-	reg := fs.String("region", "", "region of the coordinators (adds ration://region/<region> to theirs)")
+	coords := fs.String("coordinators", "dev", "coordinator ids, comma separated: ration://coordinator/<id>; id@region also names ration://region/<region> (a regional group's node)")
+	reg := fs.String("region", "", "region of the coordinators without an @region (adds ration://region/<region> to theirs)")
 	agents := fs.String("agents", "dev", "agent ids, comma separated: ration://agent/<id>")
 	ops := fs.String("operators", "ops", "operator names, comma separated: ration://operator/<name>")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "DNS names and IP addresses every certificate is valid for (the names processes are dialed by)")
@@ -65,10 +66,17 @@ func run(args []string, stdout io.Writer) error {
 		}
 		return err
 	}
-	for _, id := range split(*coords) {
+	for _, c := range split(*coords) {
+		id, region, ok := strings.Cut(c, "@")
+		if !ok {
+			region = *reg
+		}
+		if id == "" || (ok && region == "") {
+			return fmt.Errorf("-coordinators: %q: want id or id@region", c)
+		}
 		uris := []string{tlsfiles.URI(tlsfiles.RoleCoordinator, id)}
-		if *reg != "" {
-			uris = append(uris, tlsfiles.URI(tlsfiles.RoleRegion, *reg))
+		if region != "" {
+			uris = append(uris, tlsfiles.URI(tlsfiles.RoleRegion, region))
 		}
 		if err := issue("coordinator-"+id, uris...); err != nil {
 			return err

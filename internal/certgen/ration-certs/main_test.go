@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ration-dev/ration/internal/tlsfiles"
@@ -13,7 +14,7 @@ import (
 func TestWritesLoadablePKI(t *testing.T) {
 	dir := t.TempDir()
 	var out bytes.Buffer
-	if err := run([]string{"-out", dir, "-coordinators", "n1,n2", "-region", "eu", "-agents", "gw-1", "-operators", "ops"}, &out); err != nil {
+	if err := run([]string{"-out", dir, "-coordinators", "n1,n2,u1@us", "-region", "eu", "-agents", "gw-1", "-operators", "ops"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -23,6 +24,8 @@ func TestWritesLoadablePKI(t *testing.T) {
 	}{
 		{"coordinator-n1", tlsfiles.RoleCoordinator, "n1"},
 		{"coordinator-n2", tlsfiles.RoleRegion, "eu"},
+		{"coordinator-u1", tlsfiles.RoleCoordinator, "u1"},
+		{"coordinator-u1", tlsfiles.RoleRegion, "us"},
 		{"agent-gw-1", tlsfiles.RoleAgent, "gw-1"},
 		{"operator-ops", tlsfiles.RoleOperator, "ops"},
 	} {
@@ -34,5 +37,30 @@ func TestWritesLoadablePKI(t *testing.T) {
 			t.Errorf("%s does not name %s", tc.file, tlsfiles.URI(tc.role, tc.name))
 		}
 		src.Close()
+	}
+}
+
+// id@region names that node's region only; a malformed entry is refused,
+// naming it.
+func TestCoordinatorRegions(t *testing.T) {
+	dir := t.TempDir()
+	if err := run([]string{"-out", dir, "-coordinators", "g0,eu-0@eu", "-agents", "", "-operators", ""}, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	for file, want := range map[string][]string{"coordinator-g0": nil, "coordinator-eu-0": {"eu"}} {
+		src, err := tlsfiles.Open(tlsfiles.Files{Cert: filepath.Join(dir, file+".crt"), Key: filepath.Join(dir, file+".key"), CA: filepath.Join(dir, "ca.crt")}, tlsfiles.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tlsfiles.Names(src.Leaf(), tlsfiles.RoleRegion); len(got) != len(want) || (len(want) > 0 && got[0] != want[0]) {
+			t.Errorf("%s names regions %q, want %q", file, got, want)
+		}
+		src.Close()
+	}
+	for _, bad := range []string{"@eu", "n1@"} {
+		err := run([]string{"-out", t.TempDir(), "-coordinators", bad}, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("-coordinators %q: %v, want refused naming it", bad, err)
+		}
 	}
 }
