@@ -13,7 +13,9 @@
 #      their listeners: plaintext, -listen-tls, -listen-tls
 #      -listen-client-auth (all three reach the coordinator over mutual TLS,
 #      so that only the listener differs);
-#   3. drives them with cmd/ration-bench, closed loop, in rounds: for each
+#   3. drives them with cmd/ration-bench, closed loop, in many short rounds
+#      (the load of a shared machine drifts between rounds by more than
+#      TLS costs; it is compared within a round): for each
 #      call (the empty gRPC call, unary Allow on the Redis path, unary
 #      Allow on the leased path, HTTP GET /v1/check on the Redis path) the
 #      three agents take turns, in the opposite order in every other round,
@@ -34,22 +36,22 @@
 # load generator shares the machine's CPUs with what it measures, so
 # compare the rows of one run with each other, not with another machine's.
 #
-# Knobs (environment): BENCH_TLS_DURATION (4s per row), BENCH_TLS_WARMUP
-# (1s), BENCH_TLS_ROUNDS (3), BENCH_TLS_CONCURRENCY (64), BENCH_TLS_KEYS
-# (10000), BENCH_TLS_RENEW_BENCHTIME (2s), BENCH_TLS_RENEW_ROUNDS (2),
+# Knobs (environment): BENCH_TLS_DURATION (2s per row), BENCH_TLS_WARMUP
+# (500ms), BENCH_TLS_ROUNDS (6), BENCH_TLS_CONCURRENCY (64), BENCH_TLS_KEYS
+# (10000), BENCH_TLS_RENEW_BENCHTIME (2s), BENCH_TLS_RENEW_ROUNDS (3),
 # BENCH_TLS_OUT (docs/performance.md), BENCH_NOTE (a sentence about the
 # conditions), BENCH_COMMIT (names the code measured when this is not a git
 # checkout), BENCH_KEEP=1 keeps the work directory (JSON reports, logs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=${BENCH_TLS_DURATION:-4s}
-WARMUP=${BENCH_TLS_WARMUP:-1s}
-ROUNDS=${BENCH_TLS_ROUNDS:-3}
+DURATION=${BENCH_TLS_DURATION:-2s}
+WARMUP=${BENCH_TLS_WARMUP:-500ms}
+ROUNDS=${BENCH_TLS_ROUNDS:-6}
 CONC=${BENCH_TLS_CONCURRENCY:-64}
 KEYS=${BENCH_TLS_KEYS:-10000}
 RENEW_BENCHTIME=${BENCH_TLS_RENEW_BENCHTIME:-2s}
-RENEW_ROUNDS=${BENCH_TLS_RENEW_ROUNDS:-2}
+RENEW_ROUNDS=${BENCH_TLS_RENEW_ROUNDS:-3}
 # As in scripts/bench.sh: the benchmark measures throughput, so a decision
 # may wait on Redis longer than the 50ms default before the failure policy.
 DECISION_TIMEOUT=1s
@@ -278,18 +280,42 @@ agent_rows() {
     printf "| %s | %s | %s | %d | %d | %.0f | %.0f | %s | %s | %s | %s | %s | %d |\n", what, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 + $14
   }' "$tsv"
 }
-# Means over the rounds and ratios to plaintext, per listener.
+# Each round's TLS row is compared with the plaintext row of the same round
+# (minutes apart at most, so the machine's load weighs on both alike), and
+# the per-round figures are summed up by their median and range: the load
+# on this shared machine moves a row's absolute figures by tens of percent
+# between rounds, much more than within one.
+awk_stats='
+  function sortn(a, n,   i, j, t) { for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t } }
+  # med(v, n): the median of v[1..n] (sorted in place); lo and hi its range.
+  function med(v, n) { sortn(v, n); lo = v[1]; hi = v[n]; return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }
+'
+# Means over the rounds, and per-round differences to plaintext, per listener.
 agent_ratios() {
-  awk -F'\t' -v c="$1" -v what="$2" '
-    $1 == c { n[$2]++; d[$2] += $5; a[$2] += $8; s[$2] += $11; t[$2] += $12; p50[$2] += $6; p99[$2] += $7 }
+  awk -F'\t' -v c="$1" -v what="$2" "$awk_stats"'
+    $1 == c {
+      k = $2; r = $3; rounds[r] = 1; n[k]++
+      d[k, r] = $5; a[k, r] = $8; s[k, r] = $11; t[k, r] = $12
+      sd[k] += $5; sa[k] += $8; p50[k] += $6; p99[k] += $7
+    }
     END {
       split("plain tls mtls", order, " ")
       for (i = 1; i <= 3; i++) {
         k = order[i]; if (!n[k]) continue
-        m = n[k]; pd = d["plain"] / n["plain"]; pa = a["plain"] / n["plain"]; ps = s["plain"] / n["plain"]
-        printf "| %s | %s | %.0f | %.2f | %.1f | %.2f | %+.1f | %.1f | %+.1f | %.1f | %.0f | %.0f |\n", what, k,
-          d[k] / m, (pd > 0 ? d[k] / m / pd : 0), a[k] / m, (pa > 0 ? a[k] / m / pa : 0), a[k] / m - pa,
-          s[k] / m, s[k] / m - ps, t[k] / m, p50[k] / m, p99[k] / m
+        m = 0
+        for (r in rounds) if ((k, r) in d && ("plain", r) in d) {
+          m++; dr[m] = d[k, r] / d["plain", r]; ar[m] = a[k, r] / a["plain", r]
+          ad[m] = a[k, r] - a["plain", r]; sdf[m] = s[k, r] - s["plain", r]; tdf[m] = t[k, r] - t["plain", r]
+        }
+        if (k == "plain") {
+          printf "| %s | %s | %.0f | 1 | %.1f | 1 | | | | %.0f | %.0f |\n", what, k, sd[k] / n[k], sa[k] / n[k], p50[k] / n[k], p99[k] / n[k]
+          continue
+        }
+        x = med(dr, m); xr = sprintf("%.2f (%.2f-%.2f)", x, lo, hi)
+        y = med(ar, m); yr = sprintf("%.2f (%.2f-%.2f)", y, lo, hi)
+        z = med(ad, m); zr = sprintf("%+.1f (%+.1f to %+.1f)", z, lo, hi)
+        printf "| %s | %s | %.0f | %s | %.1f | %s | %s | %+.1f | %+.1f | %.0f | %.0f |\n", what, k,
+          sd[k] / n[k], xr, sa[k] / n[k], yr, zr, med(sdf, m), med(tdf, m), p50[k] / n[k], p99[k] / n[k]
       }
     }' "$tsv"
 }
@@ -297,19 +323,24 @@ renew_rows() {
   awk -F'\t' '{ printf "| %s | %s | %s | %.0f | %.2f | %.2f | %.2f | %.0f |\n", $1, $2, $3, $4, $5, $6, $7, $8 }' "$renew_tsv"
 }
 renew_ratios() {
-  awk -F'\t' '
-    { k = $1 SUBSEP $2; n[k]++; r[k] += $4; p50[k] += $5; p99[k] += $6; cpu[k] += $8; h[$1] = 1 }
+  awk -F'\t' "$awk_stats"'
+    { k = $1 SUBSEP $2; n[k]++; rs[k] += $4; p50[k] += $5; p99[k] += $6; cs[k] += $8; h[$1] = 1; rounds[$3] = 1
+      v[$1, $2, $3] = $4; c[$1, $2, $3] = $8 }
     END {
       for (x in h) hs[++nh] = x + 0
-      # holder counts ascending
-      for (i = 1; i <= nh; i++) for (j = i + 1; j <= nh; j++) if (hs[j] < hs[i]) { t = hs[i]; hs[i] = hs[j]; hs[j] = t }
+      sortn(hs, nh)
       for (i = 1; i <= nh; i++) {
-        p = hs[i] SUBSEP "plaintext"; m = hs[i] SUBSEP "mtls"
-        if (!n[p] || !n[m]) continue
-        printf "| %d | %.0f | %.0f | %.2f | %.2f / %.2f | %.2f / %.2f | %.0f | %.0f | %.2f |\n", hs[i],
-          r[p] / n[p], r[m] / n[m], (r[m] / n[m]) / (r[p] / n[p]),
-          p50[p] / n[p], p50[m] / n[m], p99[p] / n[p], p99[m] / n[m],
-          cpu[p] / n[p], cpu[m] / n[m], (cpu[m] / n[m]) / (cpu[p] / n[p])
+        p = hs[i] SUBSEP "plaintext"; q = hs[i] SUBSEP "mtls"
+        if (!n[p] || !n[q]) continue
+        m = 0
+        for (r in rounds) if ((hs[i], "plaintext", r) in v && (hs[i], "mtls", r) in v) {
+          m++; rr[m] = v[hs[i], "mtls", r] / v[hs[i], "plaintext", r]; cr[m] = c[hs[i], "mtls", r] / c[hs[i], "plaintext", r]
+        }
+        x = med(rr, m); xr = sprintf("%.2f (%.2f-%.2f)", x, lo, hi)
+        y = med(cr, m); yr = sprintf("%.2f (%.2f-%.2f)", y, lo, hi)
+        printf "| %d | %.0f | %.0f | %s | %.2f / %.2f | %.2f / %.2f | %.0f | %.0f | %s |\n", hs[i],
+          rs[p] / n[p], rs[q] / n[q], xr, p50[p] / n[p], p50[q] / n[q], p99[p] / n[p], p99[q] / n[q],
+          cs[p] / n[p], cs[q] / n[q], yr
       }
     }' "$renew_tsv"
 }
@@ -352,20 +383,29 @@ utime+stime from /proc over the measured window divided by the decisions:
 failed calls and decisions a failure policy answered (0 means every
 decision was a bucket's).
 
+Against plaintext: each TLS row is compared with the plaintext row of its
+own round, and the table gives the median of the rounds' ratios and
+differences (their range in brackets); decided/s, CPU and latency are the
+means of the rounds. "µs over plaintext" is the CPU a decision costs more
+with this listener: the agent's, the servers' (agent + redis +
+coordinator) and ration-bench's (the client side of the encryption).
+
+| call | listener | decided/s | ratio to plaintext | agent CPU µs/decision | ratio to plaintext | agent µs over plaintext | servers µs over plaintext | tool µs over plaintext | p50 µs | p99 µs |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+$(agent_ratios empty "empty unary")
+$(agent_ratios allow "unary Allow (Redis)")
+$(agent_ratios leased "unary Allow (leased)")
+$(agent_ratios http "HTTP /v1/check (Redis)")
+
+<details><summary>Every row, in the order they ran</summary>
+
 $agent_head
 $(agent_rows empty "empty unary")
 $(agent_rows allow "unary Allow (Redis)")
 $(agent_rows leased "unary Allow (leased)")
 $(agent_rows http "HTTP /v1/check (Redis)")
 
-Means of the rounds, against the plaintext listener of the same run:
-
-| call | listener | decided/s | ratio | agent CPU µs/decision | ratio | agent µs over plaintext | servers µs/decision | servers µs over plaintext | tool µs/decision | p50 µs | p99 µs |
-| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
-$(agent_ratios empty "empty unary")
-$(agent_ratios allow "unary Allow (Redis)")
-$(agent_ratios leased "unary Allow (leased)")
-$(agent_ratios http "HTTP /v1/check (Redis)")
+</details>
 
 ### Renewals over mutual TLS
 
@@ -379,13 +419,16 @@ agent ids). CPU is the whole process's (3 nodes and clients) per renewal.
 The links take turns per holder count, in the opposite order in every
 other round (rounds: $RENEW_ROUNDS; \`-benchtime $RENEW_BENCHTIME\`).
 
-| holders | links | round | renewals/s | p50 ms | p99 ms | requests/entry | CPU µs/renewal |
-| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |
-$(renew_rows)
+Means of the rounds; the ratios are the median of each round's mTLS row
+against its plaintext row (range in brackets):
 
 | holders | renewals/s plaintext | renewals/s mTLS | ratio | p50 ms plaintext / mTLS | p99 ms plaintext / mTLS | CPU µs/renewal plaintext | mTLS | ratio |
 | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |
 $(renew_ratios)
+
+| holders | links | round | renewals/s | p50 ms | p99 ms | requests/entry | CPU µs/renewal |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |
+$(renew_rows)
 $(if [ "$renew_status" -ne 0 ]; then echo; echo "**a renewal benchmark failed (status $renew_status)**: its row is missing; the others are shown."; fi)
 
 Reproduce with \`make bench-tls\` (scripts/bench-tls.sh). It runs, with
