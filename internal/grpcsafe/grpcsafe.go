@@ -1,9 +1,10 @@
 // Package grpcsafe holds the server options every Ration gRPC server uses:
 // a panic in a handler answers that call with codes.Internal and is
 // logged with its stack (grpc-go does not recover handler panics: one bad
-// request would otherwise end the process and every decision with it), and
+// request would otherwise end the process and every decision with it);
 // keepalive enforcement, so a client cannot hold connections open with
-// pings alone.
+// pings alone; and bounds on what one connection may make the server hold
+// (streams in flight, the size of one message, an idle connection's life).
 package grpcsafe
 
 import (
@@ -18,6 +19,41 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+const (
+	// MaxRecvMsgSize bounds one message a server reads: a larger one is
+	// refused with RESOURCE_EXHAUSTED before it is decoded. It is above
+	// the largest request either server accepts whole:
+	//
+	//   - a coordinator Renew or Release of lease.MaxItems (10,000) items,
+	//     every name at lease.MaxNameLen and every field set: 5.8 MB (the
+	//     agents' holders split theirs at 1 MiB);
+	//   - an Envoy ShouldRateLimit of 64 descriptors, every entry and the
+	//     domain at their limits: 2.1 MB;
+	//   - one Allow or AllowStream message at every limit: 34 KB.
+	//
+	// An AllowBatch of agent.MaxBatch (10,000) requests fits when they
+	// average under 830 bytes (a request of a few descriptors is about
+	// 100); a batch of that many requests each at every limit would be
+	// 338 MB, more than an agent's memory, and gRPC's default bound
+	// (4 MiB), in force until this one, refused it too: such a batch is
+	// split by its caller, as one of over MaxBatch requests is.
+	MaxRecvMsgSize = 8 << 20
+	// MaxConcurrentStreams bounds the calls in flight on one connection
+	// (gRPC's default: no bound, a goroutine and buffers for each). A
+	// gRPC client waits for a slot rather than fail; Envoy opens another
+	// connection. ration-bench holds one AllowStream per worker over -conns
+	// connections (default 4), so runs of more than 1000 stream workers per
+	// connection need more -conns.
+	MaxConcurrentStreams = 1000
+	// MaxConnectionIdle closes (GOAWAY) a connection with no call in flight
+	// for this long; a client reconnects at its next call. Connections
+	// that carry decisions or a lease watch are never idle that long;
+	// abandoned ones stop holding a slot. A peer that vanished is found
+	// by the kernel's TCP keepalive, which Go turns on for every accepted
+	// connection, so no server pings are set.
+	MaxConnectionIdle = 5 * time.Minute
+)
+
 // ServerOptions returns the options for a server that logs recovered
 // panics to logger and counts them with panicked (nil: not counted).
 func ServerOptions(logger *slog.Logger, panicked func()) []grpc.ServerOption {
@@ -28,6 +64,9 @@ func ServerOptions(logger *slog.Logger, panicked func()) []grpc.ServerOption {
 		// (gRPC's default refuses pings more often than every 5 min and
 		// closes the connection of a client that sends them).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: MaxConnectionIdle}),
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 	}
 }
 
