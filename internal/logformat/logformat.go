@@ -1,5 +1,6 @@
 // Package logformat is -log-format of both binaries: how their log
-// records are written to stderr.
+// records are written to stderr, and how often one warning or error is
+// (repeat.go).
 package logformat
 
 import (
@@ -32,10 +33,15 @@ func Parse(s string) (Format, error) {
 }
 
 // New returns a logger writing records at level or above to w in format.
+// A warning or error is written at most once a minute per message; one
+// line with RepeatedKey stands for the repeats held back (limitRepeats).
 func New(w io.Writer, format Format, level slog.Leveler) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler
 	if format == JSON {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		h = slog.NewJSONHandler(w, opts)
+	} else {
+		h = slog.NewTextHandler(w, opts)
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(limitRepeats(h, repeatWindow, maxRepeatMessages))
 }
