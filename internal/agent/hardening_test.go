@@ -158,6 +158,15 @@ func TestHandlerPanicAnswersInternal(t *testing.T) {
 		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "boom"}}},
 	}})
 	wantInternal("ShouldRateLimit", err)
+	// The HTTP API too: answered 500, not a cut connection.
+	hresp, err := http.Get("http://" + srv.HTTPAddr() + "/v1/check?tenant=boom")
+	if err != nil {
+		t.Fatalf("GET /v1/check with the panicking holder: %v, want a 500 answer", err)
+	}
+	hresp.Body.Close()
+	if hresp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("GET /v1/check with the panicking holder = %s, want 500", hresp.Status)
+	}
 
 	serving("after the panics")
 	resp, err := http.Get("http://" + srv.HTTPAddr() + "/metrics")
