@@ -22,7 +22,10 @@
 #      so that a drift in the machine's load weighs on all three alike;
 #      with the CPU of the agent, redis-server and the coordinator per
 #      decision;
-#   4. stops them and runs BenchmarkLeasesOverTLS (internal/coordinator):
+#      Then, with them stopped, BenchmarkListenerTLS (cmd/ration-bench):
+#      the same listeners in one process, taking turns every 100ms, for the
+#      CPU a call costs at both ends, which that noise hides between rows;
+#   4. runs BenchmarkLeasesOverTLS (internal/coordinator):
 #      renewals/s, p50/p99 and CPU per renewal of a 3-node group in
 #      plaintext and with mutual TLS on every link, for 16 and 128
 #      holders, the two links taking turns the same way;
@@ -37,8 +40,9 @@
 # compare the rows of one run with each other, not with another machine's.
 #
 # Knobs (environment): BENCH_TLS_DURATION (2s per row), BENCH_TLS_WARMUP
-# (500ms), BENCH_TLS_ROUNDS (6), BENCH_TLS_CONCURRENCY (64), BENCH_TLS_KEYS
-# (10000), BENCH_TLS_RENEW_BENCHTIME (2s), BENCH_TLS_RENEW_ROUNDS (3),
+# (500ms), BENCH_TLS_ROUNDS (4), BENCH_TLS_CONCURRENCY (64), BENCH_TLS_KEYS
+# (10000), BENCH_TLS_LISTENER_ROUNDS (60 rounds of BenchmarkListenerTLS),
+# BENCH_TLS_RENEW_BENCHTIME (2s), BENCH_TLS_RENEW_ROUNDS (3),
 # BENCH_TLS_OUT (docs/performance.md), BENCH_NOTE (a sentence about the
 # conditions), BENCH_COMMIT (names the code measured when this is not a git
 # checkout), BENCH_KEEP=1 keeps the work directory (JSON reports, logs).
@@ -47,11 +51,12 @@ cd "$(dirname "$0")/.."
 
 DURATION=${BENCH_TLS_DURATION:-2s}
 WARMUP=${BENCH_TLS_WARMUP:-500ms}
-ROUNDS=${BENCH_TLS_ROUNDS:-6}
+ROUNDS=${BENCH_TLS_ROUNDS:-4}
 CONC=${BENCH_TLS_CONCURRENCY:-64}
 KEYS=${BENCH_TLS_KEYS:-10000}
 RENEW_BENCHTIME=${BENCH_TLS_RENEW_BENCHTIME:-2s}
 RENEW_ROUNDS=${BENCH_TLS_RENEW_ROUNDS:-3}
+LISTENER_ROUNDS=${BENCH_TLS_LISTENER_ROUNDS:-60}
 # As in scripts/bench.sh: the benchmark measures throughput, so a decision
 # may wait on Redis longer than the 50ms default before the failure policy.
 DECISION_TIMEOUT=1s
@@ -64,7 +69,8 @@ die() { printf 'bench-tls.sh: %s\n' "$*" >&2; exit 1; }
 for cmd in redis-server redis-cli jq awk "$GO"; do
   command -v "$cmd" >/dev/null 2>&1 || die "$cmd is missing (make deps installs redis; jq: apt-get install jq)"
 done
-[[ "$ROUNDS" =~ ^[1-9][0-9]?$ && "$RENEW_ROUNDS" =~ ^[1-9][0-9]?$ ]] || die "BENCH_TLS_ROUNDS and BENCH_TLS_RENEW_ROUNDS: 1 to 99"
+[[ "$ROUNDS" =~ ^[1-9][0-9]?$ && "$RENEW_ROUNDS" =~ ^[1-9][0-9]?$ && "$LISTENER_ROUNDS" =~ ^[1-9][0-9]{0,2}$ ]] ||
+  die "BENCH_TLS_ROUNDS and BENCH_TLS_RENEW_ROUNDS: 1 to 99; BENCH_TLS_LISTENER_ROUNDS: 1 to 999"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ration-bench-tls.XXXXXX")
 mkdir -p "$work/bin" "$work/results"
@@ -97,6 +103,7 @@ say "building gateway-agent, coordinator, ration-bench, ration-certs and the coo
 "$GO" build -o "$work/bin/ration-bench" ./cmd/ration-bench
 "$GO" build -o "$work/bin/ration-certs" ./internal/certgen/ration-certs
 "$GO" test -c -o "$work/bin/coordinator.test" ./internal/coordinator
+"$GO" test -c -o "$work/bin/ration-bench.test" ./cmd/ration-bench
 bench="$work/bin/ration-bench"
 certs="$work/certs"
 "$work/bin/ration-certs" -out "$certs" -coordinators dev -agents plain,tls,mtls,gateway -operators '' \
@@ -237,6 +244,18 @@ mtls_neg=$(awk -F'\t' '$2 == "mtls" && $1 != "http" { print $15; exit }' "$tsv")
 https_neg=$(awk -F'\t' '$2 == "tls" && $1 == "http" { print $15; exit }' "$tsv")
 stop_procs
 
+# 3b. the same calls finely interleaved, in one process -----------------------
+# BenchmarkListenerTLS (cmd/ration-bench): three in-process agents (memory
+# store) and ration-bench's own callers take turns in 100ms slices; the CPU
+# of both ends of a call, whose differences between listeners the load of
+# this machine hides in the rows above.
+listener_cmd="go test -run '^\$' -bench ListenerTLS -benchtime ${LISTENER_ROUNDS}x -count 1 ./cmd/ration-bench/"
+say "$listener_cmd"
+listener_status=0
+(cd cmd/ration-bench && "$work/bin/ration-bench.test" -test.run '^$' -test.bench ListenerTLS \
+  -test.benchtime "${LISTENER_ROUNDS}x" -test.count 1 -test.timeout 5m) >"$work/results/listener.txt" 2>&1 || listener_status=$?
+grep -E '^BenchmarkListenerTLS' "$work/results/listener.txt" >&2 || { tail -20 "$work/results/listener.txt" >&2; listener_status=1; }
+
 # 4. renewals over mutual TLS -------------------------------------------------
 renew_tsv="$work/renew.tsv"
 : >"$renew_tsv"
@@ -318,6 +337,16 @@ agent_ratios() {
           sd[k] / n[k], xr, sa[k] / n[k], yr, zr, med(sdf, m), med(tdf, m), p50[k] / n[k], p99[k] / n[k]
       }
     }' "$tsv"
+}
+# One row per call of BenchmarkListenerTLS: its metrics by unit.
+listener_rows() {
+  awk '/^BenchmarkListenerTLS\/call=/ {
+      split($1, a, "[=-]"); call = a[2]
+      for (i = 3; i <= NF; i++) v[$i] = $(i - 1)
+      what = call == "empty" ? "empty unary" : call == "allow" ? "unary Allow (memory store)" : "HTTP /v1/check (memory store)"
+      printf "| %s | %.0f | %.1f | %.1f | %+.1f | %.1f | %+.1f |\n", what, v["plain-calls/s"], v["plain-us/call"],
+        v["tls-us/call"], v["tls-extra-us/call"], v["mtls-us/call"], v["mtls-extra-us/call"]
+    }' "$work/results/listener.txt"
 }
 renew_rows() {
   awk -F'\t' '{ printf "| %s | %s | %s | %.0f | %.2f | %.2f | %.2f | %.0f |\n", $1, $2, $3, $4, $5, $6, $7, $8 }' "$renew_tsv"
@@ -407,6 +436,22 @@ $(agent_rows http "HTTP /v1/check (Redis)")
 
 </details>
 
+The same three listeners finely interleaved: \`BenchmarkListenerTLS\`
+(cmd/ration-bench), three agents in one process (memory store, the
+\`-dev\` rules; the same listener code) and ration-bench's own callers
+(64 per agent, over 4 gRPC connections or 64 HTTP/1.1 ones) take turns
+in slices of 100ms, ${LISTENER_ROUNDS} rounds, in the opposite order in every
+other round. CPU is the process's: both ends of every call, the agent's
+server side and the gateway's client side. Medians over the rounds; "over
+plaintext" is the median of each round's difference to its plaintext
+slice. At 100ms apart the machine's load is nearly the same for the
+three, which the rows above, seconds apart, cannot promise.
+
+| call | calls/s plaintext | µs/call plaintext | -listen-tls | over plaintext | -listen-client-auth | over plaintext |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: |
+$(listener_rows)
+$(if [ "$listener_status" -ne 0 ]; then echo; echo "**BenchmarkListenerTLS failed (status $listener_status)**."; fi)
+
 ### Renewals over mutual TLS
 
 \`BenchmarkLeasesOverTLS\` (internal/coordinator): three coordinator nodes
@@ -455,6 +500,7 @@ EOF
       echo "ration-bench $common -pids \$AGENT_PID_$name,\$REDIS_PID,\$COORD_PID $f${bf:+ $bf}"
     done
   done
+  echo "$listener_cmd"
   printf '%s\n' "${renew_cmds[@]}"
   echo '```'
   echo
@@ -477,4 +523,5 @@ else
   { [ -f "$OUT" ] && echo; echo "## TLS"; echo; cat "$block"; } >>"$OUT"
 fi
 say "wrote the TLS block of $OUT (${elapsed}s)"
+[ "$listener_status" -eq 0 ] || die "BenchmarkListenerTLS failed (status $listener_status); the rest of the run is in $OUT"
 [ "$renew_status" -eq 0 ] || die "a renewal benchmark failed (status $renew_status); the rest of the run is in $OUT"

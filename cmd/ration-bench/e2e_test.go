@@ -16,7 +16,7 @@ import (
 
 // startAgent runs a -dev gateway-agent (in-memory store, sample rules) in
 // this process on free loopback ports; opts adjust its configuration.
-func startAgent(t *testing.T, opts ...func(*agent.Config)) *agent.Server {
+func startAgent(t testing.TB, opts ...func(*agent.Config)) *agent.Server {
 	t.Helper()
 	cfg := agent.DevConfig()
 	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"

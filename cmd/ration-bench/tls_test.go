@@ -24,7 +24,7 @@ type testPKI struct {
 	other string
 }
 
-func newTestPKI(t *testing.T) testPKI {
+func newTestPKI(t testing.TB) testPKI {
 	t.Helper()
 	dir := t.TempDir()
 	ca, err := certgen.NewCA("ration-bench test CA", time.Hour)
