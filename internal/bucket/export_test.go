@@ -1,6 +1,9 @@
 package bucket
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // Hooks for the external tests (package bucket_test). Those live outside the
 // package because they use internal/harness, whose Raft helpers import
@@ -106,3 +109,18 @@ func ModelHotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int
 
 // HotExpiresAfter is hotExpiresAfter.
 var HotExpiresAfter = hotExpiresAfter
+
+// ScriptSource is the bucket script (redis.lua).
+var ScriptSource = scriptSrc
+
+// ScriptArgv is what the store passes the bucket script after its keys
+// (ARGV) for req, as strings.
+func (s *RedisStore) ScriptArgv(req Request) []string {
+	args := s.cmd(context.Background(), opTake, req, true).Args()
+	nkeys := args[2].(int)
+	var out []string
+	for _, a := range args[3+nkeys:] {
+		out = append(out, fmt.Sprint(a))
+	}
+	return out
+}
