@@ -72,7 +72,8 @@ type RedisStore struct {
 	ap      *redis.AutoPipeliner // nil: plain pooled calls
 	timeout time.Duration
 	ridTTL  any // request-id TTL, milliseconds (a string)
-	args    argCache
+	args    numberCache
+	ttls    argCache[[2]uint64] // bucket TTLs (scriptTTL), by burst and rate bits
 	log     *slog.Logger
 	// lastReload is when a NOSCRIPT reload was last logged (unix ns), so a
 	// failover that reloads on many connections logs once.
@@ -313,7 +314,7 @@ func (s *RedisStore) do(ctx context.Context, cmd redis.Cmder) error {
 
 // cmd builds one script call. sha selects EVALSHA (else EVAL, which also
 // caches the script on that server). The request-id TTL goes only with a
-// request id, the one case the script reads it.
+// request id, the one case the script reads it; the bucket's TTL always.
 func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) *redis.Cmd {
 	if req.Hot != nil {
 		return s.hotCmd(ctx, op, req, sha)
@@ -329,53 +330,96 @@ func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) 
 	} else {
 		args = append(args, 1, req.Key)
 	}
-	args = append(args, op, s.args.number(req.Limit.Burst), s.args.number(req.Limit.Rate), s.args.number(req.Cost))
+	args = append(args, op, s.args.number(req.Limit.Burst), s.args.number(req.Limit.Rate), s.args.number(req.Cost), s.ttl(req.Limit))
 	if req.RequestID != "" {
 		args = append(args, s.ridTTL)
 	}
 	return redis.NewCmd(ctx, args...)
 }
 
-// argCache holds numbers as script arguments: formatted (formatFloat) and
-// boxed once, not once per call. Requests carry few distinct numbers (the
-// rules' bursts and rates, and costs, nearly always 1); past maxCachedArgs
-// of them, further ones are formatted per call. Reads take no lock.
-type argCache struct {
-	m  atomic.Pointer[map[uint64]any] // by math.Float64bits, so -0 is not 0
-	mu sync.Mutex                     // serializes writers (copy on write)
+// numberCache holds numbers as script arguments, by their bits (so -0 is
+// not 0).
+type numberCache struct{ argCache[uint64] }
+
+// number is v as a script argument (formatFloat), formatted once per
+// distinct value.
+func (c *numberCache) number(v float64) any {
+	bits := math.Float64bits(v)
+	if a, ok := c.get(bits); ok {
+		return a
+	}
+	return c.put(bits, formatFloat(v))
+}
+
+// ttl is l's bucket TTL as a script argument (scriptTTL), formatted once
+// per rule shape.
+func (s *RedisStore) ttl(l Limit) any {
+	k := [2]uint64{math.Float64bits(l.Burst), math.Float64bits(l.Rate)}
+	if a, ok := s.ttls.get(k); ok {
+		return a
+	}
+	return s.ttls.put(k, scriptTTL(l))
+}
+
+// scriptTTL is the time to live, in whole milliseconds, that the script
+// gives a bucket of limit l whose last is now (the usual case: a clock that
+// stepped back is the script's own to count), or "0" for none. It is the
+// script's arithmetic, operation for operation (expiresAfter's, and a
+// refill of 0 µs is kept forever as the script always did), so the script
+// takes it as an argument instead of computing and formatting it per call.
+func scriptTTL(l Limit) string {
+	if !(l.Rate > 0) {
+		return "0"
+	}
+	full := math.Ceil(l.Burst / l.Rate * 1e6)
+	if !(full > 0 && full < float64(keepForever)) {
+		return "0"
+	}
+	ttl := int64(full) + int64(expiryMargin/time.Microsecond)
+	if ttl >= keepForever {
+		return "0"
+	}
+	return strconv.FormatInt((ttl+999)/1000, 10)
+}
+
+// argCache holds script arguments formatted and boxed once, not once per
+// call. Requests carry few distinct numbers (the rules' bursts and rates,
+// and costs, nearly always 1); past maxCachedArgs of them, further ones are
+// formatted per call. Reads take no lock.
+type argCache[K comparable] struct {
+	m  atomic.Pointer[map[K]any]
+	mu sync.Mutex // serializes writers (copy on write)
 }
 
 const maxCachedArgs = 1024
 
-func (c *argCache) number(v float64) any {
-	bits := math.Float64bits(v)
-	m := c.m.Load()
-	if m != nil {
-		if a, ok := (*m)[bits]; ok {
-			return a
-		}
+func (c *argCache[K]) get(k K) (any, bool) {
+	if m := c.m.Load(); m != nil {
+		a, ok := (*m)[k]
+		return a, ok
 	}
-	a := any(formatFloat(v))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	old := c.m.Load()
-	if old != nil && len(*old) >= maxCachedArgs {
-		return a
-	}
-	next := make(map[uint64]any, 1+len(mapOrNil(old)))
-	for k, v := range mapOrNil(old) {
-		next[k] = v
-	}
-	next[bits] = a
-	c.m.Store(&next)
-	return a
+	return nil, false
 }
 
-func mapOrNil(m *map[uint64]any) map[uint64]any {
-	if m == nil {
-		return nil
+// put caches v under k (unless the cache is full) and returns it boxed.
+func (c *argCache[K]) put(k K, v string) any {
+	a := any(v)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var old map[K]any
+	if p := c.m.Load(); p != nil {
+		old = *p
 	}
-	return *m
+	if len(old) >= maxCachedArgs {
+		return a
+	}
+	next := make(map[K]any, 1+len(old))
+	for k, v := range old {
+		next[k] = v
+	}
+	next[k] = a
+	c.m.Store(&next)
+	return a
 }
 
 // requestIDKey names the record of one request id. It shares the bucket

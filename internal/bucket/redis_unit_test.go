@@ -222,3 +222,21 @@ func TestParseTakeReply(t *testing.T) {
 		}
 	}
 }
+
+// TestScriptTTL: the TTL the store passes the script is the model's expiry
+// for a bucket whose last is now, in whole milliseconds rounded up, or "0"
+// (no expiry) where the model keeps the bucket forever.
+func TestScriptTTL(t *testing.T) {
+	for _, l := range []Limit{
+		{Burst: 1e6, Rate: 1e6}, {Burst: 10, Rate: 4}, {Burst: 1, Rate: 3}, {Burst: 2.5, Rate: 0.1},
+		{Burst: 10, Rate: 0}, {Burst: 1e12, Rate: 1e-3}, {Burst: 1e-3, Rate: 1e12}, {Burst: 7.3, Rate: 3.7},
+	} {
+		want := "0"
+		if us := expiresAfter(State{Last: 1e15}, l, 1e15); us > 0 {
+			want = strconv.FormatInt(int64(math.Ceil(float64(us)/1000)), 10)
+		}
+		if got := scriptTTL(l); got != want {
+			t.Errorf("scriptTTL(%+v) = %s; want %s", l, got, want)
+		}
+	}
+}
