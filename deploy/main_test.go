@@ -172,9 +172,10 @@ func (p *proc) wait(t testing.TB, re *regexp.Regexp, timeout time.Duration) []st
 }
 
 var (
-	// The start-up lines name the bound addresses: [1] gRPC, [2] HTTP.
+	// The start-up lines name the bound addresses: [1] gRPC, [2] HTTP
+	// (and [3] the coordinator's admin listener).
 	agentStarted = regexp.MustCompile(`msg="gateway-agent started".* grpc=(\S+) http=(\S+)`)
-	coordStarted = regexp.MustCompile(`msg="coordinator started".* grpc_addr=(\S+) http_addr=(\S+)`)
+	coordStarted = regexp.MustCompile(`msg="coordinator started".* grpc_addr=(\S+) http_addr=(\S+) admin_addr=(\S+)`)
 )
 
 // httpGet fetches a loopback URL.

@@ -83,13 +83,13 @@ func exportedMetrics(t *testing.T) exported {
 
 	// The hierarchy: the global group, the region's group leasing from it,
 	// the region's agents.
-	loopback := []string{"-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0"}
+	loopback := []string{"-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-admin", "127.0.0.1:0"}
 	global := start(t, "coordinator", nil, append([]string{"-dev", "-rules", globalFile}, loopback...)...)
 	m := global.wait(t, coordStarted, 30*time.Second)
 	globalGRPC, globalHTTP := m[1], m[2]
 	coord := start(t, "coordinator", nil, append([]string{"-dev", "-rules", rulesFile, "-region", testRegion, "-upstream", globalGRPC}, loopback...)...)
 	m = coord.wait(t, coordStarted, 30*time.Second)
-	coordGRPC, coordHTTP := m[1], m[2]
+	coordGRPC, coordHTTP, coordAdmin := m[1], m[2], m[3]
 	for _, h := range []string{globalHTTP, coordHTTP} {
 		eventually(t, 20*time.Second, "coordinator /readyz", func() bool {
 			code, _ := httpGet(t, "http://"+h+"/readyz")
@@ -189,7 +189,7 @@ func exportedMetrics(t *testing.T) exported {
 		return has(scrape("regional coordinator", coordHTTP), "ration_coordinator_upstream_renewals_total", "result", "ok")
 	})
 	// An operator's run-time tuning, as the runbook does it.
-	if out, err := exec.Command(binary(t, "coordinator"), "tune", "-addr", coordGRPC,
+	if out, err := exec.Command(binary(t, "coordinator"), "tune", "-addr", coordAdmin,
 		"-rule", "export", "-region", testRegion, "-min-slice", "1").CombinedOutput(); err != nil {
 		t.Fatalf("coordinator tune: %v\n%s", err, out)
 	}

@@ -16,16 +16,16 @@ import (
 // node is one coordinator process of the restore test, with fixed
 // loopback ports so that it can come back at the same Raft address.
 type node struct {
-	id                   string
-	raft, grpc, http     string
-	dir                  string
-	viaLaunch, bootstrap bool
+	id                      string
+	raft, grpc, http, admin string
+	dir                     string
+	viaLaunch, bootstrap    bool
 }
 
 func (n node) env(rulesFile string) []string {
 	e := []string{
 		"RATION_ID=" + n.id, "RATION_RAFT=" + n.raft, "RATION_GRPC=" + n.grpc, "RATION_HTTP=" + n.http,
-		"RATION_DATA_DIR=" + n.dir, "RATION_RULES=" + rulesFile,
+		"RATION_ADMIN=" + n.admin, "RATION_INSECURE=true", "RATION_DATA_DIR=" + n.dir, "RATION_RULES=" + rulesFile,
 		// Fast elections, and a snapshot after every entry.
 		"RATION_RAFT_HEARTBEAT_TIMEOUT=300ms", "RATION_RAFT_ELECTION_TIMEOUT=300ms", "RATION_RAFT_LEADER_LEASE_TIMEOUT=150ms",
 		"RATION_SNAPSHOT_INTERVAL=200ms", "RATION_SNAPSHOT_THRESHOLD=1",
@@ -43,7 +43,7 @@ func (n node) env(rulesFile string) []string {
 // what coordinator-launch gives it when no member is ready
 // (RATION_BOOTSTRAP=true; the launcher would ask DNS, which a test must
 // not), the others through coordinator-launch itself, joining through
-// coordinator-0.
+// coordinator-0's admin listener.
 func (n node) start(t *testing.T, rulesFile, join string) *proc {
 	t.Helper()
 	env := n.env(rulesFile)
@@ -119,11 +119,11 @@ func TestRestoreFromSnapshot(t *testing.T) {
 	var nodes []node
 	for i := range 3 {
 		nodes = append(nodes, node{
-			id: fmt.Sprintf("coordinator-%d", i), raft: closedPort(t), grpc: closedPort(t), http: closedPort(t),
+			id: fmt.Sprintf("coordinator-%d", i), raft: closedPort(t), grpc: closedPort(t), http: closedPort(t), admin: closedPort(t),
 			dir: filepath.Join(dir, fmt.Sprintf("data-%d", i)), viaLaunch: i > 0, bootstrap: i == 0,
 		})
 	}
-	join := nodes[0].grpc
+	join := nodes[0].admin
 	var procs []*proc
 	for _, n := range nodes {
 		procs = append(procs, n.start(t, rulesFile, join))
@@ -177,7 +177,7 @@ func TestRestoreFromSnapshot(t *testing.T) {
 	applied, _ := strconv.Atoi(m[1])
 	var backup string
 	eventually(t, 20*time.Second, "a snapshot taken after the release", func() bool {
-		if statusField(t, nodes[1].grpc, "last snapshot") < applied {
+		if statusField(t, nodes[1].admin, "last snapshot") < applied {
 			return false
 		}
 		newest := newestSnapshot(t, filepath.Join(nodes[1].dir, "snapshots"))

@@ -170,7 +170,7 @@ EOF
 mkdir -p "$work/data"
 free_port; rp=$port; free_port; gp=$port; free_port; hp=$port
 "$bin/coordinator" -id c1 -raft "127.0.0.1:$rp" -grpc "127.0.0.1:$gp" -http "127.0.0.1:$hp" \
-  -data-dir "$work/data" -rules "$work/rules.yaml" -bootstrap -insecure 2>"$work/coordinator.log" &
+  -admin 127.0.0.1:0 -data-dir "$work/data" -rules "$work/rules.yaml" -bootstrap -insecure 2>"$work/coordinator.log" &
 coord_pid=$!; procs+=("$coord_pid")
 wait_http "http://127.0.0.1:$hp/readyz" 30 || die "coordinator not ready (see $work/coordinator.log)"
 agent_grpc=() agent_http=()

@@ -198,7 +198,7 @@ EOF
 # A one-node coordinator group (temporary data dir, deleted on exit) with
 # the same rules file: it leases only the mode: leased rule.
 "$work/bin/coordinator" -dev -rules "$work/rules.yaml" -raft 127.0.0.1:0 -grpc 127.0.0.1:0 -http 127.0.0.1:0 \
-  2>"$work/coordinator.log" &
+  -admin 127.0.0.1:0 2>"$work/coordinator.log" &
 cpid=$!
 procs+=("$cpid")
 for _ in $(seq 100); do

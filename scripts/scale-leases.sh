@@ -119,7 +119,7 @@ for keys in $KEYS; do
     rp=$(free_port); gp=$(free_port); hp=$(free_port)
     # shellcheck disable=SC2086
     "$bin/coordinator" -id c1 -raft "127.0.0.1:$rp" -grpc "127.0.0.1:$gp" -http "127.0.0.1:$hp" \
-      -data-dir "$run/data" -rules "$work/rules.yaml" -bootstrap -insecure $COORD_FLAGS 2>"$run/coordinator.log" &
+      -admin 127.0.0.1:0 -data-dir "$run/data" -rules "$work/rules.yaml" -bootstrap -insecure $COORD_FLAGS 2>"$run/coordinator.log" &
     cpid=$!; procs+=("$cpid")
     wait_http "http://127.0.0.1:$hp/readyz" 20 || die "coordinator not ready (see $run/coordinator.log)"
     ag=$(free_port); ah=$(free_port)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/tlsfiles"
+	"github.com/ration-dev/ration/internal/tokenfile"
 
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -28,10 +29,10 @@ import (
 // (TestUsageNamesEveryCommand).
 var commands = []string{"status", "quotas", "leases", "tune", "tunings", "members"}
 
-// runCommand runs an operator command against one node's admin API. It
-// asks that node, not the leader: status shows what the node itself
-// sees, and quotas and leases read its replicated state (a follower's may
-// lag by the entries it has not applied).
+// runCommand runs an operator command against one node's admin API (its
+// -admin listener). It asks that node, not the leader: status shows what
+// the node itself sees, and quotas and leases read its replicated state (a
+// follower's may lag by the entries it has not applied).
 func runCommand(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
 	if name == "members" {
 		return runMembers(ctx, args, stdout, stderr) // members.go
@@ -82,12 +83,13 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		}
 		fmt.Fprintf(w, "node\t%s\t%s\n", st.Id, st.State)
 		fmt.Fprintf(w, "leader\t%s\t%s\n", orDash(st.LeaderId), orDash(st.LeaderAddress))
+		fmt.Fprintf(w, "leader admin\t%s\t\n", orDash(st.LeaderAdminAddress))
 		fmt.Fprintf(w, "term\t%d\t\n", st.Term)
 		fmt.Fprintf(w, "commit / applied\t%d / %d\t\n", st.CommitIndex, st.AppliedIndex)
 		fmt.Fprintf(w, "last snapshot\t%d\t\n\n", st.LastSnapshotIndex)
-		fmt.Fprintln(w, "SERVER\tRAFT ADDRESS\tSUFFRAGE")
+		fmt.Fprintln(w, "SERVER\tRAFT ADDRESS\tSUFFRAGE\tLEASE ADDRESS\tADMIN ADDRESS")
 		for _, s := range st.Servers {
-			fmt.Fprintf(w, "%s\t%s\t%s\n", s.Id, s.Address, s.Suffrage)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", s.Id, s.Address, s.Suffrage, orDash(s.GrpcAddress), orDash(s.AdminAddress))
 		}
 		if tl, err := admin.ListTunings(ctx, &rationv1.ListTuningsRequest{}); err == nil && len(tl.Tunings) > 0 {
 			fmt.Fprintln(w)
@@ -133,18 +135,24 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 // dialFunc opens a connection to a node's admin API.
 type dialFunc func(addr string) (*grpc.ClientConn, error)
 
-// bindAddr binds the flags every command has: the node to ask, the
-// deadline, and the operator's certificate (-tls-cert, -tls-key, -tls-ca,
-// defaulting to RATION_TLS_CERT, RATION_TLS_KEY and RATION_TLS_CA, as on
-// the node). Without them the command dials in plaintext, which a node
-// running with TLS refuses.
+// defaultAdminAddr is where the commands look for a node's admin API: a
+// node's -admin default, on the same host.
+const defaultAdminAddr = "127.0.0.1:8303"
+
+// bindAddr binds the flags every command has: the node to ask (its admin
+// address), the deadline, the operator's certificate (-tls-cert, -tls-key,
+// -tls-ca, defaulting to RATION_TLS_CERT, RATION_TLS_KEY and RATION_TLS_CA,
+// as on the node) and the admin token (-token-file, defaulting to
+// RATION_ADMIN_TOKEN_FILE, the node's variable). Without the TLS files the
+// command dials in plaintext, which a node running with TLS refuses.
 func bindAddr(fs *flag.FlagSet) (addr *string, timeout *time.Duration, dial dialFunc) {
-	addr = fs.String("addr", "127.0.0.1:8301", "gRPC address of a coordinator node")
+	addr = fs.String("addr", defaultAdminAddr, "admin address (-admin) of a coordinator node")
 	timeout = fs.Duration("timeout", 5*time.Second, "deadline for the call")
 	var files tlsfiles.Files
 	fs.StringVar(&files.Cert, "tls-cert", os.Getenv("RATION_TLS_CERT"), "operator's PEM certificate (URI SAN ration://operator/<name>) (env RATION_TLS_CERT)")
 	fs.StringVar(&files.Key, "tls-key", os.Getenv("RATION_TLS_KEY"), "PEM private key of -tls-cert (env RATION_TLS_KEY)")
 	fs.StringVar(&files.CA, "tls-ca", os.Getenv("RATION_TLS_CA"), "PEM CA bundle the node's certificate must chain to (env RATION_TLS_CA)")
+	tokenFile := fs.String("token-file", os.Getenv("RATION_ADMIN_TOKEN_FILE"), "file holding the node's admin token (its -admin-token-file), sent as authorization: Bearer (env RATION_ADMIN_TOKEN_FILE)")
 	dial = func(a string) (*grpc.ClientConn, error) {
 		creds := insecure.NewCredentials()
 		if files.Enabled() {
@@ -156,7 +164,15 @@ func bindAddr(fs *flag.FlagSet) (addr *string, timeout *time.Duration, dial dial
 			defer src.Close()
 			creds = src.ClientCredentials("", nil)
 		}
-		return grpc.NewClient(a, grpc.WithTransportCredentials(creds))
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+		if *tokenFile != "" {
+			tok, err := tokenfile.Read(*tokenFile)
+			if err != nil {
+				return nil, fmt.Errorf("-token-file: %w", err)
+			}
+			opts = append(opts, grpc.WithPerRPCCredentials(tokenfile.Bearer(tok)))
+		}
+		return grpc.NewClient(a, opts...)
 	}
 	return addr, timeout, dial
 }
@@ -249,8 +265,8 @@ func printTunings(w io.Writer, ts []*rationv1.Tuning) {
 
 // atLeader makes a call only the leader serves (Tune, AddVoter,
 // RemoveServer): a node that is not the leader (or leads but is not ready
-// yet) answers UNAVAILABLE naming the leader, and the call is made there,
-// until the deadline. opt must be passed to the RPC: it reads the trailer.
+// yet) answers UNAVAILABLE naming the leader's admin address, and the call
+// is made there, until the deadline. opt must be passed to the RPC: it reads the trailer.
 // A call may so reach the state machine twice: a Tune sets the same record
 // twice, an AddVoter of a voter at the same address is a no-op.
 func atLeader[T any](ctx context.Context, admin rationv1.AdminClient, addr string, dial dialFunc,

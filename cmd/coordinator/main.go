@@ -2,19 +2,25 @@
 // group that replicates the lease state and hands budget slices to gateway
 // agents (docs/leases.md).
 //
-//	coordinator -dev                                  # one node, temporary data, examples/rules.yaml
-//	coordinator -id n1 -bootstrap -data-dir /var/lib/ration -rules rules.yaml
-//	coordinator -id n2 -join 10.0.0.1:8301 -data-dir /var/lib/ration -rules rules.yaml
+//	coordinator -dev                                  # one node, plaintext, temporary data, examples/rules.yaml
+//	coordinator -id n1 -bootstrap -data-dir /var/lib/ration -rules rules.yaml -tls-cert n1.crt -tls-key n1.key -tls-ca ca.crt
+//	coordinator -id n2 -join 10.0.0.1:8303 -admin 10.0.0.2:8303 -data-dir /var/lib/ration -rules rules.yaml -tls-cert ...
+//	coordinator -insecure ...                         # plaintext by choice (no TLS files)
 //	coordinator -validate -rules rules.yaml           # check config and rules, then exit
-//	coordinator status -addr 127.0.0.1:8301           # operator commands
-//	coordinator quotas -addr 127.0.0.1:8301
-//	coordinator leases -addr 127.0.0.1:8301 [-quota rule|subject]
-//	coordinator tune -addr 127.0.0.1:8301 -rule export-global -max-slice 200
-//	coordinator tunings -addr 127.0.0.1:8301
-//	coordinator members list -addr 127.0.0.1:8301
-//	coordinator members add -addr 127.0.0.1:8301 -id n4 -raft-address 10.0.0.4:8300 -grpc-address 10.0.0.4:8301
-//	coordinator members remove -addr 127.0.0.1:8301 -id n4
+//	coordinator status                                # operator commands, at the admin address (-addr, default 127.0.0.1:8303)
+//	coordinator quotas -addr 127.0.0.1:8303
+//	coordinator leases -addr 127.0.0.1:8303 [-quota rule|subject]
+//	coordinator tune -addr 127.0.0.1:8303 -rule export-global -max-slice 200
+//	coordinator tunings -addr 127.0.0.1:8303
+//	coordinator members list -addr 127.0.0.1:8303
+//	coordinator members add -addr 127.0.0.1:8303 -id n4 -raft-address 10.0.0.4:8300 -grpc-address 10.0.0.4:8301 -admin-address 10.0.0.4:8303
+//	coordinator members remove -addr 127.0.0.1:8303 -id n4
 //	coordinator -version                              # version, commit, Go version
+//
+// The lease API (agents, regional groups) is on -grpc (8301), the admin
+// API (the commands above, -join) on -admin (8303, loopback by default).
+// A node without -tls-cert, -tls-key and -tls-ca refuses to start unless
+// -insecure (or -dev) says plaintext is meant (docs/security.md).
 //
 // Every flag can also be set with a RATION_* environment variable (-h
 // names them). SIGTERM or SIGINT: a leader hands leadership over, then the
@@ -144,10 +150,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	switch {
 	case cfg.Dev && format == logformat.JSON:
 		// Nothing but records on stderr, for whatever reads them.
-		logger.Info("coordinator -dev: data deleted on exit", "grpc", node.GRPCAddr(), "http", node.HTTPAddr(), "data_dir", cfg.DataDir)
+		logger.Info("coordinator -dev: data deleted on exit", "grpc", node.GRPCAddr(), "http", node.HTTPAddr(), "admin", node.AdminAddr(), "data_dir", cfg.DataDir)
 	case cfg.Dev:
-		fmt.Fprintf(stderr, "coordinator -dev: gRPC %s, HTTP %s, data %s (deleted on exit)\n  try: coordinator status -addr %s\n",
-			node.GRPCAddr(), node.HTTPAddr(), cfg.DataDir, node.GRPCAddr())
+		fmt.Fprintf(stderr, "coordinator -dev: gRPC %s, HTTP %s, admin %s, data %s (deleted on exit)\n  try: coordinator status -addr %s\n",
+			node.GRPCAddr(), node.HTTPAddr(), node.AdminAddr(), cfg.DataDir, node.AdminAddr())
 	}
 
 	hup := make(chan os.Signal, 1)
@@ -198,11 +204,15 @@ const usage = `usage: coordinator [flags]                  run a node (flags bel
        coordinator members list -addr HOST:PORT
                                              the Raft servers, the leader marked
        coordinator members add -addr HOST:PORT -id ID -raft-address HOST:PORT
-                               -grpc-address HOST:PORT
+                               -grpc-address HOST:PORT -admin-address HOST:PORT
                                              add a voter (sent to the leader)
        coordinator members remove -addr HOST:PORT -id ID
                                              remove a server (sent to the leader)
        coordinator COMMAND -h                a command's flags
+
+The commands call a node's admin API: -addr is its -admin address
+(default 127.0.0.1:8303), with -tls-cert/-tls-key/-tls-ca (an operator's
+certificate) and -token-file (its -admin-token-file) when it needs them.
 
 flags:`
 

@@ -58,8 +58,12 @@ func TestValidate(t *testing.T) {
 		wantCode int
 		wantOut  string
 	}{
-		{"valid", []string{"-validate", "-rules", good, "-data-dir", dir}, "", 0, "3 leased"},
-		{"example rules", []string{"-validate", "-rules", exampleRules, "-data-dir", dir}, "", 0, "3 leased"},
+		{"valid", []string{"-validate", "-rules", good, "-data-dir", dir, "-insecure"}, "", 0, "3 leased"},
+		{"example rules", []string{"-validate", "-rules", exampleRules, "-data-dir", dir, "-insecure"}, "", 0, "3 leased"},
+		{"plaintext only by choice", []string{"-validate", "-rules", good, "-data-dir", dir},
+			"no TLS files: set -tls-cert, -tls-key, -tls-ca (docs/security.md), or -insecure to run in plaintext", 2, ""},
+		{"admin on the lease port", []string{"-validate", "-rules", good, "-data-dir", dir, "-insecure", "-admin", "127.0.0.1:8301"},
+			`-grpc and -admin are both "127.0.0.1:8301"`, 2, ""},
 		{"invalid rules", []string{"-validate", "-rules", bad, "-data-dir", dir}, "rules file is invalid", 1, ""},
 		{"missing rules", []string{"-validate", "-data-dir", dir}, "-rules", 2, ""},
 		{"bad flags named", []string{"-validate", "-rules", good, "-data-dir", "", "-tick", "0s"}, "-tick", 2, ""},
@@ -160,15 +164,16 @@ func TestDevAndCommands(t *testing.T) {
 	var stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-dev=1", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-level", "warn"},
+		done <- run(ctx, []string{"-dev=1", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-log-level", "warn"},
 			&bytes.Buffer{}, &stderr, noEnv)
 	}()
-	re := regexp.MustCompile(`gRPC (\S+), HTTP (\S+),`)
+	// The commands go to the admin listener, which -dev names.
+	re := regexp.MustCompile(`gRPC (\S+), HTTP (\S+), admin (\S+),`)
 	var addr, httpAddr string
 	deadline := time.Now().Add(30 * time.Second)
 	for addr == "" {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
-			addr, httpAddr = m[1], m[2]
+			addr, httpAddr = m[3], m[2]
 			break
 		}
 		select {
@@ -239,17 +244,32 @@ func TestDevAndCommands(t *testing.T) {
 	}
 }
 
-// tune sent to a follower is committed by the leader it names.
+// tune sent to a follower's admin listener is redirected to the leader's
+// admin address (not its lease port, which would answer UNIMPLEMENTED) and
+// committed there; tune sent to a lease port is refused, naming -admin.
 func TestTuneThroughFollower(t *testing.T) {
 	c := harness.StartCoordinators(t, 3, string(devRules))
-	li, _ := c.Leader(t)
-	follower := c.Node((li + 1) % 3).GRPCAddr()
+	li, ln := c.Leader(t)
+	fn := c.Node((li + 1) % 3)
+	// The follower knows the leader's admin address (from the member
+	// table), so its first answer redirects.
+	deadline := time.Now().Add(10 * time.Second)
+	for _, admin := fn.LeaderAdmin(); admin != ln.AdminAddr(); _, admin = fn.LeaderAdmin() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower does not know the leader's admin address %s", ln.AdminAddr())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"tune", "-addr", follower, "-rule", "export-global", "-region", "eu", "-weight", "2"}, &out, &bytes.Buffer{}, noEnv); err != nil {
+	if err := run(context.Background(), []string{"tune", "-addr", fn.AdminAddr(), "-rule", "export-global", "-region", "eu", "-weight", "2"}, &out, &bytes.Buffer{}, noEnv); err != nil {
 		t.Fatalf("tune through a follower: %v", err)
 	}
 	if !regexp.MustCompile(`export-global\s+eu\s+-\s+-\s+-\s+-\s+2`).MatchString(out.String()) {
 		t.Errorf("tune printed %q, want the new tuning", out.String())
+	}
+	err := run(context.Background(), []string{"tune", "-addr", fn.GRPCAddr(), "-rule", "export-global", "-weight", "3"}, &out, &bytes.Buffer{}, noEnv)
+	if err == nil || !strings.Contains(err.Error(), "Unimplemented") || !strings.Contains(err.Error(), "-admin listener") {
+		t.Errorf("tune at a lease port: %v, want Unimplemented naming the -admin listener", err)
 	}
 }
 
@@ -344,7 +364,7 @@ func TestJSONLogs(t *testing.T) {
 	var stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-dev", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-format", "json", "-log-level", "debug"},
+		done <- run(ctx, []string{"-dev", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-log-format", "json", "-log-level", "debug"},
 			&bytes.Buffer{}, &stderr, noEnv)
 	}()
 	records := func() (recs []map[string]any) {
@@ -364,7 +384,7 @@ func TestJSONLogs(t *testing.T) {
 	for {
 		var dev, raft bool
 		for _, r := range records() {
-			if r["msg"] == "coordinator -dev: data deleted on exit" && r["grpc"] != nil {
+			if r["msg"] == "coordinator -dev: data deleted on exit" && r["grpc"] != nil && r["admin"] != nil {
 				dev = true
 			}
 			if r["component"] == "raft" {

@@ -20,12 +20,14 @@ var membersActions = []string{"list", "add", "remove"}
 
 const membersUsage = `usage: coordinator members list -addr HOST:PORT
        coordinator members add -addr HOST:PORT -id ID -raft-address HOST:PORT -grpc-address HOST:PORT
+                               -admin-address HOST:PORT
        coordinator members remove -addr HOST:PORT -id ID
 
-list asks the node at -addr for the Raft servers it knows (its Status).
-add and remove change the Raft configuration: they are sent to -addr and
-followed to the leader. Add or remove one server at a time, and list
-between changes (docs/runbook.md).
+-addr is a member's admin address (its -admin). list asks that node for
+the Raft servers it knows (its Status), with their lease and admin
+addresses. add and remove change the Raft configuration: they are sent to
+-addr and followed to the leader's admin address. Add or remove one server
+at a time, and list between changes (docs/runbook.md).
 
 flags:`
 
@@ -44,13 +46,14 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	addr, timeout, dial := bindAddr(fs)
 	// Without an action (members -h) every action's flags are shown.
-	var id, raftAddr, grpcAddr string
+	var id, raftAddr, grpcAddr, adminAddr string
 	if action != "list" {
 		fs.StringVar(&id, "id", "", "the server's id (its coordinator -id); add and remove")
 	}
 	if action == "add" || action == "" {
 		fs.StringVar(&raftAddr, "raft-address", "", "the new server's Raft address, as the others reach it (its -raft); add")
-		fs.StringVar(&grpcAddr, "grpc-address", "", "the new server's gRPC address, as agents and the others reach it (its -grpc); add")
+		fs.StringVar(&grpcAddr, "grpc-address", "", "the new server's lease address, as agents and the others reach it (its -grpc-advertise or -grpc); add")
+		fs.StringVar(&adminAddr, "admin-address", "", "the new server's admin address, as operators and the others reach it (its -admin-advertise or -admin); add")
 	}
 	want := fmt.Sprintf("want %s or %s", strings.Join(membersActions[:len(membersActions)-1], ", "), membersActions[len(membersActions)-1])
 	if action != "" && !slices.Contains(membersActions, action) {
@@ -69,7 +72,8 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	for _, f := range []struct {
 		name, v string
 		need    bool
-	}{{"-id", id, action != "list"}, {"-raft-address", raftAddr, action == "add"}, {"-grpc-address", grpcAddr, action == "add"}} {
+	}{{"-id", id, action != "list"}, {"-raft-address", raftAddr, action == "add"}, {"-grpc-address", grpcAddr, action == "add"},
+		{"-admin-address", adminAddr, action == "add"}} {
 		if f.need && f.v == "" {
 			missing = append(missing, f.name)
 		}
@@ -113,7 +117,7 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		var resp *rationv1.MembershipResponse
 		var err error
 		if action == "add" {
-			resp, err = admin.AddVoter(ctx, &rationv1.AddVoterRequest{Id: id, RaftAddress: raftAddr, GrpcAddress: grpcAddr}, opt)
+			resp, err = admin.AddVoter(ctx, &rationv1.AddVoterRequest{Id: id, RaftAddress: raftAddr, GrpcAddress: grpcAddr, AdminAddress: adminAddr}, opt)
 		} else {
 			resp, err = admin.RemoveServer(ctx, &rationv1.RemoveServerRequest{Id: id}, opt)
 		}
@@ -144,14 +148,15 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-// printMembers prints the Raft servers, marking the leader.
+// printMembers prints the Raft servers with their lease and admin
+// addresses ("-": not recorded), marking the leader.
 func printMembers(w io.Writer, servers []*rationv1.RaftServer, leader string) {
-	fmt.Fprintln(w, "SERVER\tRAFT ADDRESS\tSUFFRAGE\tLEADER")
+	fmt.Fprintln(w, "SERVER\tRAFT ADDRESS\tSUFFRAGE\tLEASE ADDRESS\tADMIN ADDRESS\tLEADER")
 	for _, s := range servers {
 		mark := ""
 		if s.Id == leader {
 			mark = "leader"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", s.Id, s.Address, s.Suffrage, mark)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, s.Address, s.Suffrage, orDash(s.GrpcAddress), orDash(s.AdminAddress), mark)
 	}
 }

@@ -20,13 +20,15 @@ import (
 )
 
 // members list, add and remove against a real 3-node group, each sent to
-// a follower: list reads the follower's configuration, add and remove are
-// followed to the leader. A fourth node, started without -join, becomes a
-// voter through members add and leaves through members remove.
+// a follower's admin listener: list reads the follower's configuration
+// (with every member's lease and admin addresses), add and remove are
+// followed to the leader's admin address. A fourth node, started without
+// -join, becomes a voter through members add and leaves through members
+// remove.
 func TestMembersCommands(t *testing.T) {
 	c := harness.StartCoordinators(t, 3, string(devRules))
 	li, _ := c.Leader(t)
-	follower := c.Node((li + 1) % 3).GRPCAddr()
+	follower := c.Node((li + 1) % 3).AdminAddr()
 	members := func(args ...string) (string, error) {
 		t.Helper()
 		var out bytes.Buffer
@@ -45,6 +47,10 @@ func TestMembersCommands(t *testing.T) {
 		if !row(fmt.Sprintf("node%d", i), "Voter").MatchString(out) {
 			t.Errorf("members list lacks node%d as a voter:\n%s", i, out)
 		}
+		n := c.Node(i)
+		if !regexp.MustCompile(`(?m)^node` + fmt.Sprint(i) + `\s.*\sVoter\s+` + regexp.QuoteMeta(n.GRPCAddr()) + `\s+` + regexp.QuoteMeta(n.AdminAddr()) + `\b`).MatchString(out) {
+			t.Errorf("members list lacks node%d's lease and admin addresses (%s, %s):\n%s", i, n.GRPCAddr(), n.AdminAddr(), out)
+		}
 	}
 	if n := len(regexp.MustCompile(`(?m)\s+leader$`).FindAllString(out, -1)); n != 1 {
 		t.Errorf("members list marks %d leaders, want 1:\n%s", n, out)
@@ -62,11 +68,11 @@ func TestMembersCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n3.Close() })
-	if _, err := members("list", "-addr", n3.GRPCAddr()); err == nil || !strings.Contains(err.Error(), "not a member") {
+	if _, err := members("list", "-addr", n3.AdminAddr()); err == nil || !strings.Contains(err.Error(), "not a member") {
 		t.Errorf("members list at a node that never joined = %v, want it to say so", err)
 	}
 
-	out, err = members("add", "-addr", follower, "-id", "node3", "-raft-address", n3.RaftAddr(), "-grpc-address", n3.GRPCAddr())
+	out, err = members("add", "-addr", follower, "-id", "node3", "-raft-address", n3.RaftAddr(), "-grpc-address", n3.GRPCAddr(), "-admin-address", n3.AdminAddr())
 	if err != nil {
 		t.Fatalf("members add: %v", err)
 	}
@@ -75,11 +81,11 @@ func TestMembersCommands(t *testing.T) {
 	}
 	c.WaitVoters(t, 4)
 	// The new member learns the configuration from the leader.
-	waitMembers(t, n3.GRPCAddr(), func(out string) bool {
-		return row("node3", "Voter").MatchString(out) && strings.Contains(out, "leader")
+	waitMembers(t, n3.AdminAddr(), func(out string) bool {
+		return row("node3", "Voter").MatchString(out) && strings.Contains(out, "leader") && strings.Contains(out, n3.AdminAddr())
 	})
 	// Adding it again is a no-op, so a retried add is safe.
-	if _, err := members("add", "-addr", follower, "-id", "node3", "-raft-address", n3.RaftAddr(), "-grpc-address", n3.GRPCAddr()); err != nil {
+	if _, err := members("add", "-addr", follower, "-id", "node3", "-raft-address", n3.RaftAddr(), "-grpc-address", n3.GRPCAddr(), "-admin-address", n3.AdminAddr()); err != nil {
 		t.Errorf("members add again: %v", err)
 	}
 
@@ -99,8 +105,9 @@ func TestMembersCommands(t *testing.T) {
 		want string
 	}{
 		{[]string{"remove", "-addr", follower, "-id", "nosuch"}, `no server "nosuch"`},
-		{[]string{"add", "-addr", follower, "-id", "node9", "-raft-address", "0.0.0.0:1", "-grpc-address", "127.0.0.1:1"}, "not dialable"},
-		{[]string{"add", "-addr", follower, "-id", "node9"}, "-raft-address, -grpc-address required"},
+		{[]string{"add", "-addr", follower, "-id", "node9", "-raft-address", "0.0.0.0:1", "-grpc-address", "127.0.0.1:1", "-admin-address", "127.0.0.1:2"}, "not dialable"},
+		{[]string{"add", "-addr", follower, "-id", "node9", "-raft-address", "127.0.0.1:1", "-grpc-address", "127.0.0.1:1", "-admin-address", "0.0.0.0:2"}, "admin_address \"0.0.0.0:2\": not dialable"},
+		{[]string{"add", "-addr", follower, "-id", "node9"}, "-raft-address, -grpc-address, -admin-address required"},
 		{[]string{"remove", "-addr", follower}, "-id required"},
 		{[]string{"list", "-addr", follower, "-id", "x"}, "not defined: -id"},
 		{[]string{"frob"}, `unknown action "frob": want list, add or remove`},
@@ -121,9 +128,9 @@ func TestMembersHelp(t *testing.T) {
 		want []string
 		not  []string
 	}{
-		{[]string{"-h"}, []string{"-addr", "-timeout", "-id", "-raft-address", "-grpc-address"}, nil},
-		{[]string{"list", "-h"}, []string{"-addr", "-timeout"}, []string{"-id", "-raft-address"}},
-		{[]string{"add", "-h"}, []string{"-addr", "-id", "-raft-address", "-grpc-address"}, nil},
+		{[]string{"-h"}, []string{"-addr", "-timeout", "-id", "-raft-address", "-grpc-address", "-admin-address", "-token-file"}, nil},
+		{[]string{"list", "-h"}, []string{"-addr", "-timeout", "-token-file"}, []string{"-id", "-raft-address"}},
+		{[]string{"add", "-h"}, []string{"-addr", "-id", "-raft-address", "-grpc-address", "-admin-address"}, nil},
 		{[]string{"remove", "-h"}, []string{"-addr", "-id"}, []string{"-raft-address"}},
 	} {
 		var stderr bytes.Buffer

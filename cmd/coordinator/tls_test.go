@@ -16,10 +16,9 @@ import (
 )
 
 // A node started from the command line with -tls-cert, -tls-key and
-// -tls-ca serves the operator commands over mutual TLS only: with an
-// operator certificate they work (tune through a follower included, which
-// follows the redirect with the same certificate); with an agent's, or in
-// plaintext, they are refused.
+// -tls-ca serves the operator commands on its admin listener over mutual
+// TLS only: with an operator certificate they work; with an agent's, in
+// plaintext, or at the lease port, they are refused.
 func TestCommandsOverMutualTLS(t *testing.T) {
 	pki := harness.NewPKI(t)
 	node := pki.Issue("n1", tlsfiles.URI(tlsfiles.RoleCoordinator, "n1"))
@@ -34,15 +33,15 @@ func TestCommandsOverMutualTLS(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-id", "n1", "-bootstrap", "-data-dir", filepath.Join(dir, "data"), "-rules", rulesFile,
-			"-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "",
+			"-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-http", "",
 			"-tls-cert", node.Cert, "-tls-key", node.Key, "-tls-ca", node.CA}, &bytes.Buffer{}, &stderr, noEnv)
 	}()
-	re := regexp.MustCompile(`coordinator started.* grpc_addr=(\S+)`)
-	var addr string
+	re := regexp.MustCompile(`coordinator started.* grpc_addr=(\S+) .*admin_addr=(\S+)`)
+	var addr, leaseAddr string
 	deadline := time.Now().Add(30 * time.Second)
 	for addr == "" {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
-			addr = m[1]
+			addr, leaseAddr = m[2], m[1]
 		}
 		select {
 		case err := <-done:
@@ -86,6 +85,10 @@ func TestCommandsOverMutualTLS(t *testing.T) {
 	if err == nil {
 		t.Error("status in plaintext against a TLS node succeeded")
 	}
+	err = run(ctx, append([]string{"tune", "-addr", leaseAddr, "-rule", "export-global", "-max-slice", "9"}, opFlags...), &out, &bytes.Buffer{}, noEnv)
+	if err == nil || !strings.Contains(err.Error(), "Unimplemented") {
+		t.Errorf("tune at the lease port with an operator certificate: %v, want Unimplemented", err)
+	}
 	out.Reset()
 	if err := run(ctx, append([]string{"tunings", "-addr", addr}, opFlags...), &out, &bytes.Buffer{}, noEnv); err != nil {
 		t.Fatal(err)
@@ -104,22 +107,33 @@ func TestCommandsOverMutualTLS(t *testing.T) {
 	}
 }
 
-// Without TLS files and without -insecure the node starts, in plaintext,
-// and says so loudly; with -insecure it says so as a warning; TLS files
-// and -insecure together, or a partial set of files, are refused.
-func TestPlaintextIsAnnounced(t *testing.T) {
+// Plaintext only by choice: without TLS files and without -insecure the
+// node refuses to start, naming both ways out; with -insecure it starts
+// and says so as a warning; TLS files and -insecure together, or a partial
+// set of files, are refused.
+func TestPlaintextOnlyByChoice(t *testing.T) {
 	dir := t.TempDir()
 	rulesFile := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(rulesFile, devRules, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	base := []string{"-id", "n1", "-bootstrap", "-rules", rulesFile, "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", ""}
+	base := []string{"-id", "n1", "-bootstrap", "-rules", rulesFile, "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-http", ""}
+	var stderr bytes.Buffer
+	// Bounded: a node that started after all would run until then.
+	refusedCtx, cancelRefused := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancelRefused()
+	err := run(refusedCtx, append(append([]string{}, base...), "-data-dir", t.TempDir()), &bytes.Buffer{}, &stderr, noEnv)
+	if err == nil || !strings.Contains(err.Error(), "no TLS files: set -tls-cert, -tls-key, -tls-ca (docs/security.md), or -insecure to run in plaintext") {
+		t.Errorf("no TLS files and no -insecure: %v, want the node refused naming -tls-cert and -insecure", err)
+	}
+	if strings.Contains(stderr.String(), "coordinator started") {
+		t.Errorf("the refused node started:\n%s", stderr.String())
+	}
 	for _, tc := range []struct {
 		name  string
 		extra []string
 		want  string
 	}{
-		{"unacknowledged", nil, `level=ERROR msg="PLAINTEXT: no -tls-cert`},
 		{"insecure", []string{"-insecure"}, `level=WARN msg="PLAINTEXT by -insecure`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

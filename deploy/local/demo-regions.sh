@@ -36,7 +36,7 @@ bin="$dir/bin"
 rules="$root/deploy/local/regions.yaml"
 mkdir -p "$bin" "$dir/logs"
 # Every process on loopback, in plaintext by choice (docs/security.md):
-# without it each would log a PLAINTEXT error at start-up.
+# without it the coordinators would refuse to start.
 export RATION_INSECURE=true
 
 command -v redis-server >/dev/null || { echo "redis-server missing: make deps" >&2; exit 2; }
@@ -64,7 +64,7 @@ start() { # name, command...
   pids+=("$!")
 }
 
-wait_leader() { # grpc address
+wait_leader() { # admin address
   for _ in $(seq 1 150); do
     if "$bin/coordinator" status -addr "$1" -timeout 1s 2>/dev/null | grep -q '^node.*Leader'; then
       return 0
@@ -93,32 +93,36 @@ for r in eu us; do
     --maxmemory-policy noeviction --dir "$dir"
 done
 
-# The global group: three nodes, node 0 bootstraps, the others join.
+# The global group: three nodes, node 0 bootstraps, the others join
+# through its admin listener (each node's admin port is its own).
 global_grpc=()
+global_admin=()
 for i in 0 1 2; do
   p=$((base + 10 + 3 * i))
   global_grpc+=("127.0.0.1:$((p + 1))")
+  global_admin+=("127.0.0.1:$((base + 20 + i))")
   args=(-id "global$i" -raft "127.0.0.1:$p" -grpc "127.0.0.1:$((p + 1))" -http "127.0.0.1:$((p + 2))"
-    -data-dir "$dir/global$i" -rules "$rules" -log-level warn)
+    -admin "${global_admin[$i]}" -data-dir "$dir/global$i" -rules "$rules" -log-level warn)
   if [[ $i == 0 ]]; then
     start "global$i" "$bin/coordinator" "${args[@]}" -bootstrap
-    wait_leader "${global_grpc[0]}"
+    wait_leader "${global_admin[0]}"
   else
-    start "global$i" "$bin/coordinator" "${args[@]}" -join "${global_grpc[0]}"
+    start "global$i" "$bin/coordinator" "${args[@]}" -join "${global_admin[0]}"
   fi
 done
 upstream="$(IFS=,; echo "${global_grpc[*]}")"
 
 # One regional coordinator per region, a holder upstream of the global group.
 declare -A region_grpc=([eu]="127.0.0.1:$((base + 31))" [us]="127.0.0.1:$((base + 41))")
+declare -A region_admin=([eu]="127.0.0.1:$((base + 33))" [us]="127.0.0.1:$((base + 43))")
 declare -A region_port=([eu]=$((base + 30)) [us]=$((base + 40)))
 for r in eu us; do
   p=${region_port[$r]}
   start "coordinator-$r" "$bin/coordinator" -id "$r-0" -raft "127.0.0.1:$p" -grpc "127.0.0.1:$((p + 1))" \
-    -http "127.0.0.1:$((p + 2))" -data-dir "$dir/$r-0" -rules "$rules" -bootstrap \
+    -http "127.0.0.1:$((p + 2))" -admin "${region_admin[$r]}" -data-dir "$dir/$r-0" -rules "$rules" -bootstrap \
     -region "$r" -upstream "$upstream" -upstream-renew-at 0.25 -log-level warn
 done
-for r in eu us; do wait_leader "${region_grpc[$r]}"; done
+for r in eu us; do wait_leader "${region_admin[$r]}"; done
 
 # Two agents per region, each recording every decision for ration-check.
 declare -A agent_http agent_grpc
@@ -157,9 +161,9 @@ cat <<GUIDE
 
 Ration, two regions on loopback (logs and data in $dir):
 
-  global group     ${global_grpc[*]}
-  eu coordinator   ${region_grpc[eu]}   redis 127.0.0.1:${redis[eu]}
-  us coordinator   ${region_grpc[us]}   redis 127.0.0.1:${redis[us]}
+  global group     ${global_grpc[*]}   (admin ${global_admin[*]})
+  eu coordinator   ${region_grpc[eu]}   (admin ${region_admin[eu]})   redis 127.0.0.1:${redis[eu]}
+  us coordinator   ${region_grpc[us]}   (admin ${region_admin[us]})   redis 127.0.0.1:${redis[us]}
   agents (HTTP)    eu-a1 ${agent_http[eu-a1]}  eu-a2 ${agent_http[eu-a2]}
                    us-a1 ${agent_http[us-a1]}  us-a2 ${agent_http[us-a2]}
   rules            $rules
@@ -173,15 +177,15 @@ Drive traffic (global-api is one budget of 50/s across both regions):
 Watch the shares move (the global group's leases to region/eu and region/us,
 then a region's subleases to its agents):
 
-  watch -n1 $bin/coordinator leases -addr ${global_grpc[0]}
-  watch -n1 $bin/coordinator leases -addr ${region_grpc[eu]}
-  $bin/coordinator quotas -addr ${region_grpc[eu]}      # BURST/RATE = safe share + upstream lease
+  watch -n1 $bin/coordinator leases -addr ${global_admin[0]}
+  watch -n1 $bin/coordinator leases -addr ${region_admin[eu]}
+  $bin/coordinator quotas -addr ${region_admin[eu]}      # BURST/RATE = safe share + upstream lease
 
 Tune at run time (replicated, kept across restarts; docs/operations.md):
 
-  $bin/coordinator tune -addr ${global_grpc[0]} -rule global-api -region eu -weight 3
-  $bin/coordinator tune -addr ${global_grpc[0]} -rule global-api -region us -max-slice 5
-  $bin/coordinator tunings -addr ${global_grpc[0]}
+  $bin/coordinator tune -addr ${global_admin[0]} -rule global-api -region eu -weight 3
+  $bin/coordinator tune -addr ${global_admin[0]} -rule global-api -region us -max-slice 5
+  $bin/coordinator tunings -addr ${global_admin[0]}
 
 Cut the regions off from the global group (they spend their slices, then
 their safe shares of 10/s each):

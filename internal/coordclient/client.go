@@ -296,7 +296,8 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	return cc, nil
 }
 
-// AddVoter asks the leader to add a server (what -join does).
+// AddVoter asks the leader to add a server (what -join does). The Client
+// must be given admin addresses (-admin): a lease port serves no Admin.
 func (c *Client) AddVoter(ctx context.Context, req *rationv1.AddVoterRequest) (*rationv1.MembershipResponse, error) {
 	return unary(ctx, c, "add voter", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.MembershipResponse, error) {
 		return rationv1.NewAdminClient(cc).AddVoter(ctx, req, opts...)

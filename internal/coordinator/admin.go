@@ -24,19 +24,20 @@ func (s *adminServer) Status(ctx context.Context, _ *rationv1.StatusRequest) (*r
 	n := s.n
 	stats := n.raft.Stats()
 	u := func(k string) uint64 { v, _ := strconv.ParseUint(stats[k], 10, 64); return v }
-	id, addr := n.Leader()
+	id, addr, admin := n.leader()
 	resp := &rationv1.StatusResponse{
-		Id:                n.cfg.ID,
-		State:             n.raft.State().String(),
-		LeaderId:          id,
-		LeaderAddress:     addr,
-		Term:              u("term"),
-		CommitIndex:       u("commit_index"),
-		AppliedIndex:      u("applied_index"),
-		LastSnapshotIndex: u("last_snapshot_index"),
+		Id:                 n.cfg.ID,
+		State:              n.raft.State().String(),
+		LeaderId:           id,
+		LeaderAddress:      addr,
+		LeaderAdminAddress: admin,
+		Term:               u("term"),
+		CommitIndex:        u("commit_index"),
+		AppliedIndex:       u("applied_index"),
+		LastSnapshotIndex:  u("last_snapshot_index"),
 	}
 	if servers, err := n.servers(); err == nil {
-		resp.Servers = raftServers(servers)
+		resp.Servers = n.raftServers(servers)
 	}
 	return resp, nil
 }
@@ -75,27 +76,29 @@ func (s *adminServer) ListLeases(ctx context.Context, req *rationv1.ListLeasesRe
 	return resp, nil
 }
 
-// AddVoter records the new server's gRPC address in the member table
-// first, then adds it to the Raft configuration, so that the moment it can
-// lead, every node can send clients to it. Adding a server that is already
-// a voter at the same address is a no-op, so a joining node may retry.
+// AddVoter records the new server's lease and admin addresses in the
+// member table first, then adds it to the Raft configuration, so that the
+// moment it can lead, every node can send clients (and admin calls) to it.
+// Adding a server that is already a voter at the same address is a no-op,
+// so a joining node may retry. The admin address may be empty (a node of
+// an older version joining): admin redirects to it then name no address.
 func (s *adminServer) AddVoter(ctx context.Context, req *rationv1.AddVoterRequest) (*rationv1.MembershipResponse, error) {
 	n := s.n
 	if err := n.servable(); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
-	if err := checkMember(req.GetId(), req.GetRaftAddress(), req.GetGrpcAddress()); err != nil {
+	if err := checkMember(req.GetId(), req.GetRaftAddress(), req.GetGrpcAddress(), req.GetAdminAddress()); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
-	m := member{ID: req.Id, GRPCAddr: req.GrpcAddress}
-	if _, err := n.propose(ctx, &proposal{ops: []pendingOp{{member: &m}}}); err != nil {
+	m := member{ID: req.Id, GRPCAddr: req.GrpcAddress, AdminAddr: req.AdminAddress}
+	if _, err := n.propose(ctx, &proposal{ops: memberChange(m)}); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
 	err := n.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddress), 0, n.cfg.ApplyTimeout).Error()
 	if err != nil {
 		return nil, n.rpcError(ctx, fmt.Errorf("%w: add voter %s: %w", ErrNotLeader, req.Id, err))
 	}
-	n.logger.Info("voter added", "server_id", req.Id, "raft_addr", req.RaftAddress, "grpc_addr", req.GrpcAddress)
+	n.logger.Info("voter added", "server_id", req.Id, "raft_addr", req.RaftAddress, "grpc_addr", req.GrpcAddress, "admin_addr", req.AdminAddress)
 	return s.membership(ctx)
 }
 
@@ -151,23 +154,32 @@ func (s *adminServer) membership(ctx context.Context) (*rationv1.MembershipRespo
 	if err != nil {
 		return nil, s.n.rpcError(ctx, err)
 	}
-	return &rationv1.MembershipResponse{Servers: raftServers(servers)}, nil
+	return &rationv1.MembershipResponse{Servers: s.n.raftServers(servers)}, nil
 }
 
-func raftServers(servers []raft.Server) []*rationv1.RaftServer {
+// raftServers are the Raft configuration's servers with their lease and
+// admin addresses from the member table.
+func (n *Node) raftServers(servers []raft.Server) []*rationv1.RaftServer {
+	members := n.fsm.memberTable()
 	out := make([]*rationv1.RaftServer, len(servers))
 	for i, sv := range servers {
-		out[i] = &rationv1.RaftServer{Id: string(sv.ID), Address: string(sv.Address), Suffrage: sv.Suffrage.String()}
+		m := members[string(sv.ID)]
+		out[i] = &rationv1.RaftServer{Id: string(sv.ID), Address: string(sv.Address), Suffrage: sv.Suffrage.String(),
+			GrpcAddress: m.GRPCAddr, AdminAddress: m.AdminAddr}
 	}
 	return out
 }
 
-func checkMember(id, raftAddr, grpcAddr string) error {
+func checkMember(id, raftAddr, grpcAddr, adminAddr string) error {
 	var errs []error
 	if id == "" || len(id) > 255 {
 		errs = append(errs, fmt.Errorf("id %q: 1 to 255 bytes", id))
 	}
-	for _, a := range []struct{ name, v string }{{"raft_address", raftAddr}, {"grpc_address", grpcAddr}} {
+	addrs := []struct{ name, v string }{{"raft_address", raftAddr}, {"grpc_address", grpcAddr}}
+	if adminAddr != "" {
+		addrs = append(addrs, struct{ name, v string }{"admin_address", adminAddr})
+	}
+	for _, a := range addrs {
 		host, _, err := net.SplitHostPort(a.v)
 		switch {
 		case err != nil:

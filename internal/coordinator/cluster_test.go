@@ -286,12 +286,7 @@ func TestLeaderKilledUnderLoad(t *testing.T) {
 	}
 	// Every lease a holder holds must be known to the new leader, for
 	// that holder and quota.
-	cc, err := grpc.NewClient(ln.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	list, err := rationv1.NewAdminClient(cc).ListLeases(timeout(t, 10*time.Second), &rationv1.ListLeasesRequest{})
+	list, err := harness.AdminClient(t, ln.AdminAddr()).ListLeases(timeout(t, 10*time.Second), &rationv1.ListLeasesRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,8 +487,10 @@ func TestRejoinBySnapshot(t *testing.T) {
 }
 
 // TestFollowerRedirects: a follower answers UNAVAILABLE with the leader's
-// gRPC address in the trailer, for leases and for membership; a Client
-// given only the follower follows it.
+// address in the trailer: its lease address for leases (on the follower's
+// lease port), its admin address for membership changes and tunings (on
+// the follower's admin listener); a Client given only the follower
+// follows it.
 func TestFollowerRedirects(t *testing.T) {
 	c := harness.StartCoordinators(t, 3, testRules)
 	leader, ln := c.Leader(t)
@@ -504,7 +501,9 @@ func TestFollowerRedirects(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, addr := fn.Leader(); addr == ln.GRPCAddr() {
-			break
+			if _, admin := fn.LeaderAdmin(); admin == ln.AdminAddr() {
+				break
+			}
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("follower never learned the leader's gRPC address")
@@ -516,25 +515,35 @@ func TestFollowerRedirects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
+	admin := harness.AdminClient(t, fn.AdminAddr())
 	ctx := timeout(t, 30*time.Second)
 	calls := []struct {
 		name string
 		call func(opt grpc.CallOption) error
+		want string // the trailer
 	}{
 		{"Renew", func(opt grpc.CallOption) error {
 			_, err := rationv1.NewLeasesClient(cc).Renew(ctx, newHolder("x").request(testQuotas, 1), opt)
 			return err
-		}},
+		}, ln.GRPCAddr()},
 		{"Release", func(opt grpc.CallOption) error {
 			_, err := rationv1.NewLeasesClient(cc).Release(ctx, &rationv1.ReleaseRequest{Holder: "x", Seq: 1,
 				Items: []*rationv1.RenewItem{{LeaseId: 1}}}, opt)
 			return err
-		}},
+		}, ln.GRPCAddr()},
 		{"AddVoter", func(opt grpc.CallOption) error {
-			_, err := rationv1.NewAdminClient(cc).AddVoter(ctx, &rationv1.AddVoterRequest{Id: "n9",
-				RaftAddress: "127.0.0.1:1", GrpcAddress: "127.0.0.1:2"}, opt)
+			_, err := admin.AddVoter(ctx, &rationv1.AddVoterRequest{Id: "n9",
+				RaftAddress: "127.0.0.1:1", GrpcAddress: "127.0.0.1:2", AdminAddress: "127.0.0.1:3"}, opt)
 			return err
-		}},
+		}, ln.AdminAddr()},
+		{"RemoveServer", func(opt grpc.CallOption) error {
+			_, err := admin.RemoveServer(ctx, &rationv1.RemoveServerRequest{Id: ln.ID()}, opt)
+			return err
+		}, ln.AdminAddr()},
+		{"Tune", func(opt grpc.CallOption) error {
+			_, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "hot", MaxSlice: f64(1)}}, opt)
+			return err
+		}, ln.AdminAddr()},
 	}
 	for _, tc := range calls {
 		var md metadata.MD
@@ -542,16 +551,28 @@ func TestFollowerRedirects(t *testing.T) {
 		if status.Code(err) != codes.Unavailable {
 			t.Errorf("%s on a follower: %v, want UNAVAILABLE", tc.name, err)
 		}
-		if got := md.Get(coordinator.LeaderTrailer); len(got) != 1 || got[0] != ln.GRPCAddr() {
-			t.Errorf("%s on a follower: trailer %s = %q, want [%q]", tc.name, coordinator.LeaderTrailer, got, ln.GRPCAddr())
+		if got := md.Get(coordinator.LeaderTrailer); len(got) != 1 || got[0] != tc.want {
+			t.Errorf("%s on a follower: trailer %s = %q, want [%q]", tc.name, coordinator.LeaderTrailer, got, tc.want)
 		}
 	}
-	st, err := rationv1.NewAdminClient(cc).Status(ctx, &rationv1.StatusRequest{})
+	st, err := admin.Status(ctx, &rationv1.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != "Follower" || st.LeaderAddress != ln.GRPCAddr() || st.LeaderId != ln.ID() || len(st.Servers) != 3 {
-		t.Errorf("follower status %v: want Follower, leader %s at %s, 3 servers", st, ln.ID(), ln.GRPCAddr())
+	if st.State != "Follower" || st.LeaderAddress != ln.GRPCAddr() || st.LeaderAdminAddress != ln.AdminAddr() || st.LeaderId != ln.ID() || len(st.Servers) != 3 {
+		t.Errorf("follower status %v: want Follower, leader %s at %s (admin %s), 3 servers", st, ln.ID(), ln.GRPCAddr(), ln.AdminAddr())
+	}
+	// Every member's lease and admin addresses, from the member table.
+	for _, sv := range st.Servers {
+		var n *coordinator.Node
+		for i := range c.N() {
+			if c.Node(i).ID() == sv.Id {
+				n = c.Node(i)
+			}
+		}
+		if n == nil || sv.GrpcAddress != n.GRPCAddr() || sv.AdminAddress != n.AdminAddr() {
+			t.Errorf("status lists server %v; want its lease and admin addresses", sv)
+		}
 	}
 
 	cl := coordinator.NewClient([]string{fn.GRPCAddr()}, coordinator.ClientOptions{})
@@ -777,7 +798,8 @@ func TestConcurrentRenewalsShareEntries(t *testing.T) {
 // TestLeaderElectedFirstInEveryTerm changes leaders twice (a graceful
 // shutdown, which transfers leadership, then a kill) under renewals, then
 // reads every node's Raft log from disk: in every term, the leader's
-// first entry is its member record and LeaderElected, and LeaderElected
+// first entry is its member record (lease and admin addresses) and
+// LeaderElected, and LeaderElected
 // appears nowhere else. Since a request is answered from its own entry's
 // results, nothing was served in a term before LeaderElected was applied.
 func TestLeaderElectedFirstInEveryTerm(t *testing.T) {
@@ -859,8 +881,8 @@ func checkTermsOnDisk(t *testing.T, path string) map[uint64]bool {
 		elected := slices.Contains(kinds, lease.KindLeaderElected.String())
 		firstInTerm := !seen[l.Term]
 		seen[l.Term] = true
-		if firstInTerm && !slices.Equal(kinds, []string{"member", lease.KindLeaderElected.String()}) {
-			t.Errorf("%s: entry %d is the first command of term %d but holds %v, want [member leader-elected]", path, i, l.Term, kinds)
+		if firstInTerm && !slices.Equal(kinds, []string{"member", "admin", lease.KindLeaderElected.String()}) {
+			t.Errorf("%s: entry %d is the first command of term %d but holds %v, want [member admin leader-elected]", path, i, l.Term, kinds)
 		}
 		if !firstInTerm && elected {
 			t.Errorf("%s: entry %d of term %d holds %v: LeaderElected after the term's first entry", path, i, l.Term, kinds)

@@ -26,16 +26,28 @@ type Config struct {
 	// a concrete IP, not 0.0.0.0.
 	RaftAddr      string // -raft, RATION_RAFT
 	RaftAdvertise string // -raft-advertise, RATION_RAFT_ADVERTISE
-	// GRPCAddr serves Leases and Admin. GRPCAdvertise (default: the bound
-	// address) is what the node replicates as its address, so followers can
-	// point clients at the leader.
+	// GRPCAddr serves Leases (agents, regional groups) and nothing else.
+	// GRPCAdvertise (default: the bound address) is what the node
+	// replicates as its address, so followers can point clients at the
+	// leader.
 	GRPCAddr      string // -grpc, RATION_GRPC
 	GRPCAdvertise string // -grpc-advertise, RATION_GRPC_ADVERTISE
-	HTTPAddr      string // -http, RATION_HTTP: /metrics, /healthz, /readyz; "" disables
-	DataDir       string // -data-dir, RATION_DATA_DIR: BoltDB log and snapshots
-	Bootstrap     bool   // -bootstrap: form a new cluster with this node as its only voter
-	Join          string // -join, RATION_JOIN: admin gRPC address of a member to join through
-	RulesFile     string // -rules, RATION_RULES: the quota shapes (burst, rate, lease)
+	// AdminAddr serves Admin (operators, the CLI, nodes joining) and
+	// nothing else, on loopback by default. AdminAdvertise (default: the
+	// bound address) is replicated like GRPCAdvertise, so that a follower
+	// points admin calls at the leader's admin address.
+	AdminAddr      string // -admin, RATION_ADMIN
+	AdminAdvertise string // -admin-advertise, RATION_ADMIN_ADVERTISE
+	// AdminTokenFile, when set, names a file holding a bearer token that
+	// every admin call must carry (authorization: Bearer <token>), with or
+	// without TLS; reloaded when it changes. The node's own -join call
+	// sends it.
+	AdminTokenFile string // -admin-token-file, RATION_ADMIN_TOKEN_FILE
+	HTTPAddr       string // -http, RATION_HTTP: /metrics, /healthz, /readyz; "" disables
+	DataDir        string // -data-dir, RATION_DATA_DIR: BoltDB log and snapshots
+	Bootstrap      bool   // -bootstrap: form a new cluster with this node as its only voter
+	Join           string // -join, RATION_JOIN: admin address (-admin) of a member to join through
+	RulesFile      string // -rules, RATION_RULES: the quota shapes (burst, rate, lease)
 	// Region is the region this group serves (-region, RATION_REGION).
 	// Upstream, when set, makes the group regional: the gRPC addresses of
 	// the global group (-upstream, RATION_UPSTREAM, comma separated), from
@@ -78,12 +90,13 @@ type Config struct {
 	// Raft transport (coordinator certificates only) and the node's own
 	// calls to other groups. The files are reloaded when they change.
 	TLS tlsfiles.Files // -tls-cert, -tls-key, -tls-ca
-	// Insecure runs every link in plaintext, with no authentication. Without
-	// TLS files and without it (or -dev), the node still starts, in
-	// plaintext, with a warning at start-up (docs/security.md).
+	// Insecure runs every link in plaintext, with no authentication (but
+	// the admin token, when set). Without TLS files, a node starts only
+	// with it or -dev (docs/security.md).
 	Insecure bool // -insecure, RATION_INSECURE
-	// TLSReloadInterval is how often the TLS files are checked for a
-	// change (0: tlsfiles.DefaultInterval). Not a flag: tests shorten it.
+	// TLSReloadInterval is how often the TLS files and the admin token
+	// file are checked for a change (0: tlsfiles.DefaultInterval). Not a
+	// flag: tests shorten it.
 	TLSReloadInterval time.Duration
 
 	LogLevel     string // -log-level, RATION_LOG_LEVEL
@@ -100,6 +113,7 @@ func DefaultConfig() Config {
 		RaftAddr:           "127.0.0.1:8300",
 		GRPCAddr:           "127.0.0.1:8301",
 		HTTPAddr:           "127.0.0.1:8302",
+		AdminAddr:          "127.0.0.1:8303",
 		DataDir:            "data",
 		HeartbeatTimeout:   time.Second,
 		ElectionTimeout:    time.Second,
@@ -153,12 +167,15 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "id", Env: "ID", Usage: "Raft server id, unique in the cluster and stable across restarts (default: host name)", Value: &c.ID},
 		{Flag: "raft", Env: "RAFT", Usage: "Raft TCP bind address (peers dial it unless -raft-advertise is set)", Value: &c.RaftAddr},
 		{Flag: "raft-advertise", Env: "RAFT_ADVERTISE", Usage: "Raft address peers dial, when it differs from -raft", Value: &c.RaftAdvertise},
-		{Flag: "grpc", Env: "GRPC", Usage: "gRPC listen address (ration.v1.Leases and ration.v1.Admin)", Value: &c.GRPCAddr},
-		{Flag: "grpc-advertise", Env: "GRPC_ADVERTISE", Usage: "gRPC address clients are redirected to, when it differs from -grpc", Value: &c.GRPCAdvertise},
+		{Flag: "grpc", Env: "GRPC", Usage: "lease API listen address (ration.v1.Leases, for agents and regional groups; not the admin API)", Value: &c.GRPCAddr},
+		{Flag: "grpc-advertise", Env: "GRPC_ADVERTISE", Usage: "lease address clients are redirected to, when it differs from -grpc", Value: &c.GRPCAdvertise},
+		{Flag: "admin", Env: "ADMIN", Usage: "admin API listen address (ration.v1.Admin: the coordinator CLI, -join); keep it on loopback or behind a NetworkPolicy", Value: &c.AdminAddr},
+		{Flag: "admin-advertise", Env: "ADMIN_ADVERTISE", Usage: "admin address admin calls and joining nodes are redirected to, when it differs from -admin", Value: &c.AdminAdvertise},
+		{Flag: "admin-token-file", Env: "ADMIN_TOKEN_FILE", Usage: "file holding a bearer token every admin call must carry (authorization: Bearer <token>), with or without TLS; reloaded when it changes", Value: &c.AdminTokenFile},
 		{Flag: "http", Env: "HTTP", Usage: "HTTP listen address for /metrics, /healthz, /readyz and the status page (/, /status.json) (empty disables)", Value: &c.HTTPAddr},
 		{Flag: "data-dir", Env: "DATA_DIR", Usage: "directory for the Raft log (BoltDB) and snapshots", Value: &c.DataDir},
 		{Flag: "bootstrap", Env: "BOOTSTRAP", Usage: "form a new cluster with this node as its only voter (once, on the first node)", Value: &c.Bootstrap},
-		{Flag: "join", Env: "JOIN", Usage: "admin gRPC address of a cluster member to join through", Value: &c.Join},
+		{Flag: "join", Env: "JOIN", Usage: "admin address (-admin) of a cluster member to join through", Value: &c.Join},
 		{Flag: "rules", Env: "RULES", Usage: "rules YAML file giving every leased quota's burst, rate and lease settings", Value: &c.RulesFile},
 		{Flag: "region", Env: "REGION", Usage: "region this coordinator group serves (required with -upstream)", Value: &c.Region},
 		{Flag: "upstream", Env: "UPSTREAM", Usage: "gRPC addresses of the global coordinator group, comma separated: makes this a regional group that leases scope: global, mode: leased rules from it", Value: &c.Upstream},
@@ -179,7 +196,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "tls-cert", Env: "TLS_CERT", Usage: "PEM certificate (chain) of this node, for mutual TLS on gRPC, Raft and calls to other groups; reloaded when it changes", Value: &c.TLS.Cert},
 		{Flag: "tls-key", Env: "TLS_KEY", Usage: "PEM private key of -tls-cert", Value: &c.TLS.Key},
 		{Flag: "tls-ca", Env: "TLS_CA", Usage: "PEM CA bundle that clients' and peers' certificates must chain to", Value: &c.TLS.CA},
-		{Flag: "insecure", Env: "INSECURE", Usage: "plaintext and unauthenticated on every link, by choice (-dev implies it); without TLS files and without it the node runs in plaintext with a warning", Value: &c.Insecure},
+		{Flag: "insecure", Env: "INSECURE", Usage: "plaintext and unauthenticated on every link, by choice (-dev implies it); without TLS files and without it the node refuses to start", Value: &c.Insecure},
 		{Flag: "log-level", Env: "LOG_LEVEL", Usage: "debug, info, warn or error", Value: &c.LogLevel},
 		{Flag: "dev", Env: "DEV", Usage: "development mode: one node, temporary data dir, bootstrap, sample rules", Value: &c.Dev},
 		{Flag: "validate", Usage: "check the configuration and the -rules file, print every problem and exit", Value: &c.ValidateOnly},
@@ -195,6 +212,10 @@ func (c *Config) BindFlags(fs *flag.FlagSet) { envflag.Bind(fs, envPrefix, c.set
 func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
 	return envflag.Load(envPrefix, c.settings(), lookup)
 }
+
+// ErrNoTLS is the refusal of a node configured with neither TLS files nor
+// -insecure (nor -dev): plaintext only by choice.
+var ErrNoTLS = errors.New("no TLS files: set -tls-cert, -tls-key, -tls-ca (docs/security.md), or -insecure to run in plaintext")
 
 // maxBatch bounds -batch-max: raft's MaxAppendEntries is 64 entries per
 // RPC, and one entry of maxBatch renewals of MaxItems items must stay far
@@ -228,6 +249,8 @@ func (c Config) Validate() error {
 	addr("-raft-advertise", c.RaftAdvertise, true)
 	addr("-grpc", c.GRPCAddr, false)
 	addr("-grpc-advertise", c.GRPCAdvertise, true)
+	addr("-admin", c.AdminAddr, false)
+	addr("-admin-advertise", c.AdminAdvertise, true)
 	addr("-http", c.HTTPAddr, true)
 	addr("-join", c.Join, true)
 	if c.RaftAdvertise == "" && unspecifiedHost(c.RaftAddr) {
@@ -236,9 +259,13 @@ func (c Config) Validate() error {
 	if c.GRPCAdvertise == "" && unspecifiedHost(c.GRPCAddr) {
 		bad("-grpc %q: clients cannot be redirected to an unspecified address; set -grpc-advertise", c.GRPCAddr)
 	}
-	for _, p := range [][2]string{{"-raft", c.RaftAddr}, {"-grpc", c.GRPCAddr}, {"-http", c.HTTPAddr}} {
-		for _, q := range [][2]string{{"-grpc", c.GRPCAddr}, {"-http", c.HTTPAddr}} {
-			if p[0] < q[0] && p[1] != "" && p[1] == q[1] && !strings.HasSuffix(p[1], ":0") {
+	if c.AdminAdvertise == "" && unspecifiedHost(c.AdminAddr) {
+		bad("-admin %q: admin calls cannot be redirected to an unspecified address; set -admin-advertise", c.AdminAddr)
+	}
+	listeners := [][2]string{{"-raft", c.RaftAddr}, {"-grpc", c.GRPCAddr}, {"-admin", c.AdminAddr}, {"-http", c.HTTPAddr}}
+	for i, p := range listeners {
+		for _, q := range listeners[i+1:] {
+			if p[1] != "" && p[1] == q[1] && !strings.HasSuffix(p[1], ":0") {
 				bad("%s and %s are both %q", p[0], q[0], p[1])
 			}
 		}
@@ -294,6 +321,9 @@ func (c Config) Validate() error {
 	}
 	if c.TLS.Enabled() && c.Insecure {
 		bad("-insecure and -tls-cert/-tls-key/-tls-ca: choose plaintext or TLS")
+	}
+	if !c.TLS.Enabled() && !c.Insecure && !c.Dev {
+		bad("%v", ErrNoTLS)
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		bad("-log-level %q: %v", c.LogLevel, err)

@@ -7,11 +7,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
 func TestDefaultAndDevConfigsAreValid(t *testing.T) {
 	def := DefaultConfig()
 	def.RulesFile = "rules.yaml"
+	def.TLS = tlsfiles.Files{Cert: "node.crt", Key: "node.key", CA: "ca.crt"}
 	dev := DevConfig()
 	for name, c := range map[string]Config{"DefaultConfig": def, "DevConfig": dev} {
 		if err := c.Validate(); err != nil {
@@ -25,6 +28,7 @@ func TestDefaultAndDevConfigsAreValid(t *testing.T) {
 func TestValidateNamesEveryProblem(t *testing.T) {
 	base := DefaultConfig()
 	base.RulesFile = "rules.yaml"
+	base.Insecure = true
 	tests := []struct {
 		name string
 		edit func(*Config)
@@ -36,6 +40,17 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 		{"unadvertisable raft address", func(c *Config) { c.RaftAddr = "0.0.0.0:1" }, []string{"-raft-advertise"}},
 		{"unadvertisable grpc address", func(c *Config) { c.GRPCAddr = ":1" }, []string{"-grpc-advertise"}},
 		{"same grpc and http", func(c *Config) { c.HTTPAddr = c.GRPCAddr }, []string{"-grpc and -http"}},
+		{"same grpc and admin", func(c *Config) { c.AdminAddr = c.GRPCAddr }, []string{"-grpc and -admin"}},
+		{"same raft and admin", func(c *Config) { c.AdminAddr = c.RaftAddr }, []string{"-raft and -admin"}},
+		{"no admin address", func(c *Config) { c.AdminAddr = "" }, []string{"-admin: must not be empty"}},
+		{"unadvertisable admin address", func(c *Config) { c.AdminAddr = "0.0.0.0:8303" }, []string{"-admin-advertise"}},
+		{"bad admin advertise", func(c *Config) { c.AdminAdvertise = "nohost" }, []string{"-admin-advertise \"nohost\""}},
+		// Plaintext only by choice: no TLS files and no -insecure (nor
+		// -dev) is refused, naming the flags of both ways out.
+		{"no TLS and no -insecure", func(c *Config) { c.Insecure = false },
+			[]string{"no TLS files: set -tls-cert, -tls-key, -tls-ca (docs/security.md), or -insecure to run in plaintext"}},
+		{"TLS and -insecure", func(c *Config) { c.TLS = tlsfiles.Files{Cert: "a", Key: "b", CA: "c"} }, []string{"choose plaintext or TLS"}},
+		{"partial TLS", func(c *Config) { c.Insecure, c.TLS.Cert = false, "a" }, []string{"missing [-tls-key -tls-ca]"}},
 		{"no data dir", func(c *Config) { c.DataDir = "" }, []string{"-data-dir"}},
 		{"bootstrap and join", func(c *Config) { c.Bootstrap, c.Join = true, "127.0.0.1:1" }, []string{"-bootstrap and -join"}},
 		{"bad join", func(c *Config) { c.Join = "x" }, []string{"-join"}},

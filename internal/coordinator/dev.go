@@ -12,7 +12,8 @@ import (
 // StartDev starts a single-node coordinator for `gateway-agent -dev` and
 // tests of agents: loopback ports chosen by the kernel, a temporary data
 // dir deleted on Close/Shutdown, a bootstrapped one-voter cluster, no HTTP
-// server, and set as its rules. It returns once the node leads and serves,
+// server, plaintext (-dev), and set as its rules. Its admin API is on a
+// loopback port of its own (Node.AdminAddr). It returns once the node leads and serves,
 // with the gRPC address to give NewClient. Its metrics are in
 // Node.Registry.
 func StartDev(ctx context.Context, logger *slog.Logger, set *rules.Set) (*Node, string, error) {
@@ -26,6 +27,7 @@ func StartDev(ctx context.Context, logger *slog.Logger, set *rules.Set) (*Node, 
 	cfg := DevConfig()
 	cfg.RaftAddr = "127.0.0.1:0"
 	cfg.GRPCAddr = "127.0.0.1:0"
+	cfg.AdminAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = ""
 	cfg.DataDir = dir
 	cfg.Rules = set

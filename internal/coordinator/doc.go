@@ -1,13 +1,14 @@
 // Package coordinator runs the Raft group that replicates the lease state
 // machine (package lease) and serves leases to gateway agents over gRPC
-// (ration.v1.Leases), with an admin API (ration.v1.Admin), /metrics,
-// /healthz and /readyz. It owns:
+// (ration.v1.Leases, on -grpc), with an admin API (ration.v1.Admin) on a
+// listener of its own (-admin), /metrics, /healthz and /readyz. It owns:
 //
 //   - FSM: Raft log entries are a type byte then a payload (entry.go). A
 //     command entry carries one lease command; a batch entry carries many,
 //     so the leader commits many renewals in one entry; a member entry maps
-//     a Raft server id to its gRPC address. An entry that cannot be decoded
-//     stops the node rather than let it diverge.
+//     a Raft server id to its lease address, an admin entry to its admin
+//     address. An entry that cannot be decoded stops the node rather than
+//     let it diverge.
 //   - Node: hashicorp/raft over TCP, BoltDB (raft-boltdb/v2) for the log
 //     and stable store, file snapshots; bootstrap, join through a member's
 //     admin API, removal, leadership transfer on graceful shutdown.

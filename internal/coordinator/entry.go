@@ -12,16 +12,26 @@ import (
 //	command: 0x01 | lease.EncodeCommand bytes (their own type byte and version)
 //	batch:   0x02 | version 0x01 | uvarint n | n x (uvarint len | sub-entry)
 //	member:  0x03 | version 0x01 | uvarint len | id | uvarint len | grpc address
+//	admin:   0x84 | version 0x01 | uvarint len | id | uvarint len | admin address
 //
-// A batch carries command and member sub-entries, never another batch, and
-// is applied as a unit: it is decoded in full before any of it is applied,
-// so a bad sub-entry stops the node with nothing of the batch applied.
+// A batch carries command, member and admin sub-entries, never another
+// batch, and is applied as a unit: it is decoded in full before any of it
+// is applied, so a bad sub-entry stops the node with nothing of the batch
+// applied.
+//
+// The admin entry records a member's admin address (-admin-advertise). It
+// is ignorable (0x04 | ignorableFlag): a node of a version before the
+// admin listener skips it, so that a group can be upgraded one node at a
+// time. The leader writes it right after the member entry of the same
+// server, in the same batch; a member entry with an empty address removes
+// both addresses.
 type entryType uint8
 
 const (
 	entryCommand entryType = 0x01
 	entryBatch   entryType = 0x02
 	entryMember  entryType = 0x03
+	entryAdmin   entryType = 0x04 | ignorableFlag
 
 	// ignorableFlag on a type lets a node that does not know the type skip
 	// the entry (Nomad's IgnoreUnknownTypeFlag). Only entries that never
@@ -33,6 +43,7 @@ const (
 const (
 	batchVersion  = 1
 	memberVersion = 1
+	adminVersion  = 1
 	// maxBatchOps bounds a batch's sub-entries so that a corrupt count
 	// cannot make the decoder allocate without limit. It is well above
 	// what Config.BatchMax allows (each renewal may add ConfigureQuota
@@ -49,20 +60,41 @@ type op struct {
 	data []byte
 }
 
-// member records the gRPC address of a Raft server, so any node can send
-// clients to the leader. An empty address removes the server.
+// member records the lease (gRPC) and admin addresses of a Raft server,
+// so any node can send clients, and admin calls, to the leader. An empty
+// GRPCAddr removes the server.
 type member struct {
-	ID, GRPCAddr string
+	ID, GRPCAddr, AdminAddr string
 }
 
 func commandOp(encoded []byte) op { return op{typ: entryCommand, data: encoded} }
 
+// memberOps are the ops recording m: its member entry, then its admin
+// entry when it has an admin address (one that joined from a node of an
+// older version has none). memberChange is the same as a proposal.
+func memberOps(m member) []op {
+	ops := []op{memberOp(m)}
+	if m.GRPCAddr != "" && m.AdminAddr != "" {
+		ops = append(ops, adminOp(m))
+	}
+	return ops
+}
+
+// memberOp is m's member entry: its id and lease address.
 func memberOp(m member) op {
-	b := make([]byte, 0, 2+2*binary.MaxVarintLen64+len(m.ID)+len(m.GRPCAddr))
-	b = append(b, memberVersion)
-	b = appendString(b, m.ID)
-	b = appendString(b, m.GRPCAddr)
-	return op{typ: entryMember, data: b}
+	return op{typ: entryMember, data: encodeMember(memberVersion, m.ID, m.GRPCAddr)}
+}
+
+// adminOp is m's admin entry: its id and admin address.
+func adminOp(m member) op {
+	return op{typ: entryAdmin, data: encodeMember(adminVersion, m.ID, m.AdminAddr)}
+}
+
+func encodeMember(version byte, id, addr string) []byte {
+	b := make([]byte, 0, 1+2*binary.MaxVarintLen64+len(id)+len(addr))
+	b = append(b, version)
+	b = appendString(b, id)
+	return appendString(b, addr)
 }
 
 func appendString(b []byte, s string) []byte {
@@ -152,15 +184,16 @@ func decodeEntry(b []byte) ([]op, error) {
 }
 
 // checkOp validates what can be validated without the lease package: the
-// type, and a member payload in full (so decodeMember cannot fail later).
+// type, and a member or admin payload in full (so decodeMember cannot fail
+// later).
 func checkOp(t entryType, data []byte) (op, error) {
 	switch t {
 	case entryCommand:
 		if len(data) == 0 {
 			return op{}, fmt.Errorf("%w: empty command", ErrBadEntry)
 		}
-	case entryMember:
-		if _, err := decodeMember(data); err != nil {
+	case entryMember, entryAdmin:
+		if _, err := decodeMember(t, data); err != nil {
 			return op{}, err
 		}
 	default:
@@ -171,21 +204,30 @@ func checkOp(t entryType, data []byte) (op, error) {
 	return op{typ: t, data: data}, nil
 }
 
-func decodeMember(b []byte) (member, error) {
-	if len(b) == 0 || b[0] != memberVersion {
-		return member{}, fmt.Errorf("%w: member version %v, want %d", ErrBadEntry, firstByte(b), memberVersion)
+// decodeMember reads a member entry (the address is GRPCAddr) or an admin
+// entry (the address is AdminAddr).
+func decodeMember(t entryType, b []byte) (member, error) {
+	what, version := "member", byte(memberVersion)
+	if t == entryAdmin {
+		what, version = "admin", adminVersion
+	}
+	if len(b) == 0 || b[0] != version {
+		return member{}, fmt.Errorf("%w: %s version %v, want %d", ErrBadEntry, what, firstByte(b), version)
 	}
 	b = b[1:]
 	id, b, ok := readString(b)
 	if !ok || id == "" {
-		return member{}, fmt.Errorf("%w: member id unreadable", ErrBadEntry)
+		return member{}, fmt.Errorf("%w: %s id unreadable", ErrBadEntry, what)
 	}
 	addr, b, ok := readString(b)
 	if !ok {
-		return member{}, fmt.Errorf("%w: member address unreadable", ErrBadEntry)
+		return member{}, fmt.Errorf("%w: %s address unreadable", ErrBadEntry, what)
 	}
 	if len(b) != 0 {
-		return member{}, fmt.Errorf("%w: %d bytes after the member", ErrBadEntry, len(b))
+		return member{}, fmt.Errorf("%w: %d bytes after the %s", ErrBadEntry, len(b), what)
+	}
+	if t == entryAdmin {
+		return member{ID: id, AdminAddr: addr}, nil
 	}
 	return member{ID: id, GRPCAddr: addr}, nil
 }

@@ -31,6 +31,8 @@ func TestEntryRoundTrip(t *testing.T) {
 		{"member removal", []op{memberOp(member{ID: "n1"})}},
 		{"batch", []op{memberOp(member{ID: "n1", GRPCAddr: "h:1"}), commandOp(renew), commandOp(tick)}},
 		{"batch with an ignorable type", []op{commandOp(tick), {typ: 0x80 | 0x11, data: []byte("hint")}}},
+		{"member with its admin address", append(memberOps(member{ID: "n1", GRPCAddr: "h:1", AdminAddr: "h:3"}), commandOp(tick))},
+		{"admin address alone", []op{adminOp(member{ID: "n1", AdminAddr: "h:3"})}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,6 +81,9 @@ func TestDecodeEntryErrors(t *testing.T) {
 		{"member without id", []byte{byte(entryMember), memberVersion, 0, 0}, false},
 		{"member truncated", []byte{byte(entryMember), memberVersion, 5, 'a'}, false},
 		{"member trailing bytes", append(appendOp(nil, memberOp(member{ID: "a", GRPCAddr: "b"})), 1), false},
+		{"admin of another version", []byte{byte(entryAdmin), 9, 1, 'a', 1, 'b'}, false},
+		{"admin without id", []byte{byte(entryAdmin), adminVersion, 0, 0}, false},
+		{"admin trailing bytes", append(appendOp(nil, adminOp(member{ID: "a", AdminAddr: "b"})), 1), false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -90,6 +95,32 @@ func TestDecodeEntryErrors(t *testing.T) {
 				t.Errorf("decodeEntry(%x) = %v: ErrUnknownEntry %v, want %v", tc.data, err, got, tc.unknown)
 			}
 		})
+	}
+}
+
+// TestAdminEntryIsIgnorable: the admin address is recorded in an entry
+// that a node of a version before it skips (the type carries the
+// ignorable flag, and is no type an older version knows), so that a group
+// can run mixed versions during a rolling upgrade; and memberOps writes it
+// only when there is an address to record.
+func TestAdminEntryIsIgnorable(t *testing.T) {
+	if entryAdmin&ignorableFlag == 0 {
+		t.Fatalf("entry type 0x%02x is not ignorable: older nodes would stop on it", byte(entryAdmin))
+	}
+	for _, known := range []entryType{entryCommand, entryBatch, entryMember} {
+		if entryAdmin&^ignorableFlag == known {
+			t.Fatalf("entry type 0x%02x is type 0x%02x with the ignorable flag", byte(entryAdmin), byte(known))
+		}
+	}
+	if ops := memberOps(member{ID: "n1", GRPCAddr: "h:1"}); len(ops) != 1 || ops[0].typ != entryMember {
+		t.Errorf("memberOps without an admin address = %v, want the member entry alone", ops)
+	}
+	if ops := memberOps(member{ID: "n1"}); len(ops) != 1 || ops[0].typ != entryMember {
+		t.Errorf("memberOps of a removal = %v, want the member entry alone", ops)
+	}
+	m, err := decodeMember(entryAdmin, adminOp(member{ID: "n1", AdminAddr: "h:3"}).data)
+	if err != nil || m != (member{ID: "n1", AdminAddr: "h:3"}) {
+		t.Errorf("decodeMember(admin entry) = %+v, %v", m, err)
 	}
 }
 

@@ -3,7 +3,8 @@ package coordinator
 import "github.com/ration-dev/ration/internal/lease"
 
 // EntryKinds names the operations of one Raft entry, in order: "member",
-// a lease command kind ("leader-elected", "renew", ...), or "ignorable".
+// "admin" (a member's admin address), a lease command kind
+// ("leader-elected", "renew", ...), or "ignorable".
 // Tests that read a node's log on disk use it.
 func EntryKinds(data []byte) ([]string, error) {
 	ops, cmds, err := decodeOps(data)
@@ -15,6 +16,8 @@ func EntryKinds(data []byte) ([]string, error) {
 		switch o.typ {
 		case entryMember:
 			out[i] = "member"
+		case entryAdmin:
+			out[i] = "admin"
 		case entryCommand:
 			out[i] = cmds[i].Kind().String()
 		default:

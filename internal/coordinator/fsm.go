@@ -19,7 +19,8 @@ import (
 
 // FSM is the coordinator's Raft state machine: the lease state of every
 // quota (package lease) and the member table, which maps each Raft server
-// id to the gRPC address clients are sent to.
+// id to the lease (gRPC) address clients are sent to and the admin address
+// admin calls are sent to.
 //
 // Apply is deterministic: it reads time only from the entries (the leader
 // stamps them), never a clock. An entry this node cannot decode, or whose
@@ -38,8 +39,9 @@ type FSM struct {
 
 	mu      sync.RWMutex
 	state   *lease.State
-	members map[string]string
-	applied uint64 // index of the last entry applied (or restored)
+	members map[string]string // id to lease address
+	admins  map[string]string // id to admin address
+	applied uint64            // index of the last entry applied (or restored)
 	stopped error
 
 	restores atomic.Uint64
@@ -61,7 +63,7 @@ func NewFSM(logger *slog.Logger, onStop func(error)) *FSM {
 	if onStop == nil {
 		onStop = func(error) {}
 	}
-	return &FSM{logger: logger, onStop: onStop, state: lease.New(), members: map[string]string{}}
+	return &FSM{logger: logger, onStop: onStop, state: lease.New(), members: map[string]string{}, admins: map[string]string{}}
 }
 
 // ApplyResult is what Apply returns for an entry: one OpResult per
@@ -108,11 +110,19 @@ func (f *FSM) Apply(l *raft.Log) any {
 			}
 			res.Ops[i] = OpResult{Result: r, Err: err}
 		case entryMember:
-			m, _ := decodeMember(o.data) // validated by decodeOps
+			m, _ := decodeMember(o.typ, o.data) // validated by decodeOps
 			if m.GRPCAddr == "" {
 				delete(f.members, m.ID)
+				delete(f.admins, m.ID)
 			} else {
 				f.members[m.ID] = m.GRPCAddr
+			}
+		case entryAdmin:
+			m, _ := decodeMember(o.typ, o.data)
+			if m.AdminAddr == "" {
+				delete(f.admins, m.ID)
+			} else {
+				f.admins[m.ID] = m.AdminAddr
 			}
 		default:
 			f.logger.Warn("skipping ignorable entry of unknown type",
@@ -167,13 +177,13 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if f.stopped != nil {
 		return nil, fmt.Errorf("fsm: snapshot: %w: %w", ErrStopped, f.stopped)
 	}
-	return &fsmSnapshot{state: f.state.Clone(), members: maps.Clone(f.members), index: f.applied}, nil
+	return &fsmSnapshot{state: f.state.Clone(), members: maps.Clone(f.members), admins: maps.Clone(f.admins), index: f.applied}, nil
 }
 
 // Restore replaces the whole state with a snapshot's.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	state, members, index, err := readSnapshot(bufio.NewReader(rc))
+	snap, err := readSnapshot(bufio.NewReader(rc))
 	if err != nil {
 		return fmt.Errorf("fsm: restore: %w", err)
 	}
@@ -182,9 +192,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if f.stopped != nil {
 		return fmt.Errorf("fsm: restore: %w", ErrStopped)
 	}
-	f.state, f.members, f.applied = state, members, index
+	f.state, f.members, f.admins, f.applied = snap.state, snap.members, snap.admins, snap.index
 	f.restores.Add(1)
-	f.logger.Info("state restored from snapshot", "index", index)
+	f.logger.Info("state restored from snapshot", "index", snap.index)
 	return nil
 }
 
@@ -210,18 +220,39 @@ func (f *FSM) StateBinary() ([]byte, uint64, error) {
 	return b, f.applied, err
 }
 
-// Members returns the member table: Raft server id to gRPC address.
+// Members returns the member table: Raft server id to lease (gRPC)
+// address.
 func (f *FSM) Members() map[string]string {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return maps.Clone(f.members)
 }
 
-// member returns one server's gRPC address.
-func (f *FSM) member(id string) string {
+// AdminMembers returns the admin addresses of the member table: Raft
+// server id to admin address, for the members whose admin address is
+// known.
+func (f *FSM) AdminMembers() map[string]string {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return f.members[id]
+	return maps.Clone(f.admins)
+}
+
+// member returns one server's addresses.
+func (f *FSM) member(id string) member {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return member{ID: id, GRPCAddr: f.members[id], AdminAddr: f.admins[id]}
+}
+
+// memberTable returns every member's addresses, by id.
+func (f *FSM) memberTable() map[string]member {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make(map[string]member, len(f.members))
+	for id, a := range f.members {
+		out[id] = member{ID: id, GRPCAddr: a, AdminAddr: f.admins[id]}
+	}
+	return out
 }
 
 // read runs fn on the live state under the read lock; fn must not keep
@@ -235,12 +266,22 @@ func (f *FSM) read(fn func(*lease.State)) {
 // Snapshot layout: a version byte, the applied index, the member table,
 // then the lease state's own encoding to the end.
 //
+//	0x02 | uvarint index | uvarint n | n x (string id, string addr, string admin) | state
 //	0x01 | uvarint index | uvarint n | n x (string id, string addr) | state
-const snapshotVersion = 1
+//
+// Version 2 adds each member's admin address (empty when unknown). Version
+// 1 snapshots (written before the admin listener) are still read; a node
+// of a version before 2 cannot read a version 2 snapshot, which is why a
+// group is upgraded followers first (CHANGELOG.md).
+const (
+	snapshotVersion   = 2
+	snapshotVersionV1 = 1
+)
 
 type fsmSnapshot struct {
 	state   *lease.State
 	members map[string]string
+	admins  map[string]string
 	index   uint64
 }
 
@@ -257,12 +298,21 @@ func (s *fsmSnapshot) write(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	b := []byte{snapshotVersion}
+	// The lowest version that holds the table (as package lease does for
+	// its state): version 1 when no admin address is known.
+	v := byte(snapshotVersionV1)
+	if len(s.admins) > 0 {
+		v = snapshotVersion
+	}
+	b := []byte{v}
 	b = binary.AppendUvarint(b, s.index)
 	b = binary.AppendUvarint(b, uint64(len(s.members)))
 	for _, id := range slices.Sorted(maps.Keys(s.members)) {
 		b = appendString(b, id)
 		b = appendString(b, s.members[id])
+		if v >= snapshotVersion {
+			b = appendString(b, s.admins[id])
+		}
 	}
 	if _, err := w.Write(b); err != nil {
 		return err
@@ -273,37 +323,46 @@ func (s *fsmSnapshot) write(w io.Writer) error {
 
 func (s *fsmSnapshot) Release() {}
 
-func readSnapshot(r *bufio.Reader) (*lease.State, map[string]string, uint64, error) {
+// readSnapshot reads a snapshot of version 2 or 1.
+func readSnapshot(r *bufio.Reader) (*fsmSnapshot, error) {
 	v, err := r.ReadByte()
-	if err != nil || v != snapshotVersion {
-		return nil, nil, 0, fmt.Errorf("%w: snapshot version %v, want %d (%v)", ErrBadEntry, v, snapshotVersion, err)
+	if err != nil || v != snapshotVersion && v != snapshotVersionV1 {
+		return nil, fmt.Errorf("%w: snapshot version %v, want %d or %d (%v)", ErrBadEntry, v, snapshotVersion, snapshotVersionV1, err)
 	}
 	index, err := binary.ReadUvarint(r)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("%w: snapshot index: %v", ErrBadEntry, err)
+		return nil, fmt.Errorf("%w: snapshot index: %v", ErrBadEntry, err)
 	}
 	n, err := binary.ReadUvarint(r)
 	if err != nil || n > maxBatchOps {
-		return nil, nil, 0, fmt.Errorf("%w: snapshot member count %d: %v", ErrBadEntry, n, err)
+		return nil, fmt.Errorf("%w: snapshot member count %d: %v", ErrBadEntry, n, err)
 	}
-	members := make(map[string]string, n)
+	s := &fsmSnapshot{members: make(map[string]string, n), admins: map[string]string{}, index: index}
 	for range n {
 		id, err1 := readStringFrom(r)
 		addr, err2 := readStringFrom(r)
-		if err := errors.Join(err1, err2); err != nil {
-			return nil, nil, 0, fmt.Errorf("%w: snapshot member: %v", ErrBadEntry, err)
+		var admin string
+		var err3 error
+		if v >= 2 {
+			admin, err3 = readStringFrom(r)
 		}
-		members[id] = addr
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, fmt.Errorf("%w: snapshot member: %v", ErrBadEntry, err)
+		}
+		s.members[id] = addr
+		if admin != "" {
+			s.admins[id] = admin
+		}
 	}
 	rest, err := io.ReadAll(r)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, err
 	}
-	state := lease.New()
-	if err := state.UnmarshalBinary(rest); err != nil {
-		return nil, nil, 0, fmt.Errorf("%w: %w", ErrBadEntry, err)
+	s.state = lease.New()
+	if err := s.state.UnmarshalBinary(rest); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadEntry, err)
 	}
-	return state, members, index, nil
+	return s, nil
 }
 
 func readStringFrom(r *bufio.Reader) (string, error) {

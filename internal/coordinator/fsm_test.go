@@ -146,6 +146,85 @@ func TestFSMBatchResults(t *testing.T) {
 	}
 }
 
+// TestFSMAdminAddresses: the member table keeps each member's admin
+// address from its admin entry; a member entry alone (a leader of an older
+// version) keeps the admin address known; removing the member removes
+// both.
+func TestFSMAdminAddresses(t *testing.T) {
+	f := NewFSM(nil, nil)
+	f.Apply(entryLog(1, memberOps(member{ID: "n1", GRPCAddr: "h:1", AdminAddr: "h:3"})...))
+	f.Apply(entryLog(2, memberOp(member{ID: "n2", GRPCAddr: "h:11"})))
+	if got, want := f.memberTable(), map[string]member{"n1": {"n1", "h:1", "h:3"}, "n2": {"n2", "h:11", ""}}; !maps.Equal(got, want) {
+		t.Errorf("member table %v, want %v", got, want)
+	}
+	f.Apply(entryLog(3, memberOp(member{ID: "n1", GRPCAddr: "h:2"})))
+	if got := f.member("n1"); got != (member{"n1", "h:2", "h:3"}) {
+		t.Errorf("n1 after a member entry alone: %+v, want its admin address kept", got)
+	}
+	f.Apply(entryLog(4, memberOp(member{ID: "n1"})))
+	if got := f.member("n1"); got != (member{ID: "n1"}) || len(f.AdminMembers()) != 0 {
+		t.Errorf("n1 after removal: %+v (admin table %v), want nothing", got, f.AdminMembers())
+	}
+}
+
+// TestFSMSnapshotVersions: a snapshot of a member table with admin
+// addresses is version 2 and restores them; one without is written as
+// version 1, which nodes of older versions read; and a version 1 snapshot
+// written by them (the old layout, built here by hand) restores, with no
+// admin addresses.
+func TestFSMSnapshotVersions(t *testing.T) {
+	persist := func(f *FSM) []byte {
+		t.Helper()
+		snap, err := f.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := snap.(*fsmSnapshot).write(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	restore := func(b []byte) *FSM {
+		t.Helper()
+		g := NewFSM(nil, nil)
+		if err := g.Restore(io.NopCloser(bytes.NewReader(b))); err != nil {
+			t.Fatalf("Restore(version %d): %v", b[0], err)
+		}
+		return g
+	}
+	f := NewFSM(nil, nil)
+	f.Apply(entryLog(1, memberOps(member{ID: "n1", GRPCAddr: "h:1", AdminAddr: "h:3"})...))
+	f.Apply(entryLog(2, memberOp(member{ID: "n2", GRPCAddr: "h:11"})))
+	b := persist(f)
+	if b[0] != 2 {
+		t.Errorf("snapshot with admin addresses: version %d, want 2", b[0])
+	}
+	if g := restore(b); !maps.Equal(g.memberTable(), f.memberTable()) {
+		t.Errorf("restored member table %v, want %v", g.memberTable(), f.memberTable())
+	}
+
+	old := NewFSM(nil, nil)
+	old.Apply(entryLog(1, memberOp(member{ID: "n1", GRPCAddr: "h:1"})))
+	b = persist(old)
+	if b[0] != 1 {
+		t.Errorf("snapshot without admin addresses: version %d, want 1", b[0])
+	}
+	state, err := lease.New().MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := []byte{1, 7, 1} // version 1, index 7, one member
+	v1 = appendString(appendString(v1, "n1"), "h:1")
+	v1 = append(v1, state...)
+	for _, b := range [][]byte{b, v1} {
+		g := restore(b)
+		if got := g.memberTable(); !maps.Equal(got, map[string]member{"n1": {ID: "n1", GRPCAddr: "h:1"}}) {
+			t.Errorf("version 1 snapshot restored as %v", got)
+		}
+	}
+}
+
 // TestFSMSnapshotRestore persists a snapshot through a real file snapshot
 // store and restores it into a new FSM: same state bytes, members, index.
 // A corrupt snapshot is refused and changes nothing.

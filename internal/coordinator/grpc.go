@@ -490,7 +490,9 @@ func (n *Node) servable() error {
 }
 
 // rpcError maps an error to its gRPC status at the edge. UNAVAILABLE
-// carries the leader's gRPC address in the "ration-leader" trailer.
+// carries the leader's address in the "ration-leader" trailer: its lease
+// address for a call on the lease port, its admin address for one on the
+// admin listener (isAdminCall).
 func (n *Node) rpcError(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, ErrInvalidRequest) || errors.Is(err, lease.ErrInvalid):
@@ -500,13 +502,19 @@ func (n *Node) rpcError(ctx context.Context, err error) error {
 	case errors.Is(err, ErrPermissionDenied):
 		n.logger.Warn("call refused for the caller's identity", "err", err)
 		return status.Error(codes.PermissionDenied, err.Error())
+	case errors.Is(err, ErrUnauthenticated):
+		n.logger.Warn("admin call refused: no admin token, or another", "err", err)
+		return status.Error(codes.Unauthenticated, err.Error())
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	case errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNotReady) || errors.Is(err, ErrStopped) ||
 		isLeadershipErr(err) || errors.Is(err, raft.ErrEnqueueTimeout):
-		id, addr := n.Leader()
+		id, addr, admin := n.leader()
 		if id == n.cfg.ID {
-			addr = n.grpcAddr // leading but not ready yet: retry here
+			addr, admin = n.grpcAddr, n.adminAddr // leading but not ready yet: retry here
+		}
+		if isAdminCall(ctx) {
+			addr = admin
 		}
 		_ = grpc.SetTrailer(ctx, metadata.Pairs(LeaderTrailer, addr))
 		return status.Error(codes.Unavailable, err.Error())

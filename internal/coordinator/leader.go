@@ -69,6 +69,19 @@ const (
 type pendingOp struct {
 	cmd    lease.Command // nil for a member change
 	member *member
+	// admin makes the op the member's admin entry (its admin address)
+	// rather than its member entry; adminOps pairs them.
+	admin bool
+}
+
+// memberChange is the proposal of m's record: its member entry, and its
+// admin entry when it has an admin address (memberOps), one op each.
+func memberChange(m member) []pendingOp {
+	ops := []pendingOp{{member: &m}}
+	if m.GRPCAddr != "" && m.AdminAddr != "" {
+		ops = append(ops, pendingOp{member: &m, admin: true})
+	}
+	return ops
 }
 
 type proposalResult struct {
@@ -180,7 +193,7 @@ func (n *Node) commitElected(t *term) error {
 	if err != nil {
 		return err
 	}
-	data := encodeEntry([]op{memberOp(member{ID: n.cfg.ID, GRPCAddr: n.grpcAddr}), commandOp(cmd)})
+	data := encodeEntry(append(memberOps(member{ID: n.cfg.ID, GRPCAddr: n.grpcAddr, AdminAddr: n.adminAddr}), commandOp(cmd)))
 	if t.ctx.Err() != nil {
 		return ErrNotLeader
 	}
@@ -427,6 +440,9 @@ func encodeProposal(p *proposal, now int64) ([]op, error) {
 	for i, o := range p.ops {
 		if o.member != nil {
 			ops[i] = memberOp(*o.member)
+			if o.admin {
+				ops[i] = adminOp(*o.member)
+			}
 			continue
 		}
 		data, err := lease.EncodeCommand(stampCommand(withConfig(o.cmd, p.configs), now))

@@ -17,17 +17,20 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ration-dev/ration/internal/grpcsafe"
 	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
 	"github.com/ration-dev/ration/internal/tlsfiles"
+	"github.com/ration-dev/ration/internal/tokenfile"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
 // Node is one coordinator: a Raft server replicating the FSM, the leader
 // duties when it leads (clock stamping, ticks, batching, LeaderElected), and
-// the gRPC and HTTP servers. Start builds one; Shutdown or Close ends it.
+// its servers: the lease API (-grpc), the admin API on a listener of its
+// own (-admin) and HTTP. Start builds one; Shutdown or Close ends it.
 type Node struct {
 	cfg    Config
 	logger *slog.Logger
@@ -45,8 +48,12 @@ type Node struct {
 	grpcServer *grpc.Server
 	grpcLis    net.Listener
 	grpcAddr   string // advertised: what the member table holds
-	httpServer *http.Server
-	httpLis    net.Listener
+	// adminServer serves ration.v1.Admin alone, on its own listener.
+	adminServer *grpc.Server
+	adminLis    net.Listener
+	adminAddr   string // advertised: what the member table holds
+	httpServer  *http.Server
+	httpLis     net.Listener
 
 	reg *prometheus.Registry
 	m   *metrics
@@ -65,6 +72,8 @@ type Node struct {
 
 	// tls is the node's TLS material; nil in plaintext (-insecure, -dev).
 	tls *tlsfiles.Source
+	// token is the admin token (-admin-token-file); nil without one.
+	token *tokenfile.Token
 
 	notify   chan bool
 	observer *raft.Observer
@@ -125,6 +134,14 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, reg *prometheus
 	} else {
 		warnPlaintext(n.logger, cfg)
 	}
+	if cfg.AdminTokenFile != "" {
+		tok, err := tokenfile.Open(cfg.AdminTokenFile, tokenfile.Options{Logger: n.logger.With("component", "admin-token"), Interval: cfg.TLSReloadInterval})
+		if err != nil {
+			n.close()
+			return nil, fmt.Errorf("coordinator: -admin-token-file: %w", err)
+		}
+		n.token = tok
+	}
 	if cfg.Upstream != "" {
 		n.upClient = NewClient(cfg.UpstreamAddrs(), ClientOptions{Logger: n.logger.With("component", "upstream"), DialOptions: n.dialOptions()})
 	}
@@ -151,6 +168,13 @@ func (n *Node) open(ctx context.Context) error {
 	n.grpcAddr = cfg.GRPCAdvertise
 	if n.grpcAddr == "" {
 		n.grpcAddr = lis.Addr().String()
+	}
+	if n.adminLis, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
+		return fmt.Errorf("coordinator: -admin %s: %w", cfg.AdminAddr, err)
+	}
+	n.adminAddr = cfg.AdminAdvertise
+	if n.adminAddr == "" {
+		n.adminAddr = n.adminLis.Addr().String()
 	}
 
 	var advertise net.Addr
@@ -244,17 +268,29 @@ func (n *Node) open(ctx context.Context) error {
 		n.logger.Info("bootstrapped a new cluster", "raft_addr", n.raftAddr)
 	}
 
+	// The lease port serves Leases alone: the admin API, which can change
+	// the membership and the bound, is on a listener of its own that a
+	// NetworkPolicy (or loopback) keeps from the agents.
 	n.grpcServer = grpc.NewServer(append(grpcsafe.ServerOptions(n.logger, n.m.grpcPanics.Inc),
-		n.serverCreds(), grpc.ChainUnaryInterceptor(n.adminOnly))...)
+		n.serverCreds(), grpc.UnknownServiceHandler(notServed("-grpc")))...)
 	rationv1.RegisterLeasesServer(n.grpcServer, &leasesServer{n: n})
-	rationv1.RegisterAdminServer(n.grpcServer, &adminServer{n: n})
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		if err := n.grpcServer.Serve(n.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			n.logger.Error("gRPC server stopped", "err", err)
-		}
-	}()
+	n.adminServer = grpc.NewServer(append(grpcsafe.ServerOptions(n.logger, n.m.grpcPanics.Inc),
+		n.serverCreds(), grpc.ChainUnaryInterceptor(n.adminOnly), grpc.ChainStreamInterceptor(n.adminOnlyStream),
+		grpc.UnknownServiceHandler(notServed("-admin")))...)
+	rationv1.RegisterAdminServer(n.adminServer, &adminServer{n: n})
+	for _, srv := range []struct {
+		name string
+		s    *grpc.Server
+		lis  net.Listener
+	}{{"gRPC", n.grpcServer, n.grpcLis}, {"admin gRPC", n.adminServer, n.adminLis}} {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := srv.s.Serve(srv.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				n.logger.Error(srv.name+" server stopped", "err", err)
+			}
+		}()
+	}
 
 	if cfg.HTTPAddr != "" {
 		if err := n.serveHTTP(); err != nil {
@@ -269,17 +305,26 @@ func (n *Node) open(ctx context.Context) error {
 	} else if cfg.Join != "" {
 		n.logger.Info("-join ignored: this node already has Raft state, so it is (or was) a member")
 	}
-	n.logger.Info("coordinator started", "raft_addr", n.raftAddr, "grpc_addr", n.grpcAddr, "http_addr", n.HTTPAddr())
+	n.logger.Info("coordinator started", "raft_addr", n.raftAddr, "grpc_addr", n.grpcAddr, "http_addr", n.HTTPAddr(), "admin_addr", n.adminAddr)
 	return nil
 }
 
-// join asks the cluster at cfg.Join to add this node as a voter, following
-// redirects to the leader.
+// join asks the cluster at cfg.Join (a member's admin address) to add this
+// node as a voter, following redirects to the leader's admin address. It
+// presents the node's certificate (a coordinator's may call the admin API)
+// and its admin token, when it has one: the members of a group share it.
 func (n *Node) join(ctx context.Context) error {
-	c := NewClient([]string{n.cfg.Join}, ClientOptions{MaxAttempts: 50, BackoffMax: time.Second, Logger: n.logger, DialOptions: n.dialOptions()})
+	opts := n.dialOptions()
+	if n.token != nil {
+		if opts == nil {
+			opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		}
+		opts = append(opts, grpc.WithPerRPCCredentials(n.token.PerRPCCredentials()))
+	}
+	c := NewClient([]string{n.cfg.Join}, ClientOptions{MaxAttempts: 50, BackoffMax: time.Second, Logger: n.logger, DialOptions: opts})
 	defer c.Close()
 	_, err := c.AddVoter(ctx, &rationv1.AddVoterRequest{
-		Id: n.cfg.ID, RaftAddress: n.raftAddr, GrpcAddress: n.grpcAddr,
+		Id: n.cfg.ID, RaftAddress: n.raftAddr, GrpcAddress: n.grpcAddr, AdminAddress: n.adminAddr,
 	})
 	if err != nil {
 		return fmt.Errorf("coordinator: join through %s: %w", n.cfg.Join, err)
@@ -310,8 +355,11 @@ func (n *Node) ID() string { return n.cfg.ID }
 // RaftAddr returns the address peers dial.
 func (n *Node) RaftAddr() string { return n.raftAddr }
 
-// GRPCAddr returns the advertised gRPC address.
+// GRPCAddr returns the advertised lease (gRPC) address.
 func (n *Node) GRPCAddr() string { return n.grpcAddr }
+
+// AdminAddr returns the advertised admin address.
+func (n *Node) AdminAddr() string { return n.adminAddr }
 
 // HTTPAddr returns the bound HTTP address, or "" when HTTP is off.
 func (n *Node) HTTPAddr() string {
@@ -367,14 +415,28 @@ func (n *Node) Ready() bool {
 	return t != nil && t.ready.Load()
 }
 
-// Leader returns the leader's Raft id and gRPC address as this node knows
-// them ("" when unknown).
+// Leader returns the leader's Raft id and lease (gRPC) address as this
+// node knows them ("" when unknown).
 func (n *Node) Leader() (id, grpcAddr string) {
+	id, grpcAddr, _ = n.leader()
+	return id, grpcAddr
+}
+
+// LeaderAdmin returns the leader's Raft id and admin address as this node
+// knows them ("" when unknown: also a leader that joined before admin
+// addresses were recorded).
+func (n *Node) LeaderAdmin() (id, adminAddr string) {
+	id, _, adminAddr = n.leader()
+	return id, adminAddr
+}
+
+func (n *Node) leader() (id, grpcAddr, adminAddr string) {
 	_, lid := n.raft.LeaderWithID()
 	if lid == "" {
-		return "", ""
+		return "", "", ""
 	}
-	return string(lid), n.fsm.member(string(lid))
+	m := n.fsm.member(string(lid))
+	return string(lid), m.GRPCAddr, m.AdminAddr
 }
 
 // WaitReady waits until this node is a ready leader, or another node is
@@ -425,13 +487,16 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		}
 	}
 	n.drainStreams()
-	if n.grpcServer != nil {
+	for _, srv := range []*grpc.Server{n.grpcServer, n.adminServer} {
+		if srv == nil {
+			continue
+		}
 		stopped := make(chan struct{})
-		go func() { n.grpcServer.GracefulStop(); close(stopped) }()
+		go func() { srv.GracefulStop(); close(stopped) }()
 		select {
 		case <-stopped:
 		case <-ctx.Done():
-			n.grpcServer.Stop()
+			srv.Stop()
 		}
 	}
 	return n.close()
@@ -456,6 +521,11 @@ func (n *Node) close() error {
 			n.grpcServer.Stop()
 		} else if n.grpcLis != nil {
 			n.grpcLis.Close()
+		}
+		if n.adminServer != nil {
+			n.adminServer.Stop()
+		} else if n.adminLis != nil {
+			n.adminLis.Close()
 		}
 		if n.httpServer != nil {
 			n.httpServer.Close()
@@ -483,6 +553,9 @@ func (n *Node) close() error {
 		}
 		if n.tls != nil {
 			n.tls.Close()
+		}
+		if n.token != nil {
+			n.token.Close()
 		}
 		if n.removeDir != "" {
 			os.RemoveAll(n.removeDir)

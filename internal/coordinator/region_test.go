@@ -13,9 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/admission"
@@ -469,14 +467,11 @@ func TestS12OvershootWithinReportedBound(t *testing.T) {
 	}
 }
 
+// adminOf is a plaintext client of the admin listener at addr (a node's
+// AdminAddr).
 func adminOf(t *testing.T, addr string) rationv1.AdminClient {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return rationv1.NewAdminClient(cc)
+	return harness.AdminClient(t, addr)
 }
 
 func f64(v float64) *float64 { return &v }
@@ -499,7 +494,7 @@ func regionLease(leader *coordinator.Node, id string) (l lease.LeaseInfo, ok boo
 // Bad tunings are refused with every problem named, and change nothing.
 func TestTuneRefusesBadInput(t *testing.T) {
 	c := harness.StartCoordinators(t, 1, hierRules)
-	admin := adminOf(t, c.Node(0).GRPCAddr())
+	admin := adminOf(t, c.Node(0).AdminAddr())
 	ctx := context.Background()
 	_, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{
 		Rule: "g", Region: "ap", LeasePeriodMs: i64(-5), RenewAt: f64(1), MinSlice: f64(100), MaxSlice: f64(-1), Weight: f64(0),
@@ -538,7 +533,7 @@ func TestTuningTakesEffectAndSurvivesRestart(t *testing.T) {
 	}()
 	time.Sleep(2 * period) // both regions leased: about 30 each
 	li, leader := hr.global.Leader(t)
-	admin := adminOf(t, leader.GRPCAddr())
+	admin := adminOf(t, leader.AdminAddr())
 	ctx := context.Background()
 	if _, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "g", Region: "us", MaxSlice: f64(10)}}); err != nil {
 		t.Fatalf("Tune(us max_slice 10): %v", err)
@@ -575,7 +570,7 @@ func TestTuningTakesEffectAndSurvivesRestart(t *testing.T) {
 		}
 	}
 	_, leader = hr.global.Leader(t)
-	list, err := adminOf(t, leader.GRPCAddr()).ListTunings(ctx, &rationv1.ListTuningsRequest{})
+	list, err := adminOf(t, leader.AdminAddr()).ListTunings(ctx, &rationv1.ListTuningsRequest{})
 	if err != nil || len(list.Tunings) != 2 {
 		t.Fatalf("ListTunings after restarting every node = %v, %v; want both tunings", list, err)
 	}

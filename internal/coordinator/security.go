@@ -13,10 +13,14 @@ import (
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/tlsfiles"
+	"github.com/ration-dev/ration/internal/tokenfile"
 )
 
 // Who may do what, when the node runs with TLS (docs/security.md). Every
@@ -30,11 +34,18 @@ import (
 //     ration://agent/ID when H is ID or ID/<incarnation> (the agent's wire
 //     name), or ration://region/R when H is region/R: one agent cannot
 //     renew, release or replay another's leases, nor act as a region;
-//   - Admin calls need ration://operator/<name>, or
-//     ration://coordinator/<id> (a node joining through -join calls AddVoter).
+//   - Admin calls, served on the -admin listener only (the lease port
+//     answers them Unimplemented), need ration://operator/<name>, or
+//     ration://coordinator/<id> (a node joining through -join calls
+//     AddVoter).
 //
-// Without TLS (-insecure, -dev) nothing is checked: every client is trusted,
-// which is why that mode says so at start-up.
+// With -admin-token-file, every admin call must also carry the token
+// (metadata authorization: Bearer <token>), with TLS or without.
+//
+// Without TLS (-insecure, -dev) no certificate is checked: every client of
+// the lease and Raft ports is trusted, and every client of the admin port
+// that has the token (when one is set), which is why that mode says so at
+// start-up.
 
 // ErrPermissionDenied marks a call refused for the caller's identity: no
 // state changed. It is answered PERMISSION_DENIED.
@@ -70,34 +81,92 @@ func (n *Node) authorizeHolder(ctx context.Context, holder string) error {
 		ErrPermissionDenied, holder, tlsfiles.Names(cert, tlsfiles.RoleAgent), tlsfiles.URI(tlsfiles.RoleAgent, id))
 }
 
+// ErrUnauthenticated marks an admin call without the admin token, or with
+// another: no state changed. It is answered UNAUTHENTICATED.
+var ErrUnauthenticated = errors.New("unauthenticated")
+
 // adminRoles may call the Admin service.
 var adminRoles = []tlsfiles.Role{tlsfiles.RoleOperator, tlsfiles.RoleCoordinator}
 
 // authorizeAdmin refuses an Admin call unless the client's certificate
-// names an operator or a coordinator.
+// names an operator or a coordinator (under TLS) and the call carries the
+// admin token (with -admin-token-file).
 func (n *Node) authorizeAdmin(ctx context.Context) error {
-	if n.tls == nil {
-		return nil
+	if n.tls != nil {
+		cert := tlsfiles.PeerCertificate(ctx)
+		if cert == nil {
+			return fmt.Errorf("%w: admin calls need a client certificate", ErrPermissionDenied)
+		}
+		if err := tlsfiles.RequireRole(adminRoles...)(cert); err != nil {
+			return fmt.Errorf("%w: admin calls need an operator certificate (URI SAN %s) or a coordinator's: %w",
+				ErrPermissionDenied, tlsfiles.URI(tlsfiles.RoleOperator, "<name>"), err)
+		}
 	}
-	cert := tlsfiles.PeerCertificate(ctx)
-	if cert == nil {
-		return fmt.Errorf("%w: admin calls need a client certificate", ErrPermissionDenied)
-	}
-	if err := tlsfiles.RequireRole(adminRoles...)(cert); err != nil {
-		return fmt.Errorf("%w: admin calls need an operator certificate: %w", ErrPermissionDenied, err)
+	if n.token != nil {
+		md, _ := metadata.FromIncomingContext(ctx)
+		v := md.Get(tokenfile.MetadataKey)
+		if len(v) == 0 {
+			return fmt.Errorf("%w: admin calls need the token of -admin-token-file (metadata %s: %s <token>; the CLI's -token-file)",
+				ErrUnauthenticated, tokenfile.MetadataKey, tokenfile.Scheme)
+		}
+		tok, ok := tokenfile.FromHeader(v[0])
+		if !ok || len(v) > 1 || !n.token.Match(tok) {
+			return fmt.Errorf("%w: the admin token does not match this node's -admin-token-file", ErrUnauthenticated)
+		}
 	}
 	return nil
 }
 
-// adminOnly is the interceptor that puts every Admin method behind
-// authorizeAdmin, so that a method added later cannot forget the check.
+// adminCall marks the context of a call on the admin listener, so that
+// rpcError points its redirects at the leader's admin address.
+type adminCall struct{}
+
+func isAdminCall(ctx context.Context) bool { return ctx.Value(adminCall{}) != nil }
+
+// adminOnly is the admin listener's interceptor: every call on it is
+// behind authorizeAdmin (a method added later cannot forget the check),
+// and its redirects name admin addresses.
 func (n *Node) adminOnly(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if strings.HasPrefix(info.FullMethod, "/ration.v1.Admin/") {
-		if err := n.authorizeAdmin(ctx); err != nil {
-			return nil, n.rpcError(ctx, err)
-		}
+	ctx = context.WithValue(ctx, adminCall{}, true)
+	if err := n.authorizeAdmin(ctx); err != nil {
+		return nil, n.rpcError(ctx, err)
 	}
 	return handler(ctx, req)
+}
+
+// adminOnlyStream is adminOnly for streams (and for calls of services the
+// admin listener does not serve, which reach notServed through it).
+func (n *Node) adminOnlyStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx := context.WithValue(ss.Context(), adminCall{}, true)
+	if err := n.authorizeAdmin(ctx); err != nil {
+		return n.rpcError(ctx, err)
+	}
+	return handler(srv, ss)
+}
+
+// Service names, for the listeners' answers to calls they do not serve.
+const (
+	leasesService = "ration.v1.Leases"
+	adminService  = "ration.v1.Admin"
+)
+
+// notServed answers a call of a service this listener does not serve,
+// saying where it is served: an Admin call on the lease port is the
+// likeliest mistake after the admin API moved to -admin.
+func notServed(listener string) grpc.StreamHandler {
+	return func(_ any, ss grpc.ServerStream) error {
+		method, _ := grpc.MethodFromServerStream(ss)
+		service, _, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+		switch {
+		case listener == "-grpc" && service == adminService:
+			return status.Errorf(codes.Unimplemented,
+				"%s is not served on the lease port (-grpc): the admin API is served on the -admin listener (coordinator CLI: -addr <admin address>)", method)
+		case listener == "-admin" && service == leasesService:
+			return status.Errorf(codes.Unimplemented,
+				"%s is not served on the admin listener (-admin): the lease API is served on the -grpc listener", method)
+		}
+		return status.Errorf(codes.Unimplemented, "unknown method %s on the %s listener", method, listener)
+	}
 }
 
 // serverOptions are the gRPC server's credentials: mutual TLS (any
@@ -206,16 +275,15 @@ func (c *handshakeConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-// warnPlaintext says at start-up that the node runs without TLS, and what
-// that lets anyone who reaches its ports do. Unacknowledged plaintext
-// (neither -insecure nor -dev) is an error-level line, since it may be an
-// oversight: TLS is not mandatory only so that existing plaintext
-// deployments keep starting.
+// warnPlaintext says at start-up that the node runs without TLS, by
+// choice (-insecure or -dev: Validate refuses plaintext without either),
+// and what that lets anyone who reaches its ports do.
 func warnPlaintext(logger *slog.Logger, cfg Config) {
-	const risk = "every link (gRPC, Raft, upstream) is unencrypted and unauthenticated: anyone who reaches the ports can act as any holder, call the admin API and append Raft entries"
-	if cfg.Insecure || cfg.Dev {
-		logger.Warn("PLAINTEXT by -insecure or -dev: "+risk, "insecure", cfg.Insecure, "dev", cfg.Dev)
-		return
+	admin := "call the admin API"
+	if cfg.AdminTokenFile != "" {
+		admin = "read the admin token on the wire"
 	}
-	logger.Error("PLAINTEXT: no -tls-cert/-tls-key/-tls-ca and no -insecure; " + risk + ". Set the TLS files (docs/security.md), or -insecure to choose plaintext")
+	logger.Warn("PLAINTEXT by -insecure or -dev: every link (lease, admin, Raft, upstream) is unencrypted and unauthenticated: anyone who reaches the ports can act as any holder, "+
+		admin+" and append Raft entries; set -tls-cert, -tls-key, -tls-ca for mutual TLS (docs/security.md)",
+		"insecure", cfg.Insecure, "dev", cfg.Dev, "admin_token", cfg.AdminTokenFile != "")
 }

@@ -42,12 +42,7 @@ func leasesOf(t *testing.T, admin rationv1.AdminClient, holder string) map[uint6
 
 func adminWith(t *testing.T, addr string, opts []grpc.DialOption) rationv1.AdminClient {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return rationv1.NewAdminClient(cc)
+	return harness.AdminClient(t, addr, opts...)
 }
 
 // TestIdentityIsTheCertificate runs a 3-node group with mutual TLS on
@@ -61,7 +56,7 @@ func TestIdentityIsTheCertificate(t *testing.T) {
 	_, ln := c.Leader(t)
 	alice := tlsClient(c, pki, pki.Agent("alice"))
 	mallory := tlsClient(c, pki, pki.Agent("mallory"))
-	ops := adminWith(t, ln.GRPCAddr(), pki.DialOptions(pki.Operator("ops")))
+	ops := adminWith(t, ln.AdminAddr(), pki.DialOptions(pki.Operator("ops")))
 	ctx := timeout(t, 60*time.Second)
 
 	h := newHolder("alice")
@@ -122,13 +117,13 @@ func TestIdentityIsTheCertificate(t *testing.T) {
 		_, err = ws.Recv()
 	}
 	denied("mallory watches alice", err, `holder "alice"`)
-	// The admin API is not an agent's.
-	ag := adminWith(t, ln.GRPCAddr(), pki.DialOptions(pki.Agent("mallory3")))
+	// The admin API is not an agent's (TestAdminListener has more).
+	ag := adminWith(t, ln.AdminAddr(), pki.DialOptions(pki.Agent("mallory3")))
 	_, err = ag.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "hot", MaxSlice: f64(1)}})
 	denied("an agent tunes", err, "operator certificate")
 	_, err = ag.RemoveServer(ctx, &rationv1.RemoveServerRequest{Id: ln.ID()})
 	denied("an agent removes the leader", err, "operator certificate")
-	_, err = ag.AddVoter(ctx, &rationv1.AddVoterRequest{Id: "evil", RaftAddress: "127.0.0.1:1", GrpcAddress: "127.0.0.1:2"})
+	_, err = ag.AddVoter(ctx, &rationv1.AddVoterRequest{Id: "evil", RaftAddress: "127.0.0.1:1", GrpcAddress: "127.0.0.1:2", AdminAddress: "127.0.0.1:3"})
 	denied("an agent adds a voter", err, "operator certificate")
 	_, err = ag.Status(ctx, &rationv1.StatusRequest{})
 	denied("an agent reads the status", err, "operator certificate")
@@ -176,12 +171,12 @@ func TestTLSRefusesStrangers(t *testing.T) {
 	n := c.Node(0)
 	ctx := timeout(t, 30*time.Second)
 
-	plain := adminWith(t, n.GRPCAddr(), []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())})
+	plain := adminWith(t, n.AdminAddr(), []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())})
 	if _, err := plain.Status(ctx, &rationv1.StatusRequest{}); status.Code(err) != codes.Unavailable {
 		t.Errorf("plaintext Status: %v, want UNAVAILABLE (no TLS handshake)", err)
 	}
 	other := harness.NewPKI(t)
-	stranger := adminWith(t, n.GRPCAddr(), other.DialOptions(other.Operator("ops")))
+	stranger := adminWith(t, n.AdminAddr(), other.DialOptions(other.Operator("ops")))
 	if _, err := stranger.Status(ctx, &rationv1.StatusRequest{}); status.Code(err) != codes.Unavailable {
 		t.Errorf("Status with another CA's operator certificate: %v, want UNAVAILABLE", err)
 	}
@@ -324,7 +319,7 @@ func TestRegionOverMutualTLS(t *testing.T) {
 		// A coordinator certificate without ration://region/us.
 		c.TLS = pki.Issue("us-"+c.ID, tlsfiles.URI(tlsfiles.RoleCoordinator, c.ID))
 	})
-	ops := adminWith(t, global.Node(0).GRPCAddr(), pki.DialOptions(pki.Operator("ops")))
+	ops := adminWith(t, global.Node(0).AdminAddr(), pki.DialOptions(pki.Operator("ops")))
 	ctx := timeout(t, 60*time.Second)
 	renew := func(c *harness.Coordinators, h *holder) {
 		t.Helper()

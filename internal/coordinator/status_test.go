@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
@@ -146,12 +144,7 @@ func TestStatusPage(t *testing.T) {
 	renew(a, 40, export, evil) // towards the fair shares, now that b is there
 
 	// The page of the leader, compared with the leader's own admin API.
-	conn, err := grpc.NewClient(leader.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	admin := rationv1.NewAdminClient(conn)
+	admin := harness.AdminClient(t, leader.AdminAddr())
 	url := "http://" + leader.HTTPAddr() + "/"
 
 	browser := startChromium(t, ctx, chromium)
@@ -314,12 +307,7 @@ func TestStatusPage(t *testing.T) {
 	// An operator's tuning, through whichever node leads now.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		_, ln := c.Leader(t)
-		lc, err := grpc.NewClient(ln.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = rationv1.NewAdminClient(lc).Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "export", MinSlice: f64(2)}})
-		lc.Close()
+		_, err := harness.AdminClient(t, ln.AdminAddr()).Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "export", MinSlice: f64(2)}})
 		if err == nil {
 			break
 		}

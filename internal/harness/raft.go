@@ -3,9 +3,12 @@ package harness
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,9 +16,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/rules"
+	"github.com/ration-dev/ration/internal/tokenfile"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -29,9 +34,10 @@ const (
 
 // Coordinators is a coordinator cluster run in-process by
 // StartCoordinators: real Raft over TCP on loopback, BoltDB in
-// t.TempDir(), real gRPC listeners. Node i keeps its addresses across
-// Kill/Restart and Remove/Add. Methods that wait fail the test on timeout
-// and must be called from the test's goroutine.
+// t.TempDir(), real gRPC listeners (each node's lease and admin listeners
+// on ports of their own). Node i keeps its addresses across Kill/Restart
+// and Remove/Add. Methods that wait fail the test on timeout and must be
+// called from the test's goroutine.
 type Coordinators struct {
 	t     testing.TB
 	rules *rules.Set
@@ -62,6 +68,9 @@ func RaftTestConfig() coordinator.Config {
 	c := coordinator.DefaultConfig()
 	c.RaftAddr = "127.0.0.1:0"
 	c.GRPCAddr = "127.0.0.1:0"
+	// A port of its own: several nodes share the host, and none may take
+	// the default admin port.
+	c.AdminAddr = "127.0.0.1:0"
 	c.HTTPAddr = ""
 	c.HeartbeatTimeout = 300 * time.Millisecond
 	c.ElectionTimeout = 300 * time.Millisecond
@@ -79,10 +88,10 @@ func RaftTestConfig() coordinator.Config {
 }
 
 // StartCoordinators starts n coordinator nodes with the rules in
-// rulesYAML: node 0 bootstraps, the others join through it, so every
-// start exercises -join. opts adjust every node's configuration (applied
-// after RaftTestConfig). It returns once all n are voters and a leader
-// serves. Everything stops in t.Cleanup.
+// rulesYAML: node 0 bootstraps, the others join through its admin address,
+// so every start exercises -join. opts adjust every node's configuration
+// (applied after RaftTestConfig). It returns once all n are voters and a
+// leader serves. Everything stops in t.Cleanup.
 //
 // Node logs go to t.Log at the level in RATION_TEST_LOG (debug, info,
 // warn, error; default warn).
@@ -124,7 +133,7 @@ func startCoordinators(t testing.TB, n int, rulesYAML string, pki *PKI, opts ...
 			o(&cfg)
 		}
 		if i > 0 {
-			cfg.Join = c.Node(0).GRPCAddr()
+			cfg.Join = c.Node(0).AdminAddr()
 		}
 		c.slots = append(c.slots, &coordSlot{cfg: cfg})
 		c.start(i, true)
@@ -160,6 +169,7 @@ func (c *Coordinators) start(i int, fresh bool) {
 			// rest of the cluster) finds the node where it was.
 			s.cfg.RaftAddr = node.RaftAddr()
 			s.cfg.GRPCAddr = node.GRPCAddr()
+			s.cfg.AdminAddr = node.AdminAddr()
 			c.mu.Unlock()
 			return
 		}
@@ -206,8 +216,8 @@ func (c *Coordinators) Live() []int {
 	return out
 }
 
-// GRPCAddrs returns every node's gRPC address, up or down, in node order:
-// what an agent would be configured with.
+// GRPCAddrs returns every node's lease (gRPC) address, up or down, in
+// node order: what an agent would be configured with.
 func (c *Coordinators) GRPCAddrs() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -216,6 +226,86 @@ func (c *Coordinators) GRPCAddrs() []string {
 		out[i] = s.cfg.GRPCAddr
 	}
 	return out
+}
+
+// AdminAddrs returns every node's admin address, up or down, in node
+// order: what an operator would be given.
+func (c *Coordinators) AdminAddrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, len(c.slots))
+	for i, s := range c.slots {
+		out[i] = s.cfg.AdminAddr
+	}
+	return out
+}
+
+// AdminDialOptions are how the harness calls the admin API: with an
+// operator's certificate under TLS (StartCoordinatorsTLS), and with the
+// admin token when the nodes have one (-admin-token-file, read now).
+func (c *Coordinators) AdminDialOptions() []grpc.DialOption {
+	c.t.Helper()
+	opts := append([]grpc.DialOption(nil), c.adminDial...)
+	if len(opts) == 0 {
+		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	c.mu.Lock()
+	file := c.slots[0].cfg.AdminTokenFile
+	c.mu.Unlock()
+	if file != "" {
+		tok, err := tokenfile.Read(file)
+		if err != nil {
+			c.t.Fatalf("harness: admin token: %v", err)
+		}
+		opts = append(opts, grpc.WithPerRPCCredentials(tokenfile.Bearer(tok)))
+	}
+	return opts
+}
+
+// Admin returns a client of node i's admin listener (its -admin address)
+// dialed with AdminDialOptions, closed at cleanup.
+func (c *Coordinators) Admin(t testing.TB, i int) rationv1.AdminClient {
+	t.Helper()
+	return AdminClient(t, c.Config(i).AdminAddr, c.AdminDialOptions()...)
+}
+
+// LeaderAdmin waits for a ready leader and returns a client of its admin
+// listener (Admin).
+func (c *Coordinators) LeaderAdmin(t testing.TB) rationv1.AdminClient {
+	t.Helper()
+	i, _ := c.Leader(t)
+	return c.Admin(t, i)
+}
+
+// AdminClient dials the admin API at addr with opts (plaintext when
+// none), closed at cleanup.
+func AdminClient(t testing.TB, addr string, opts ...grpc.DialOption) rationv1.AdminClient {
+	t.Helper()
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	cc, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		t.Fatalf("harness: admin client of %s: %v", addr, err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return rationv1.NewAdminClient(cc)
+}
+
+// AdminToken writes a random admin token to a file of its own and returns
+// the file (for -admin-token-file and the CLI's -token-file) and the token.
+func AdminToken(t testing.TB) (file, token string) {
+	t.Helper()
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	token = hex.EncodeToString(b)
+	file = filepath.Join(t.TempDir(), "admin-token")
+	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	return file, token
 }
 
 // Leader waits until a live node leads and serves (LeaderElected
@@ -300,8 +390,8 @@ func (c *Coordinators) Restart(i int) {
 	c.start(i, false)
 }
 
-// Remove takes node i out of the cluster through the leader's admin API,
-// then stops it.
+// Remove takes node i out of the cluster through the admin API (followed
+// to the leader), then stops it.
 func (c *Coordinators) Remove(i int) {
 	c.t.Helper()
 	c.mu.Lock()
@@ -309,7 +399,7 @@ func (c *Coordinators) Remove(i int) {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), raftWait)
 	defer cancel()
-	cl := coordinator.NewClient(c.liveAddrs(), coordinator.ClientOptions{DialOptions: c.adminDial})
+	cl := coordinator.NewClient(c.liveAdminAddrs(), coordinator.ClientOptions{DialOptions: c.AdminDialOptions()})
 	defer cl.Close()
 	if _, err := cl.RemoveServer(ctx, &rationv1.RemoveServerRequest{Id: id}); err != nil {
 		c.t.Fatalf("harness: remove node%d: %v", i, err)
@@ -320,14 +410,14 @@ func (c *Coordinators) Remove(i int) {
 }
 
 // Add starts node i again with an empty data dir and joins it through a
-// live member, as a new server would be. It returns once the node is a
-// voter (it may still be catching up).
+// live member's admin address, as a new server would be. It returns once
+// the node is a voter (it may still be catching up).
 func (c *Coordinators) Add(i int) {
 	c.t.Helper()
 	if c.Node(i) != nil {
 		c.t.Fatalf("harness: add node%d: still running", i)
 	}
-	live := c.liveAddrs()
+	live := c.liveAdminAddrs()
 	if len(live) == 0 {
 		c.t.Fatalf("harness: add node%d: no live member to join through", i)
 	}
@@ -338,10 +428,10 @@ func (c *Coordinators) Add(i int) {
 	c.start(i, true)
 }
 
-func (c *Coordinators) liveAddrs() []string {
+func (c *Coordinators) liveAdminAddrs() []string {
 	var out []string
 	for _, j := range c.Live() {
-		out = append(out, c.Node(j).GRPCAddr())
+		out = append(out, c.Node(j).AdminAddr())
 	}
 	return out
 }

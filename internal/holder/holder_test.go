@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
@@ -137,7 +134,7 @@ func TestSkewedDemandFairAndBounded(t *testing.T) {
 	// Max-min fair shares of r = 60 for demands 80, 20, 5: c gets 5, b 20,
 	// a the remaining 35. Read what the leader granted each holder.
 	_, leader := c.Leader(t)
-	leases := listLeases(t, leader.GRPCAddr())
+	leases := listLeases(t, leader.AdminAddr())
 	want := map[string]float64{"a": 35, "b": 20, "c": 5}
 	for _, l := range leases {
 		// The wire name is <agent id>/<incarnation>.
@@ -157,14 +154,11 @@ func TestSkewedDemandFairAndBounded(t *testing.T) {
 	}
 }
 
+// listLeases lists the leases at the admin listener addr (a node's
+// AdminAddr).
 func listLeases(t *testing.T, addr string) []*rationv1.LeaseStatus {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	resp, err := rationv1.NewAdminClient(conn).ListLeases(context.Background(), &rationv1.ListLeasesRequest{})
+	resp, err := harness.AdminClient(t, addr).ListLeases(context.Background(), &rationv1.ListLeasesRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}

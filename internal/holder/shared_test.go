@@ -120,7 +120,7 @@ func TestDefaultShareFreshSubjectsNeedNoGrant(t *testing.T) {
 		}
 	}
 	_, leader := c.Leader(t)
-	leases := listLeases(t, leader.GRPCAddr())
+	leases := listLeases(t, leader.AdminAddr())
 	if len(leases) != 1 || leases[0].Quota != "many|"+rules.DefaultSubject {
 		var qs []string
 		for _, l := range leases {
@@ -302,7 +302,7 @@ rules:
 	_, leader := c.Leader(t)
 	ownLeases := func() int {
 		n := 0
-		for _, l := range listLeases(t, leader.GRPCAddr()) {
+		for _, l := range listLeases(t, leader.AdminAddr()) {
 			if l.Quota == "r|user=x" {
 				n++
 			}

@@ -21,7 +21,8 @@ import (
 
 // CoordinatorProcs is a coordinator group of real processes (cmd/coordinator
 // built from the tree), so a scenario can SIGKILL or SIGSTOP a node. Node 0
-// bootstraps, the others join through it; a restarted node reopens its
+// bootstraps, the others join through its admin listener (every node has
+// one on a port of its own); a restarted node reopens its
 // data dir with the same flags (bootstrap and join are no-ops on a node
 // with state). Raft timing is the in-process harness's: elections well
 // under a second, a Tick every 100ms, a 200ms safety margin.
@@ -29,6 +30,7 @@ type CoordinatorProcs struct {
 	Procs []*Proc
 	GRPC  []string
 	HTTP  []string // each node's HTTP listener (/metrics)
+	Admin []string // each node's admin listener (-admin)
 	admin []rationv1.AdminClient
 }
 
@@ -68,6 +70,7 @@ func StartCoordinatorGroup(t testing.TB, o GroupOptions) *CoordinatorProcs {
 	for range n {
 		c.GRPC = append(c.GRPC, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
 		c.HTTP = append(c.HTTP, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
+		c.Admin = append(c.Admin, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
 	}
 	for i := range n {
 		args := []string{
@@ -75,6 +78,8 @@ func StartCoordinatorGroup(t testing.TB, o GroupOptions) *CoordinatorProcs {
 			"-raft", "127.0.0.1:" + strconv.Itoa(harness.FreePort(t)),
 			"-grpc", c.GRPC[i],
 			"-http", c.HTTP[i],
+			"-admin", c.Admin[i],
+			"-insecure",
 			"-data-dir", filepath.Join(dir, fmt.Sprintf("%s%d", id, i)),
 			"-rules", rulesPath,
 			"-raft-heartbeat-timeout", "300ms", "-raft-election-timeout", "300ms", "-raft-leader-lease-timeout", "150ms",
@@ -83,11 +88,11 @@ func StartCoordinatorGroup(t testing.TB, o GroupOptions) *CoordinatorProcs {
 		if i == 0 {
 			args = append(args, "-bootstrap")
 		} else {
-			args = append(args, "-join", c.GRPC[0])
+			args = append(args, "-join", c.Admin[0])
 		}
 		args = append(args, o.Args...)
 		c.Procs = append(c.Procs, StartProc(t, fmt.Sprintf("%s%d", name, i), "coordinator", args...))
-		conn, err := grpc.NewClient(c.GRPC[i], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(c.Admin[i], grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}

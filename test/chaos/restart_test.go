@@ -33,7 +33,7 @@ func leaseIDs(t *testing.T, coords *harness.Coordinators, q string) []uint64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := rationv1.NewAdminClient(leaderConn(t, coords)).ListLeases(ctx, &rationv1.ListLeasesRequest{Quota: q})
+	resp, err := coords.LeaderAdmin(t).ListLeases(ctx, &rationv1.ListLeasesRequest{Quota: q})
 	if err != nil {
 		t.Fatalf("ListLeases: %v", err)
 	}

@@ -941,10 +941,15 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type RaftServer struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
-	Suffrage      string                 `protobuf:"bytes,3,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Address  string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"` // Raft address
+	Suffrage string                 `protobuf:"bytes,3,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
+	// The server's lease (-grpc-advertise) and admin (-admin-advertise)
+	// addresses, from the replicated member table; empty when not known (a
+	// member that joined before admin addresses were recorded).
+	GrpcAddress   string `protobuf:"bytes,4,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	AdminAddress  string `protobuf:"bytes,5,opt,name=admin_address,json=adminAddress,proto3" json:"admin_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1000,19 +1005,34 @@ func (x *RaftServer) GetSuffrage() string {
 	return ""
 }
 
+func (x *RaftServer) GetGrpcAddress() string {
+	if x != nil {
+		return x.GrpcAddress
+	}
+	return ""
+}
+
+func (x *RaftServer) GetAdminAddress() string {
+	if x != nil {
+		return x.AdminAddress
+	}
+	return ""
+}
+
 type StatusResponse struct {
-	state             protoimpl.MessageState `protogen:"open.v1"`
-	Id                string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	State             string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"` // Leader, Follower, Candidate, Shutdown
-	LeaderId          string                 `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
-	LeaderAddress     string                 `protobuf:"bytes,4,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"` // gRPC address of the leader
-	Term              uint64                 `protobuf:"varint,5,opt,name=term,proto3" json:"term,omitempty"`
-	CommitIndex       uint64                 `protobuf:"varint,6,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
-	AppliedIndex      uint64                 `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	Servers           []*RaftServer          `protobuf:"bytes,8,rep,name=servers,proto3" json:"servers,omitempty"`
-	LastSnapshotIndex uint64                 `protobuf:"varint,9,opt,name=last_snapshot_index,json=lastSnapshotIndex,proto3" json:"last_snapshot_index,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Id                 string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	State              string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"` // Leader, Follower, Candidate, Shutdown
+	LeaderId           string                 `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	LeaderAddress      string                 `protobuf:"bytes,4,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"` // gRPC address of the leader
+	Term               uint64                 `protobuf:"varint,5,opt,name=term,proto3" json:"term,omitempty"`
+	CommitIndex        uint64                 `protobuf:"varint,6,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	AppliedIndex       uint64                 `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Servers            []*RaftServer          `protobuf:"bytes,8,rep,name=servers,proto3" json:"servers,omitempty"`
+	LastSnapshotIndex  uint64                 `protobuf:"varint,9,opt,name=last_snapshot_index,json=lastSnapshotIndex,proto3" json:"last_snapshot_index,omitempty"`
+	LeaderAdminAddress string                 `protobuf:"bytes,10,opt,name=leader_admin_address,json=leaderAdminAddress,proto3" json:"leader_admin_address,omitempty"` // admin address of the leader
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1106,6 +1126,13 @@ func (x *StatusResponse) GetLastSnapshotIndex() uint64 {
 		return x.LastSnapshotIndex
 	}
 	return 0
+}
+
+func (x *StatusResponse) GetLeaderAdminAddress() string {
+	if x != nil {
+		return x.LeaderAdminAddress
+	}
+	return ""
 }
 
 type ListQuotasRequest struct {
@@ -1472,7 +1499,8 @@ type AddVoterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	RaftAddress   string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
-	GrpcAddress   string                 `protobuf:"bytes,3,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	GrpcAddress   string                 `protobuf:"bytes,3,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`    // its lease address (-grpc-advertise)
+	AdminAddress  string                 `protobuf:"bytes,4,opt,name=admin_address,json=adminAddress,proto3" json:"admin_address,omitempty"` // its admin address (-admin-advertise)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1524,6 +1552,13 @@ func (x *AddVoterRequest) GetRaftAddress() string {
 func (x *AddVoterRequest) GetGrpcAddress() string {
 	if x != nil {
 		return x.GrpcAddress
+	}
+	return ""
+}
+
+func (x *AddVoterRequest) GetAdminAddress() string {
+	if x != nil {
+		return x.AdminAddress
 	}
 	return ""
 }
@@ -1691,12 +1726,14 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\x12ListTuningsRequest\"B\n" +
 	"\x13ListTuningsResponse\x12+\n" +
 	"\atunings\x18\x01 \x03(\v2\x11.ration.v1.TuningR\atunings\"\x0f\n" +
-	"\rStatusRequest\"R\n" +
+	"\rStatusRequest\"\x9a\x01\n" +
 	"\n" +
 	"RaftServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
-	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\"\xb7\x02\n" +
+	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\x12!\n" +
+	"\fgrpc_address\x18\x04 \x01(\tR\vgrpcAddress\x12#\n" +
+	"\radmin_address\x18\x05 \x01(\tR\fadminAddress\"\xe9\x02\n" +
 	"\x0eStatusResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -1706,7 +1743,9 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\fcommit_index\x18\x06 \x01(\x04R\vcommitIndex\x12#\n" +
 	"\rapplied_index\x18\a \x01(\x04R\fappliedIndex\x12/\n" +
 	"\aservers\x18\b \x03(\v2\x15.ration.v1.RaftServerR\aservers\x12.\n" +
-	"\x13last_snapshot_index\x18\t \x01(\x04R\x11lastSnapshotIndex\"\x13\n" +
+	"\x13last_snapshot_index\x18\t \x01(\x04R\x11lastSnapshotIndex\x120\n" +
+	"\x14leader_admin_address\x18\n" +
+	" \x01(\tR\x12leaderAdminAddress\"\x13\n" +
 	"\x11ListQuotasRequest\"\xb9\x01\n" +
 	"\vQuotaStatus\x12\x14\n" +
 	"\x05quota\x18\x01 \x01(\tR\x05quota\x12\x14\n" +
@@ -1732,11 +1771,12 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\x0eexpiry_unix_us\x18\a \x01(\x03R\fexpiryUnixUs\x12&\n" +
 	"\x0freclaim_unix_us\x18\b \x01(\x03R\rreclaimUnixUs\"D\n" +
 	"\x12ListLeasesResponse\x12.\n" +
-	"\x06leases\x18\x01 \x03(\v2\x16.ration.v1.LeaseStatusR\x06leases\"g\n" +
+	"\x06leases\x18\x01 \x03(\v2\x16.ration.v1.LeaseStatusR\x06leases\"\x8c\x01\n" +
 	"\x0fAddVoterRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12!\n" +
-	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\"%\n" +
+	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\x12#\n" +
+	"\radmin_address\x18\x04 \x01(\tR\fadminAddress\"%\n" +
 	"\x13RemoveServerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"E\n" +
 	"\x12MembershipResponse\x12/\n" +

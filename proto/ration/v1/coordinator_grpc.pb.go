@@ -255,7 +255,10 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Admin serves operators: quotas, leases, Raft membership.
+// Admin serves operators: quotas, leases, Raft membership. A coordinator
+// serves it on its own listener (-admin), never on the lease port (-grpc);
+// a node that is not the leader answers leader-only calls UNAVAILABLE with
+// the leader's admin address in the ration-leader trailer.
 type AdminClient interface {
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 	ListQuotas(ctx context.Context, in *ListQuotasRequest, opts ...grpc.CallOption) (*ListQuotasResponse, error)
@@ -354,7 +357,10 @@ func (c *adminClient) ListTunings(ctx context.Context, in *ListTuningsRequest, o
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
 //
-// Admin serves operators: quotas, leases, Raft membership.
+// Admin serves operators: quotas, leases, Raft membership. A coordinator
+// serves it on its own listener (-admin), never on the lease port (-grpc);
+// a node that is not the leader answers leader-only calls UNAVAILABLE with
+// the leader's admin address in the ration-leader trailer.
 type AdminServer interface {
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	ListQuotas(context.Context, *ListQuotasRequest) (*ListQuotasResponse, error)
