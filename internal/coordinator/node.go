@@ -178,7 +178,14 @@ func (n *Node) open(ctx context.Context) error {
 	}
 
 	var advertise net.Addr
-	if cfg.RaftAdvertise != "" {
+	switch {
+	case cfg.RaftAdvertise != "" && n.tls != nil:
+		// Under TLS the name stays a name, resolved at every dial: peers
+		// verify this node's certificate against the host they dial, and
+		// a certificate names DNS names (a StatefulSet pod's issued by
+		// cert-manager cannot name its Service's cluster IP).
+		advertise = namedAddr(cfg.RaftAdvertise)
+	case cfg.RaftAdvertise != "":
 		a, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
 		if err != nil {
 			return fmt.Errorf("coordinator: -raft-advertise %s: %w", cfg.RaftAdvertise, err)

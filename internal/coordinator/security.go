@@ -213,11 +213,33 @@ func newTLSStreamLayer(bind string, advertise net.Addr, src *tlsfiles.Source) (*
 	if l.advertise == nil {
 		l.advertise = lis.Addr()
 	}
-	if a, ok := l.advertise.(*net.TCPAddr); !ok || a.IP == nil || a.IP.IsUnspecified() {
+	if !advertisable(l.advertise) {
 		lis.Close()
 		return nil, fmt.Errorf("advertise address %v is not advertisable", l.advertise)
 	}
 	return l, nil
+}
+
+// namedAddr is a Raft address kept as written (host:port, the host a DNS
+// name or an IP address): what the TLS stream layer advertises, so that
+// peers dial, and verify the certificate against, the name.
+type namedAddr string
+
+func (a namedAddr) Network() string { return "tcp" }
+func (a namedAddr) String() string  { return string(a) }
+
+// advertisable reports whether peers can dial a: a concrete IP address, or
+// a name.
+func advertisable(a net.Addr) bool {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		return a.IP != nil && !a.IP.IsUnspecified()
+	case namedAddr:
+		host, _, err := net.SplitHostPort(string(a))
+		ip := net.ParseIP(host)
+		return err == nil && host != "" && (ip == nil || !ip.IsUnspecified())
+	}
+	return false
 }
 
 func (l *tlsStreamLayer) Accept() (net.Conn, error) {

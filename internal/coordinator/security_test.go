@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"crypto/tls"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/ration-dev/ration/internal/certgen"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/tlsfiles"
@@ -351,4 +353,58 @@ func TestRegionOverMutualTLS(t *testing.T) {
 	if l := leasesOf(t, ops, "region/us"); len(l) != 0 {
 		t.Fatalf("region us holds %d global leases with a certificate naming no region", len(l))
 	}
+}
+
+// TestRaftAdvertiseNameUnderTLS: under TLS a -raft-advertise host name is
+// kept as a name (not resolved to an IP address once, at start): the Raft
+// configuration holds it, and the leader dials it and verifies the
+// follower's certificate against it, which names DNS localhost and no IP
+// address of the follower's own (a StatefulSet pod's certificate names
+// its Service's DNS name, never the Service's cluster IP).
+func TestRaftAdvertiseNameUnderTLS(t *testing.T) {
+	pki := harness.NewPKI(t)
+	port := harness.FreePort(t)
+	named := "localhost:" + strconv.Itoa(port)
+	c := harness.StartCoordinatorsTLS(t, 2, testRules, pki, noTicks, func(cfg *coordinator.Config) {
+		if cfg.ID == "node1" {
+			cfg.RaftAddr, cfg.RaftAdvertise = "127.0.0.1:"+strconv.Itoa(port), named
+		}
+	}, func(cfg *coordinator.Config) {
+		// After pki.Coordinator: node1's certificate names DNS localhost
+		// only, so a dial of 127.0.0.1 could not verify it.
+		if cfg.ID == "node1" {
+			paths, err := pki.CA.WriteFiles(t.TempDir(), "tls", certgen.Request{
+				CommonName: "node1", URIs: []string{tlsfiles.URI(tlsfiles.RoleCoordinator, "node1")}, DNSNames: []string{"localhost"},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.TLS = tlsfiles.Files{Cert: paths.Cert, Key: paths.Key, CA: paths.CA}
+		}
+	})
+	_, ln := c.Leader(t)
+	if ln.ID() != "node0" {
+		t.Fatalf("%s leads, want node0 (it bootstrapped)", ln.ID())
+	}
+	servers, err := ln.Raft().GetConfiguration().Configuration().Servers, ln.Raft().GetConfiguration().Error()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	for _, s := range servers {
+		if s.ID == "node1" {
+			got = string(s.Address)
+		}
+	}
+	if got != named {
+		t.Fatalf("node1's Raft address in the configuration is %q, want %q (the name it advertises)", got, named)
+	}
+	// node1 applies what the leader commits over that connection.
+	cl := tlsClient(c, pki, pki.Agent("alice"))
+	h := newHolder("alice")
+	req := h.request(testQuotas, 1)
+	if _, err := cl.Renew(timeout(t, 30*time.Second), req); err != nil {
+		t.Fatal(err)
+	}
+	c.Converged(t)
 }
