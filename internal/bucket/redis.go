@@ -98,6 +98,17 @@ const (
 	opRefund = "refund"
 )
 
+// The operations as command arguments, boxed once: a string variable boxed
+// per call is an allocation per decision.
+var opTakeArg, opRefundArg any = opTake, opRefund
+
+func opArg(op string) any {
+	if op == opTake {
+		return opTakeArg
+	}
+	return opRefundArg
+}
+
 // NewRedisStore returns a store over c. It does no I/O: the script is loaded
 // by the first call that needs it. The store does not own c: closing c (which
 // also stops its automatic pipeliner) is the caller's job, after the last
@@ -330,7 +341,7 @@ func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) 
 	} else {
 		args = append(args, 1, req.Key)
 	}
-	args = append(args, op, s.args.number(req.Limit.Burst), s.args.number(req.Limit.Rate), s.args.number(req.Cost), s.ttl(req.Limit))
+	args = append(args, opArg(op), s.args.number(req.Limit.Burst), s.args.number(req.Limit.Rate), s.args.number(req.Cost), s.ttl(req.Limit))
 	if req.RequestID != "" {
 		args = append(args, s.ridTTL)
 	}
