@@ -108,6 +108,11 @@
 // at its first renewal after that: shares converge within about one lease
 // period when holders renew every half period.
 //
+// The water level comes from per-quota aggregates (agg.go), updated as
+// leases change and read in O(log n) per renewal, not from a water-filling
+// of every lease; they are derived, rebuilt on restore, and every replica
+// rounds them alike (the trees' shape depends only on their contents).
+//
 // # Idempotence
 //
 // Every holder command carries Seq, increasing per holder. A command with

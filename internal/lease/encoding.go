@@ -272,6 +272,7 @@ func (s *State) UnmarshalBinary(b []byte) error {
 			q.byHolder[l.Holder] = l
 			q.leases = append(q.leases, l)
 		}
+		q.rebuild(n.now)
 		n.quotas[r.Name] = q
 		n.count(q.base.Rule, 1)
 	}

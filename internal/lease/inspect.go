@@ -177,6 +177,7 @@ func (s *State) Clone() *State {
 			qc.byHolder[lc.Holder] = &lc
 			c.leases[lc.ID] = &lc
 		}
+		qc.rebuild(s.now)
 		c.quotas[name] = &qc
 	}
 	return c
@@ -246,6 +247,9 @@ func (s *State) CheckInvariants() error {
 		}
 		if q.poolAt > s.now {
 			bad("quota %q: pool refilled at %d, after now %d", name, q.poolAt, s.now)
+		}
+		for _, msg := range q.checkAgg(s.now) {
+			bad("quota %q: aggregates: %s", name, msg)
 		}
 		if len(q.byHolder) != len(q.leases) {
 			bad("quota %q: %d leases but %d holders", name, len(q.leases), len(q.byHolder))

@@ -25,14 +25,24 @@ func (s *State) Shares(quota string) (shares []Share, freeCap, freeRate, pool fl
 	if q == nil {
 		return nil, 0, 0, 0, false
 	}
-	t := q.share(s.now, nil)
+	// The aggregates hold the live leases unless some expired since the
+	// quota's last step (taking them out would write to the state).
+	var t targeter
+	if q.fresh(s.now) {
+		t = q.compute()
+	}
+	if !q.fresh(s.now) || t.slow != nil {
+		t.slow = q.share(s.now, nil)
+	}
+	shares = make([]Share, 0, len(q.leases))
 	for i, l := range q.leases {
 		if s.now > l.Expiry {
 			continue
 		}
+		tg := t.ofAt(i, l)
 		shares = append(shares, Share{
 			Holder: l.Holder, Cap: l.Cap, Rate: l.Rate, ResCap: l.ResCap, ResRate: l.ResRate,
-			TargetCap: t[i].cap, TargetRate: t[i].rate, Demand: l.Demand,
+			TargetCap: tg.cap, TargetRate: tg.rate, Demand: l.Demand,
 		})
 	}
 	resCap, resRate := q.reserved()
@@ -45,6 +55,12 @@ func (s *State) LiveLeases(quota string) int {
 	q := s.quotas[quota]
 	if q == nil {
 		return 0
+	}
+	if q.fresh(s.now) {
+		if q.live == nil {
+			return 0
+		}
+		return q.live.n
 	}
 	n := 0
 	for _, l := range q.leases {

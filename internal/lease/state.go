@@ -53,6 +53,9 @@ type quota struct {
 	ceilRate  float64
 	leases    []*lease // in creation order, which every replica shares
 	byHolder  map[string]*lease
+	// Derived aggregates (agg.go): the reserved sums and the fair share.
+	res, live, evB, evC *node
+	resSum              [3]float64 // sums(res), at hand for Tick
 }
 
 // lease is the coordinator's record of one holder's lease on one quota.
@@ -87,6 +90,11 @@ type lease struct {
 	Bounds *Bounds `json:"bounds,omitempty"`
 
 	pos int // index in its quota's leases, set by targets; not state
+	// Derived (agg.go): the lease's entries in its quota's aggregates,
+	// whether it is in the fair share, and its terms there.
+	nodes  [nNodes]*node
+	inFill bool
+	lim    limits
 }
 
 // holder is what is remembered about a holder for idempotence.
@@ -226,6 +234,7 @@ func (s *State) configure(c ConfigureQuota) error {
 		q.fund = Funding{}
 	}
 	q.reshape()
+	q.refit() // the slice bounds may have changed
 	return nil
 }
 
@@ -444,11 +453,17 @@ func (s *State) grant(c Grant) (Result, error) {
 			// forfeit, and it gets a new ID so that renewals of the old one
 			// keep failing. The record (its reservations) carries over.
 			delete(s.leases, l.ID)
+			q.resDel(l)
+			q.fillDel(l)
 			l.ID = s.nextID
+			l.retag()
+			q.resAdd(l)
 			s.nextID++
 			s.leases[l.ID] = l
 		}
 		l.Demand, l.Weight, l.Bounds = c.Demand, weightOr1(c.Weight), c.Bounds.clone()
+		q.purge(s.now)
+		q.fillSync(l) // in the share even if its old term is over
 		out, _ := s.resize(q, l, 0, false, q.targets(s.now, l).of(l))
 		q.settle()
 		return answer{Kind: KindGrant, Lease: &out}
@@ -482,9 +497,10 @@ func (s *State) renew(c Renew) (Result, error) {
 				continue
 			}
 			l.Demand, l.Weight, l.Bounds = it.Demand, weightOr1(it.Weight), it.Bounds.clone()
+			s.quotas[it.Quota].fillSync(l)
 			live[i] = l
 		}
-		targets := map[*quota]targetList{}
+		targets := map[*quota]targeter{}
 		var touched []*quota
 		for i, l := range live {
 			if l == nil {
@@ -494,6 +510,7 @@ func (s *State) renew(c Renew) (Result, error) {
 			t, ok := targets[q]
 			if !ok {
 				q.refill(s.now)
+				q.purge(s.now)
 				t = q.targets(s.now, nil)
 				targets[q] = t
 				touched = append(touched, q)
@@ -564,6 +581,7 @@ func (s *State) tick(c Tick) (Result, error) {
 			case l.ResUntil < s.now && (l.ResCap > l.Cap || l.ResRate > l.Rate):
 				l.accrue(s.now)
 				l.collapse()
+				q.resSync(l)
 			}
 		}
 		q.settle()
@@ -624,6 +642,7 @@ func (s *State) addLease(q *quota, name string) *lease {
 	s.peak.leases = max(s.peak.leases, len(s.leases))
 	q.leases = append(q.leases, l)
 	q.byHolder[name] = l
+	q.resAdd(l)
 	s.holders[name].leases++
 	return l
 }
@@ -631,6 +650,8 @@ func (s *State) addLease(q *quota, name string) *lease {
 func (s *State) removeLease(q *quota, l *lease) {
 	delete(s.leases, l.ID)
 	delete(q.byHolder, l.Holder)
+	q.resDel(l)
+	q.fillDel(l)
 	q.leases = slices.DeleteFunc(q.leases, func(x *lease) bool { return x == l })
 	if h := s.holders[l.Holder]; h != nil {
 		h.leases--
@@ -642,6 +663,7 @@ func (s *State) removeLease(q *quota, l *lease) {
 // its target within what is free, top its bucket up from the pool and start
 // a new term. q must be refilled to now. It returns the answer and the credit.
 func (s *State) resize(q *quota, l *lease, unused float64, confirmed bool, t target) (Lease, float64) {
+	defer q.expirySync(l)
 	now := s.now
 	l.accrue(now)
 	// What the holder could not possibly have had is not credited: a buggy
@@ -650,6 +672,7 @@ func (s *State) resize(q *quota, l *lease, unused float64, confirmed bool, t tar
 	l.Bound -= back
 	if confirmed || l.ResUntil < now {
 		l.collapse()
+		q.resSync(l)
 	}
 	credited := q.credit(back)
 
@@ -663,6 +686,7 @@ func (s *State) resize(q *quota, l *lease, unused float64, confirmed bool, t tar
 	}
 	l.ResCap, l.ResRate = max(l.ResCap, newCap), max(l.ResRate, newRate)
 	l.Cap, l.Rate = newCap, newRate
+	q.resSync(l)
 
 	// Fill the holder's bucket up to its new cap from the pool. Bound is an
 	// upper bound of what it holds, so this never overfills an honest holder
@@ -757,24 +781,15 @@ func (q *quota) settle() {
 	q.ceilRate = max(q.cfg.Rate, min(q.ceilRate, resRate))
 }
 
-// reserved sums the reserved sizes, always in the same order so that every
-// replica rounds the same way.
+// reserved sums the reserved sizes (agg.go: the same rounding on every
+// replica, whatever order the leases came and went in).
 func (q *quota) reserved() (capSum, rateSum float64) {
-	for _, l := range q.leases {
-		capSum += l.ResCap
-		rateSum += l.ResRate
-	}
-	return capSum, rateSum
+	return q.resSum[0], q.resSum[1]
 }
 
 func (q *quota) reservedExcept(x *lease) (capSum, rateSum float64) {
-	for _, l := range q.leases {
-		if l != x {
-			capSum += l.ResCap
-			rateSum += l.ResRate
-		}
-	}
-	return capSum, rateSum
+	t := except(q.res, x.nodes[nRes])
+	return t[0], t[1]
 }
 
 // target is a lease's fair share: what it would get if nothing else were
@@ -784,18 +799,65 @@ type target struct{ cap, rate float64 }
 // targetList holds the targets of a quota's leases, by position.
 type targetList []target
 
+// targeter gives the leases of a quota their targets: from the water
+// levels of the aggregates (agg.go), or, when those do not decide them,
+// from the full computation (slow, by position).
+type targeter struct {
+	rate, cap filling
+	ratio     float64 // caps are rates * ratio, when r > 0
+	slow      targetList
+}
+
 // of returns l's target; l must belong to the quota, unchanged since.
-func (t targetList) of(l *lease) target { return t[l.pos] }
+func (t targeter) of(l *lease) target { return t.ofAt(l.pos, l) }
+
+func (t targeter) ofAt(i int, l *lease) target {
+	if t.slow != nil {
+		return t.slow[i]
+	}
+	r := t.rate.of(l.lim)
+	if t.ratio > 0 {
+		return target{cap: r * t.ratio, rate: r}
+	}
+	return target{cap: t.cap.of(l.lim), rate: r}
+}
 
 // targets water-fills r and B among the live leases of q (those not expired
-// at now, and extra, a lease being granted) by demand and weight, then
-// shares what the demands leave over by weight (see share). Leases that are
-// not live get a zero target. It records each lease's position for of.
-func (q *quota) targets(now int64, extra *lease) targetList {
+// at now, and extra, a lease being granted, which the caller has put in the
+// fair share) by demand and weight, then shares what the demands leave
+// over by weight (see share). Leases that are not live get a zero target.
+// The caller must have taken the expired leases out of the fair share
+// (purge) and put extra in. It costs O(log n) in the n leases of q, unless
+// the floors alone exceed r (see compute).
+func (q *quota) targets(now int64, extra *lease) targeter {
+	t := q.compute()
+	if t.slow == nil {
+		return t
+	}
 	for i, l := range q.leases {
 		l.pos = i
 	}
-	return q.share(now, extra)
+	t.slow = q.share(now, extra)
+	return t
+}
+
+// compute reads the water levels off the aggregates, which must hold the
+// live leases: slow is set (to an empty, non-nil list) when they do not
+// decide them, for the caller to fill with share.
+func (q *quota) compute() targeter {
+	var t targeter
+	t.rate = q.fill(q.cfg.Rate, 1)
+	if q.cfg.Rate > 0 {
+		// Water-filling is scale-invariant: filling B with everything
+		// scaled by B/r gives the rate shares scaled by B/r.
+		t.ratio = q.cfg.Burst / q.cfg.Rate
+	} else {
+		t.cap = q.fill(q.cfg.Burst, float64(q.cfg.LeasePeriod)/1e6)
+	}
+	if t.rate.stage == fillNone || t.ratio == 0 && t.cap.stage == fillNone {
+		t.slow = targetList{}
+	}
+	return t
 }
 
 // share computes the targets of q's leases, aligned with q.leases, without
