@@ -152,6 +152,7 @@ func bindAddr(fs *flag.FlagSet) (addr *string, timeout *time.Duration, dial dial
 	fs.StringVar(&files.Cert, "tls-cert", os.Getenv("RATION_TLS_CERT"), "operator's PEM certificate (URI SAN ration://operator/<name>) (env RATION_TLS_CERT)")
 	fs.StringVar(&files.Key, "tls-key", os.Getenv("RATION_TLS_KEY"), "PEM private key of -tls-cert (env RATION_TLS_KEY)")
 	fs.StringVar(&files.CA, "tls-ca", os.Getenv("RATION_TLS_CA"), "PEM CA bundle the node's certificate must chain to (env RATION_TLS_CA)")
+	serverName := fs.String("tls-server-name", "", "name the node's certificate must carry, when it is not -addr's host (through kubectl port-forward: -addr 127.0.0.1:8303 -tls-server-name coordinator-0.ration.svc)")
 	tokenFile := fs.String("token-file", os.Getenv("RATION_ADMIN_TOKEN_FILE"), "file holding the node's admin token (its -admin-token-file), sent as authorization: Bearer (env RATION_ADMIN_TOKEN_FILE)")
 	dial = func(a string) (*grpc.ClientConn, error) {
 		creds := insecure.NewCredentials()
@@ -162,7 +163,9 @@ func bindAddr(fs *flag.FlagSet) (addr *string, timeout *time.Duration, dial dial
 				return nil, err
 			}
 			defer src.Close()
-			creds = src.ClientCredentials("", nil)
+			creds = src.ClientCredentials(*serverName, nil)
+		} else if *serverName != "" {
+			return nil, fmt.Errorf("-tls-server-name %q without -tls-cert, -tls-key, -tls-ca", *serverName)
 		}
 		opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 		if *tokenFile != "" {

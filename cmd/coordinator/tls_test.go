@@ -89,6 +89,15 @@ func TestCommandsOverMutualTLS(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Unimplemented") {
 		t.Errorf("tune at the lease port with an operator certificate: %v, want Unimplemented", err)
 	}
+	// -tls-server-name: the certificate is verified against it rather
+	// than -addr's host (kubectl port-forward dials 127.0.0.1).
+	if err := run(ctx, append([]string{"status", "-addr", addr, "-tls-server-name", "localhost"}, opFlags...), &out, &bytes.Buffer{}, noEnv); err != nil {
+		t.Errorf("status with -tls-server-name localhost (a name the certificate carries): %v", err)
+	}
+	err = run(ctx, append([]string{"status", "-addr", addr, "-timeout", "2s", "-tls-server-name", "coordinator-0.ration.svc"}, opFlags...), &out, &bytes.Buffer{}, noEnv)
+	if err == nil || !strings.Contains(err.Error(), "coordinator-0.ration.svc") {
+		t.Errorf("status with -tls-server-name naming another host: %v, want the certificate refused for that name", err)
+	}
 	out.Reset()
 	if err := run(ctx, append([]string{"tunings", "-addr", addr}, opFlags...), &out, &bytes.Buffer{}, noEnv); err != nil {
 		t.Fatal(err)
