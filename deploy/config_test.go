@@ -121,15 +121,18 @@ func runCoordinatorValidate(t *testing.T, where string, env map[string]string, r
 
 // startAgent starts gateway-agent with env and flags (the manifest's
 // values; listen addresses on loopback, Redis and coordinators at closed
-// loopback ports, rules at a temporary copy) and waits for it to start:
-// every value must parse and validate, and the agent must accept its
-// region for the rules. Nothing outside loopback is contacted.
+// loopback ports, rules at a temporary copy, TLS files at a certificate
+// naming the agent's id, as its csi-driver volume would) and waits for it
+// to start: every value must parse and validate, and the agent must
+// accept its region for the rules and its certificate for its id.
+// Nothing outside loopback is contacted.
 func startAgent(t *testing.T, where string, env map[string]string, rules string, flags ...string) {
 	t.Helper()
 	rulesFile := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(rulesFile, []byte(rules), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	cert, key, ca := testCerts(t, "ration://agent/"+env["RATION_AGENT_ID"])
 	var kv []string
 	for k, v := range env {
 		switch k {
@@ -139,6 +142,12 @@ func startAgent(t *testing.T, where string, env map[string]string, rules string,
 			v = "127.0.0.1:0"
 		case "RATION_REDIS", "RATION_COORDINATORS":
 			v = closedPort(t)
+		case "RATION_TLS_CERT":
+			v = cert
+		case "RATION_TLS_KEY":
+			v = key
+		case "RATION_TLS_CA":
+			v = ca
 		}
 		kv = append(kv, k+"="+v)
 	}
@@ -206,7 +215,11 @@ func TestRulesValid(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, bin := range []string{"gateway-agent", "coordinator"} {
-			out, err := exec.Command(binary(t, bin), "-validate", "-rules", f).CombinedOutput()
+			args := []string{"-validate", "-rules", f}
+			if bin == "coordinator" {
+				args = append(args, "-insecure") // the rules are what is checked
+			}
+			out, err := exec.Command(binary(t, bin), args...).CombinedOutput()
 			if err != nil {
 				t.Errorf("%s: %s -validate: %v\n%s", dir, bin, err, out)
 			}

@@ -55,7 +55,7 @@ var (
 // types: strict decoding refuses a field the CRDs do not define.
 var chartScheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme, monitoringv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme, monitoringv1.AddToScheme, addCertManager} {
 		if err := add(s); err != nil {
 			panic(err)
 		}
@@ -216,6 +216,8 @@ func TestChartMatchesOverlays(t *testing.T) {
 
 			r := withNamespace(cr, ns)
 			checkCoordinator(t, r)
+			checkCertManager(t, r)
+			checkCoordinatorCert(t, r, agentCoordinatorHosts(t, r))
 			if get[*appsv1.Deployment](r, "gateway") != nil {
 				checkGateway(t, r)
 			}

@@ -31,12 +31,14 @@ import (
 
 const kubeDir = "kubernetes"
 
-// strictDecoder decodes YAML into the Kubernetes API types the way the API
-// server's strict field validation does: unknown fields, duplicate fields
-// and wrong case are errors, and so is a kind no group here defines.
+// strictDecoder decodes YAML into the Kubernetes API types (and
+// cert-manager's Issuer and Certificate, certmanager_test.go) the way the
+// API server's strict field validation does: unknown fields, duplicate
+// fields and wrong case are errors, and so is a kind no group here
+// defines.
 var strictDecoder = func() runtime.Decoder {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme, addCertManager} {
 		if err := add(s); err != nil {
 			panic(err)
 		}
@@ -256,6 +258,10 @@ func metaName(o runtime.Object) string {
 		return v.Name
 	case *networkingv1.NetworkPolicy:
 		return v.Name
+	case *cmIssuer:
+		return v.Name
+	case *cmCertificate:
+		return v.Name
 	}
 	return ""
 }
@@ -432,6 +438,8 @@ func TestRenderedManifests(t *testing.T) {
 				return
 			}
 			adv := checkCoordinator(t, r)
+			checkCertManager(t, r)
+			checkCoordinatorCert(t, r, agentCoordinatorHosts(t, r))
 			if get[*appsv1.Deployment](r, "gateway") != nil {
 				gateways++
 				checkGateway(t, r)
@@ -532,7 +540,7 @@ func checkCoordinator(t *testing.T, r rendering) []string {
 			t.Errorf("%s: RATION_ID %q, want the pod name (stable Raft server id)", pod, e["RATION_ID"])
 		}
 		// Bind addresses match the declared container ports.
-		for v, port := range map[string]string{"RATION_RAFT": "raft", "RATION_GRPC": "grpc", "RATION_HTTP": "http"} {
+		for v, port := range map[string]string{"RATION_RAFT": "raft", "RATION_GRPC": "grpc", "RATION_HTTP": "http", "RATION_ADMIN": "admin"} {
 			if _, p := hostPort(t, v, e[v]); p != ports[port] {
 				t.Errorf("%s: %s %q, container port %s is %d", pod, v, e[v], port, ports[port])
 			}
@@ -541,7 +549,7 @@ func checkCoordinator(t *testing.T, r rendering) []string {
 		// The global group's gRPC address is an external name instead,
 		// served by the member's LoadBalancer Service.
 		advertised = append(advertised, e["RATION_GRPC_ADVERTISE"])
-		for v, port := range map[string]string{"RATION_RAFT_ADVERTISE": "raft", "RATION_GRPC_ADVERTISE": "grpc"} {
+		for v, port := range map[string]string{"RATION_RAFT_ADVERTISE": "raft", "RATION_GRPC_ADVERTISE": "grpc", "RATION_ADMIN_ADVERTISE": "admin"} {
 			if h, _ := hostPort(t, v, e[v]); v == "RATION_GRPC_ADVERTISE" && !strings.HasSuffix(h, ".svc") {
 				checkExternal(t, r, pod, e[v], tpl.Labels, c, ports[port])
 				continue
@@ -571,6 +579,18 @@ func checkCoordinator(t *testing.T, r rendering) []string {
 		}
 		if svc := serviceFor(t, r, pod+" RATION_JOIN", e["RATION_JOIN"], ns); svc != nil && svc != gov {
 			t.Errorf("%s: RATION_JOIN %q: want the governing Service %s (ready members only)", pod, e["RATION_JOIN"], gov.Name)
+		} else if svc != nil {
+			// A member joins through the admin API, which the lease port
+			// does not serve.
+			_, p := hostPort(t, "RATION_JOIN", e["RATION_JOIN"])
+			for _, sp := range svc.Spec.Ports {
+				if int(sp.Port) == p && containerPort(c, sp.TargetPort) != ports["admin"] {
+					t.Errorf("%s: RATION_JOIN %q: Service %s port %d targets %v, not the admin port %d", pod, e["RATION_JOIN"], svc.Name, p, sp.TargetPort, ports["admin"])
+				}
+			}
+		}
+		if h, _ := hostPort(t, "RATION_ADMIN", e["RATION_ADMIN"]); e["RATION_ADMIN_ADVERTISE"] == "" || h == "127.0.0.1" {
+			t.Errorf("%s: RATION_ADMIN %q, RATION_ADMIN_ADVERTISE %q: members join through each other's admin API, which must listen on the pod IP and be advertised", pod, e["RATION_ADMIN"], e["RATION_ADMIN_ADVERTISE"])
 		}
 		if _, ok := e["RATION_BOOTSTRAP"]; ok {
 			t.Errorf("%s: RATION_BOOTSTRAP set: coordinator-launch chooses it from the ordinal", pod)
@@ -649,7 +669,7 @@ func checkExternal(t *testing.T, r rendering, pod, addr string, podLabels map[st
 			t.Errorf("Service %s (for %s): want a LoadBalancer selecting only pod %s, unready included", svc.Name, addr, pod)
 		}
 		if len(svc.Spec.LoadBalancerSourceRanges) == 0 {
-			t.Errorf("Service %s exposes the unauthenticated admin API to every address: set loadBalancerSourceRanges", svc.Name)
+			t.Errorf("Service %s exposes the lease port to every address: set loadBalancerSourceRanges", svc.Name)
 		}
 		for _, sp := range svc.Spec.Ports {
 			if int(sp.Port) == p && containerPort(c, sp.TargetPort) == port {
@@ -766,6 +786,7 @@ func checkGateway(t *testing.T, r rendering) {
 	if e["RATION_REGION"] == "" {
 		t.Error("gateway-agent: RATION_REGION not set: it would run as region \"local\"")
 	}
+	checkAgentCert(t, r, dep, *agent, e, pod)
 	if ce := coordinatorEnv(t, r, 0); ce["RATION_REGION"] != e["RATION_REGION"] {
 		t.Errorf("gateway-agent region %q, its coordinators' %q", e["RATION_REGION"], ce["RATION_REGION"])
 	}
@@ -880,6 +901,7 @@ func checkNetworkPolicies(t *testing.T, r rendering) {
 	}
 	coord, gw := sts.Spec.Template.Labels, dep.Spec.Template.Labels
 	stranger := map[string]string{"app": "something-else"}
+	operator := map[string]string{"ration.dev/operator": "true"}
 	for _, tc := range []struct {
 		what         string
 		target, from map[string]string
@@ -887,10 +909,15 @@ func checkNetworkPolicies(t *testing.T, r rendering) {
 		want         bool
 	}{
 		{"coordinator raft from coordinator", coord, coord, 8300, true},
-		{"coordinator grpc from coordinator", coord, coord, 8301, true},
 		{"coordinator grpc from agents", coord, gw, 8301, true},
 		{"coordinator grpc from any pod", coord, stranger, 8301, false},
 		{"coordinator raft from agents", coord, gw, 8300, false},
+		{"coordinator raft from operators", coord, operator, 8300, false},
+		// The admin API: members (joining) and operators, never gateways.
+		{"coordinator admin from coordinator", coord, coord, 8303, true},
+		{"coordinator admin from operators", coord, operator, 8303, true},
+		{"coordinator admin from agents", coord, gw, 8303, false},
+		{"coordinator admin from any pod", coord, stranger, 8303, false},
 		{"gateway traffic from any pod", gw, stranger, 8000, true},
 		{"agent API from any pod", gw, stranger, 8080, false},
 	} {
@@ -923,4 +950,25 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// agentCoordinatorHosts are the hosts the rendering's agents dial the
+// coordinators at (RATION_COORDINATORS): the coordinators' certificates
+// must name them.
+func agentCoordinatorHosts(t testing.TB, r rendering) []string {
+	t.Helper()
+	var out []string
+	for _, dep := range all[*appsv1.Deployment](r) {
+		for _, c := range dep.Spec.Template.Spec.InitContainers {
+			if c.Name != "gateway-agent" {
+				continue
+			}
+			e := env(t, c, map[string]string{"metadata.name": dep.Name + "-abc12-xyz34", "metadata.namespace": dep.Namespace})
+			for _, a := range strings.Split(e["RATION_COORDINATORS"], ",") {
+				h, _ := hostPort(t, "RATION_COORDINATORS", a)
+				out = append(out, h)
+			}
+		}
+	}
+	return out
 }

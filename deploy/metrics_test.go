@@ -97,7 +97,7 @@ func exportedMetrics(t *testing.T) exported {
 		})
 	}
 
-	agentArgs := []string{"-rules", rulesFile, "-region", testRegion, "-coordinators", coordGRPC,
+	agentArgs := []string{"-rules", rulesFile, "-region", testRegion, "-coordinators", coordGRPC, "-insecure",
 		"-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-reload-interval", "100ms"}
 	healthy := start(t, "gateway-agent", nil, append([]string{"-dev", "-id", "agent-healthy"}, agentArgs...)...)
 	healthyHTTP := healthy.wait(t, agentStarted, 30*time.Second)[2]

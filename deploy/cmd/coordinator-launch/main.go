@@ -11,9 +11,9 @@
 //
 //   - POD_NAME: the pod's name (downward API metadata.name), ending in
 //     "-ORDINAL".
-//   - RATION_JOIN: host:port of the ready members' admin gRPC API, a
-//     headless Service that lists only ready pods (no
-//     publishNotReadyAddresses). The coordinator reads it too.
+//   - RATION_JOIN: host:port of the ready members' admin API (their
+//     -admin port, 8303), a headless Service that lists only ready pods
+//     (no publishNotReadyAddresses). The coordinator reads it too.
 //
 // The rule:
 //
