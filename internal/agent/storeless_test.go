@@ -96,7 +96,7 @@ func TestStartWithoutRedisNeedsLeasedRules(t *testing.T) {
 	}
 	cfg := agent.DefaultConfig()
 	cfg.RulesFile = path
-	cfg.Coordinators = "127.0.0.1:1"
+	cfg.Coordinators, cfg.Insecure = "127.0.0.1:1", true
 	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
 	if err := cfg.Check(); err != nil {
 		t.Fatalf("Check without -redis = %v: only the rules can tell", err)
