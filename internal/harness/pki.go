@@ -38,6 +38,14 @@ func NewPKI(t testing.TB) *PKI {
 	return &PKI{t: t, CA: ca, dir: t.TempDir()}
 }
 
+// NewPKIWithCA is NewPKI over an existing CA, so that the PKIs of several
+// tests trust each other's certificates (the chaos suite makes one CA for
+// the run and gives every scenario's processes certificates of it).
+func NewPKIWithCA(t testing.TB, ca *certgen.CA) *PKI {
+	t.Helper()
+	return &PKI{t: t, CA: ca, dir: t.TempDir()}
+}
+
 // Issue writes a certificate named name with identities uris (each
 // ration://<role>/<name>; none: a certificate of the CA that authorizes
 // nothing) to a directory of its own, and returns its files.

@@ -57,7 +57,9 @@ func StartAgent(t testing.TB, o AgentOptions) *Agent {
 	args := []string{"-id", o.ID, "-rules", rulesPath, "-redis", o.Redis, "-grpc", a.GRPC, "-http", a.HTTP,
 		"-record", a.Record, "-log-level", "info"}
 	if o.Coordinators != "" {
-		args = append(args, "-coordinators", o.Coordinators, "-insecure")
+		// Mutual TLS to the coordinators, with the certificate of its id
+		// (tls.go).
+		args = append(append(args, "-coordinators", o.Coordinators), tlsFlags(pkiOf(t).Agent(o.ID))...)
 	}
 	args = append(args, o.Args...)
 	a.Proc = StartProc(t, "agent-"+o.ID, "gateway-agent", args...)

@@ -2,8 +2,6 @@ package chaos
 
 import (
 	"testing"
-
-	"github.com/ration-dev/ration/internal/harness"
 )
 
 // splitBrain is the break of the leased scenarios whose protection the
@@ -18,5 +16,5 @@ func splitBrain(t testing.TB, scenario string, i int, rulesYAML, coordAddrs stri
 		return coordAddrs
 	}
 	t.Logf("chaos: %s protection removed: agent %d leases from a coordinator group of its own", scenario, i)
-	return joinAddrs(harness.StartCoordinators(t, 1, rulesYAML).GRPCAddrs())
+	return joinAddrs(startCoordinators(t, 1, rulesYAML).GRPCAddrs())
 }

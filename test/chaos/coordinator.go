@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -66,6 +66,15 @@ func StartCoordinatorGroup(t testing.TB, o GroupOptions) *CoordinatorProcs {
 	if err := os.WriteFile(rulesPath, []byte(rulesYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A node of a regional group also holds leases from the global group
+	// as its region: its certificate names both (docs/security.md).
+	region := ""
+	for i, a := range o.Args {
+		if a == "-region" && i+1 < len(o.Args) {
+			region = o.Args[i+1]
+		}
+	}
+	pki := pkiOf(t)
 	c := &CoordinatorProcs{}
 	for range n {
 		c.GRPC = append(c.GRPC, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
@@ -73,13 +82,16 @@ func StartCoordinatorGroup(t testing.TB, o GroupOptions) *CoordinatorProcs {
 		c.Admin = append(c.Admin, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
 	}
 	for i := range n {
+		uris := []string{tlsfiles.URI(tlsfiles.RoleCoordinator, fmt.Sprintf("%s%d", id, i))}
+		if region != "" {
+			uris = append(uris, tlsfiles.URI(tlsfiles.RoleRegion, region))
+		}
 		args := []string{
 			"-id", fmt.Sprintf("%s%d", id, i),
 			"-raft", "127.0.0.1:" + strconv.Itoa(harness.FreePort(t)),
 			"-grpc", c.GRPC[i],
 			"-http", c.HTTP[i],
 			"-admin", c.Admin[i],
-			"-insecure",
 			"-data-dir", filepath.Join(dir, fmt.Sprintf("%s%d", id, i)),
 			"-rules", rulesPath,
 			"-raft-heartbeat-timeout", "300ms", "-raft-election-timeout", "300ms", "-raft-leader-lease-timeout", "150ms",
@@ -90,9 +102,9 @@ func StartCoordinatorGroup(t testing.TB, o GroupOptions) *CoordinatorProcs {
 		} else {
 			args = append(args, "-join", c.Admin[0])
 		}
-		args = append(args, o.Args...)
+		args = append(append(args, tlsFlags(pki.Issue(fmt.Sprintf("%s%d", id, i), uris...))...), o.Args...)
 		c.Procs = append(c.Procs, StartProc(t, fmt.Sprintf("%s%d", name, i), "coordinator", args...))
-		conn, err := grpc.NewClient(c.Admin[i], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(c.Admin[i], asOperator(t))
 		if err != nil {
 			t.Fatal(err)
 		}

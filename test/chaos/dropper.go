@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -26,7 +25,7 @@ import (
 // whole replies.)
 type ReplyDropper struct {
 	rationv1.UnimplementedLeasesServer
-	up   rationv1.LeasesClient
+	up   *passThrough
 	addr string
 
 	mu      sync.Mutex
@@ -47,18 +46,13 @@ type DropStats struct {
 // NewReplyDropper serves on a free loopback port, forwarding to upstream.
 func NewReplyDropper(t testing.TB, upstream string, p float64, rng *rand.Rand) *ReplyDropper {
 	t.Helper()
-	conn, err := grpc.NewClient(upstream, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &ReplyDropper{up: rationv1.NewLeasesClient(conn), addr: ln.Addr().String(), rng: rng, p: p,
+	d := &ReplyDropper{up: newPassThrough(t, upstream), addr: ln.Addr().String(), rng: rng, p: p,
 		dropped: map[string]*rationv1.RenewResponse{}}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(proxyServerCreds(t))
 	rationv1.RegisterLeasesServer(srv, d)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
@@ -100,7 +94,11 @@ var errDropped = status.Error(codes.Unavailable, "chaos: reply dropped after the
 // Renew forwards, then maybe drops the reply; a retry of a dropped
 // request is compared with what was dropped.
 func (d *ReplyDropper) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
-	resp, err := d.up.Renew(ctx, req)
+	up, err := d.up.leases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := up.Renew(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +142,11 @@ func sameAnswer(prev, retry *rationv1.RenewResponse) bool {
 
 // Release forwards, then maybe drops the reply.
 func (d *ReplyDropper) Release(ctx context.Context, req *rationv1.ReleaseRequest) (*rationv1.ReleaseResponse, error) {
-	resp, err := d.up.Release(ctx, req)
+	up, err := d.up.leases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := up.Release(ctx, req)
 	if err != nil {
 		return nil, err
 	}

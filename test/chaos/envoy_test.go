@@ -83,7 +83,7 @@ func TestS14EnvoyLeaderKilled(t *testing.T) {
 		coordAddrs := joinAddrs(coords.GRPC)
 		if broken("S14") && i > 0 {
 			t.Log("chaos: S14 protection removed: the second agent has its own coordinator")
-			coordAddrs = joinAddrs(harness.StartCoordinators(t, 1, s14Rules).GRPCAddrs())
+			coordAddrs = joinAddrs(startCoordinators(t, 1, s14Rules).GRPCAddrs())
 		}
 		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s14a%d", i), Rules: s14Rules,
 			Redis: redis.Addr, Coordinators: coordAddrs}))

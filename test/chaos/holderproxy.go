@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/ration-dev/ration/internal/coordinator"
@@ -70,13 +69,8 @@ func newLeasesForwarders(t testing.TB, dial, named []string, holder func(string)
 		toMerger[n] = addrs[i]
 	}
 	for i, n := range dial {
-		conn, err := grpc.NewClient(n, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		srv := grpc.NewServer()
-		rationv1.RegisterLeasesServer(srv, &mergerNode{up: rationv1.NewLeasesClient(conn), toMerger: toMerger, holder: holder})
+		srv := grpc.NewServer(proxyServerCreds(t))
+		rationv1.RegisterLeasesServer(srv, &mergerNode{up: newPassThrough(t, n), toMerger: toMerger, holder: holder})
 		go func() { _ = srv.Serve(lns[i]) }()
 		t.Cleanup(srv.Stop)
 	}
@@ -85,7 +79,7 @@ func newLeasesForwarders(t testing.TB, dial, named []string, holder func(string)
 
 type mergerNode struct {
 	rationv1.UnimplementedLeasesServer
-	up       rationv1.LeasesClient
+	up       *passThrough // acts as each caller
 	toMerger map[string]string
 	holder   func(string) string // rewrites the holder name
 }
@@ -116,7 +110,11 @@ func (n *mergerNode) trailer(tr metadata.MD) metadata.MD {
 func (n *mergerNode) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
 	req.Holder = n.holder(req.Holder)
 	var tr metadata.MD
-	resp, err := n.up.Renew(ctx, req, grpc.Trailer(&tr))
+	up, err := n.up.leases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := up.Renew(ctx, req, grpc.Trailer(&tr))
 	_ = grpc.SetTrailer(ctx, n.trailer(tr))
 	return resp, err
 }
@@ -124,14 +122,22 @@ func (n *mergerNode) Renew(ctx context.Context, req *rationv1.RenewRequest) (*ra
 func (n *mergerNode) Release(ctx context.Context, req *rationv1.ReleaseRequest) (*rationv1.ReleaseResponse, error) {
 	req.Holder = n.holder(req.Holder)
 	var tr metadata.MD
-	resp, err := n.up.Release(ctx, req, grpc.Trailer(&tr))
+	up, err := n.up.leases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := up.Release(ctx, req, grpc.Trailer(&tr))
 	_ = grpc.SetTrailer(ctx, n.trailer(tr))
 	return resp, err
 }
 
 func (n *mergerNode) Watch(req *rationv1.WatchRequest, stream grpc.ServerStreamingServer[rationv1.Nudge]) error {
 	req.Holder = n.holder(req.Holder)
-	up, err := n.up.Watch(stream.Context(), req)
+	client, err := n.up.leases(stream.Context())
+	if err != nil {
+		return err
+	}
+	up, err := client.Watch(stream.Context(), req)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func fallbackSpan(recs []admission.Record, q, agent string, t0 time.Duration) ti
 func TestS5NoQuorum(t *testing.T) {
 	scenario(t)
 	r := rng(t)
-	coords := harness.StartCoordinators(t, 3, leasedRules)
+	coords := startCoordinators(t, 3, leasedRules)
 	redis := harness.StartRedis(t)
 	agentRules := leasedRules
 	if broken("S5") {
@@ -157,7 +157,7 @@ rules:
 func TestS6AgentPaused(t *testing.T) {
 	scenario(t)
 	r := rng(t)
-	coords := harness.StartCoordinators(t, 3, leasedRules)
+	coords := startCoordinators(t, 3, leasedRules)
 	redis := harness.StartRedis(t)
 	var agents []*Agent
 	for i := range 2 {
@@ -205,7 +205,7 @@ func TestS6AgentPaused(t *testing.T) {
 func TestS4LeaseRepliesDropped(t *testing.T) {
 	scenario(t)
 	r := rng(t)
-	coords := harness.StartCoordinators(t, 1, leasedRules)
+	coords := startCoordinators(t, 1, leasedRules)
 	redis := harness.StartRedis(t)
 	d := NewReplyDropper(t, coords.GRPCAddrs()[0], 0.3, r)
 	var agents []*Agent

@@ -146,7 +146,7 @@ func roundAll(ds []time.Duration) []time.Duration {
 func TestS3AgentCutOff(t *testing.T) {
 	scenario(t)
 	r := rng(t)
-	coords := harness.StartCoordinators(t, 1, leasedRules)
+	coords := startCoordinators(t, 1, leasedRules)
 	redis := harness.StartRedis(t)
 	px := NewProxy(t, "coordinator", coords.GRPCAddrs()[0])
 	cutRules := leasedRules

@@ -2,10 +2,14 @@ package chaos
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
 	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
 // LinkProxy sits in front of one Raft node (its -raft-advertise address)
@@ -19,8 +23,15 @@ import (
 // node id and, on id's own proxy, every connection into it. Heal lifts it
 // and closes the connections that were blackholed (their streams lost
 // bytes; Raft dials again).
+//
+// Under TLS (NewLinkProxiesTLS) the stream is encrypted, so the proxy
+// terminates it instead: it completes the handshake as a coordinator of
+// the run's CA, learns the sender from the client certificate, and dials
+// the node behind it presenting a certificate with the sender's identities
+// (the test holds the CA's key), so the node authorizes the same peer.
 type LinkProxy struct {
 	t        testing.TB
+	tls      *tls.Config // server side under TLS; nil: plaintext
 	ln       net.Listener
 	target   string // id of the node behind this proxy
 	ids      []string
@@ -49,6 +60,25 @@ type link struct {
 // port, forwarding to upstream[i]. They are closed in t.Cleanup.
 func NewLinkProxies(t testing.TB, ids, upstream []string) []*LinkProxy {
 	t.Helper()
+	return newLinkProxies(t, ids, upstream, nil)
+}
+
+// NewLinkProxiesTLS is NewLinkProxies for a group whose Raft links are
+// mutual TLS with certificates of the run's CA.
+func NewLinkProxiesTLS(t testing.TB, ids, upstream []string) []*LinkProxy {
+	t.Helper()
+	cert, err := identity(tlsfiles.URI(tlsfiles.RoleCoordinator, "link-proxy"))
+	if err != nil {
+		t.Fatalf("chaos: %v", err)
+	}
+	return newLinkProxies(t, ids, upstream, &tls.Config{
+		MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: caPool(),
+	})
+}
+
+func newLinkProxies(t testing.TB, ids, upstream []string, tlsConfig *tls.Config) []*LinkProxy {
+	t.Helper()
 	iso := &isolation{}
 	var out []*LinkProxy
 	for i, id := range ids {
@@ -56,7 +86,7 @@ func NewLinkProxies(t testing.TB, ids, upstream []string) []*LinkProxy {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := &LinkProxy{t: t, ln: ln, target: id, ids: ids, upstream: upstream[i], isolated: iso, links: map[*link]struct{}{}}
+		p := &LinkProxy{t: t, tls: tlsConfig, ln: ln, target: id, ids: ids, upstream: upstream[i], isolated: iso, links: map[*link]struct{}{}}
 		go p.accept()
 		t.Cleanup(p.close)
 		out = append(out, p)
@@ -112,6 +142,10 @@ func (p *LinkProxy) accept() {
 }
 
 func (p *LinkProxy) serve(c net.Conn) {
+	if p.tls != nil {
+		p.serveTLS(c)
+		return
+	}
 	s, err := net.DialTimeout("tcp", p.upstream, time.Second)
 	if err != nil {
 		c.Close()
@@ -137,6 +171,55 @@ func (p *LinkProxy) serve(c net.Conn) {
 	done := make(chan struct{}, 2)
 	go func() { p.pipe(l, s, c, nil); done <- struct{}{} }()
 	go func() { p.pipe(l, c, s, buf[:n]); done <- struct{}{} }()
+	<-done
+}
+
+// serveTLS terminates the sender's TLS and forwards over a TLS connection
+// of its own that carries the sender's identities.
+func (p *LinkProxy) serveTLS(raw net.Conn) {
+	c := tls.Server(raw, p.tls)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return
+	}
+	peer := c.ConnectionState().PeerCertificates[0]
+	var uris []string
+	for _, u := range peer.URIs {
+		uris = append(uris, u.String())
+	}
+	sender := ""
+	if names := tlsfiles.Names(peer, tlsfiles.RoleCoordinator); len(names) > 0 {
+		sender = names[0]
+	}
+	cert, err := identity(uris...)
+	if err != nil {
+		c.Close()
+		return
+	}
+	s, err := tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", p.upstream, &tls.Config{
+		MinVersion: tls.VersionTLS12, RootCAs: caPool(), Certificates: []tls.Certificate{cert},
+		ServerName: tlsfiles.HostOf(p.upstream),
+	})
+	if err != nil {
+		c.Close()
+		return
+	}
+	l := &link{client: c, server: s, sender: sender}
+	p.mu.Lock()
+	p.links[l] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		c.Close()
+		s.Close()
+		p.mu.Lock()
+		delete(p.links, l)
+		p.mu.Unlock()
+	}()
+	done := make(chan struct{}, 2)
+	go func() { p.pipe(l, s, c, nil); done <- struct{}{} }()
+	go func() { p.pipe(l, c, s, nil); done <- struct{}{} }()
 	<-done
 }
 

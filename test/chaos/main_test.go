@@ -23,6 +23,10 @@ func runMain(m *testing.M) int {
 		return 2
 	}
 	defer os.RemoveAll(dir)
+	if err := newChaosCA(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
 	for _, cmd := range []string{"gateway-agent", "coordinator"} {
 		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, cmd), "github.com/ration-dev/ration/cmd/"+cmd).CombinedOutput()
 		if err != nil {

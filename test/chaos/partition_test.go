@@ -48,8 +48,8 @@ func TestS2DeposedLeader(t *testing.T) {
 	for range ids {
 		raftAddrs = append(raftAddrs, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
 	}
-	proxies := NewLinkProxies(t, ids, raftAddrs)
-	coords := harness.StartCoordinators(t, 3, leasedRules, func(c *coordinator.Config) {
+	proxies := NewLinkProxiesTLS(t, ids, raftAddrs)
+	coords := startCoordinators(t, 3, leasedRules, func(c *coordinator.Config) {
 		i, _ := strconv.Atoi(strings.TrimPrefix(c.ID, "node"))
 		c.RaftAddr, c.RaftAdvertise = raftAddrs[i], proxies[i].Addr()
 	})

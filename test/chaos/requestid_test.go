@@ -50,7 +50,7 @@ type s15Attempt struct {
 func TestS15LeasedRequestIDs(t *testing.T) {
 	scenario(t)
 	r := rng(t)
-	coords := harness.StartCoordinators(t, 1, s15Rules)
+	coords := startCoordinators(t, 1, s15Rules)
 	redis := harness.StartRedis(t)
 	fresh := broken("S15")
 	if fresh {

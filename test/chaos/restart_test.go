@@ -10,10 +10,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -21,7 +21,8 @@ import (
 func leaderConn(t *testing.T, coords *harness.Coordinators) *grpc.ClientConn {
 	t.Helper()
 	_, n := coords.Leader(t)
-	conn, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The probe renews as a holder of its own: an agent's certificate.
+	conn, err := grpc.NewClient(n.GRPCAddr(), dialAs(t, tlsfiles.URI(tlsfiles.RoleAgent, "s13-probe")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func renew(t *testing.T, coords *harness.Coordinators, seq uint64) (*rationv1.Re
 func TestS13RestartFromDisk(t *testing.T) {
 	scenario(t)
 	r := rng(t)
-	coords := harness.StartCoordinators(t, 3, leasedRules)
+	coords := startCoordinators(t, 3, leasedRules)
 	redis := harness.StartRedis(t)
 	var agents []*Agent
 	for i := range 2 {
