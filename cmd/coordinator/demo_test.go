@@ -53,4 +53,15 @@ func TestDemoRegionsScript(t *testing.T) {
 	if !strings.Contains(string(out), "global-api|x0") || !strings.Contains(string(out), " ok ") {
 		t.Fatalf("ration-check did not report global-api|x0 as ok")
 	}
+	// The demo runs the secure path: certificates of its own CA, and no
+	// process in plaintext.
+	if _, err := os.Stat(filepath.Join(dir, "certs", "ca.crt")); err != nil {
+		t.Errorf("the demo made no CA: %v", err)
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, f := range logs {
+		if b, err := os.ReadFile(f); err == nil && strings.Contains(string(b), "PLAINTEXT") {
+			t.Errorf("%s: a process of the demo ran in plaintext", filepath.Base(f))
+		}
+	}
 }

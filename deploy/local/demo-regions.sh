@@ -35,14 +35,23 @@ dir="${DEMO_DIR:-$(mktemp -d -t ration-regions.XXXXXX)}"
 bin="$dir/bin"
 rules="$root/deploy/local/regions.yaml"
 mkdir -p "$bin" "$dir/logs"
-# Every process on loopback, in plaintext by choice (docs/security.md):
-# without it the coordinators would refuse to start.
-export RATION_INSECURE=true
+# Mutual TLS on every coordinator link, as in production: a development
+# CA made here (ration-certs, Go's crypto, no network) gives each process
+# a certificate naming what it acts as (docs/security.md): the global
+# nodes, each regional node (and its region), each agent (its -id), and an
+# operator for the coordinator CLI, which reads the RATION_TLS_* variables.
+certs="$dir/certs"
 
 command -v redis-server >/dev/null || { echo "redis-server missing: make deps" >&2; exit 2; }
 
 echo "building into $bin ..."
-(cd "$root" && go build -o "$bin/" ./cmd/coordinator ./cmd/gateway-agent ./cmd/ration-bench ./cmd/ration-check)
+(cd "$root" && go build -o "$bin/" ./cmd/coordinator ./cmd/gateway-agent ./cmd/ration-bench ./cmd/ration-check ./internal/certgen/ration-certs)
+"$bin/ration-certs" -out "$certs" -coordinators global0,global1,global2,eu-0@eu,us-0@us \
+  -agents eu-a1,eu-a2,us-a1,us-a2 -operators demo >/dev/null
+tls() { # certificate name: the -tls-* flags of that process
+  echo -tls-cert "$certs/$1.crt" -tls-key "$certs/$1.key" -tls-ca "$certs/ca.crt"
+}
+export RATION_TLS_CERT="$certs/operator-demo.crt" RATION_TLS_KEY="$certs/operator-demo.key" RATION_TLS_CA="$certs/ca.crt"
 
 pids=()
 cleanup() {
@@ -102,7 +111,7 @@ for i in 0 1 2; do
   global_grpc+=("127.0.0.1:$((p + 1))")
   global_admin+=("127.0.0.1:$((base + 20 + i))")
   args=(-id "global$i" -raft "127.0.0.1:$p" -grpc "127.0.0.1:$((p + 1))" -http "127.0.0.1:$((p + 2))"
-    -admin "${global_admin[$i]}" -data-dir "$dir/global$i" -rules "$rules" -log-level warn)
+    -admin "${global_admin[$i]}" -data-dir "$dir/global$i" -rules "$rules" -log-level warn $(tls "coordinator-global$i"))
   if [[ $i == 0 ]]; then
     start "global$i" "$bin/coordinator" "${args[@]}" -bootstrap
     wait_leader "${global_admin[0]}"
@@ -120,7 +129,7 @@ for r in eu us; do
   p=${region_port[$r]}
   start "coordinator-$r" "$bin/coordinator" -id "$r-0" -raft "127.0.0.1:$p" -grpc "127.0.0.1:$((p + 1))" \
     -http "127.0.0.1:$((p + 2))" -admin "${region_admin[$r]}" -data-dir "$dir/$r-0" -rules "$rules" -bootstrap \
-    -region "$r" -upstream "$upstream" -upstream-renew-at 0.25 -log-level warn
+    -region "$r" -upstream "$upstream" -upstream-renew-at 0.25 -log-level warn $(tls "coordinator-$r-0")
 done
 for r in eu us; do wait_leader "${region_admin[$r]}"; done
 
@@ -134,7 +143,7 @@ for r in eu us; do
     agent_grpc[$id]="127.0.0.1:$((base + 51 + 2 * n))"
     start "$id" "$bin/gateway-agent" -id "$id" -region "$r" -rules "$rules" -redis "127.0.0.1:${redis[$r]}" \
       -coordinators "${region_grpc[$r]}" -http "${agent_http[$id]}" -grpc "${agent_grpc[$id]}" \
-      -record "$dir/logs/$id.admissions" -log-level warn
+      -record "$dir/logs/$id.admissions" -log-level warn $(tls "agent-$id")
     n=$((n + 1))
   done
 done
@@ -159,7 +168,8 @@ fi
 
 cat <<GUIDE
 
-Ration, two regions on loopback (logs and data in $dir):
+Ration, two regions on loopback, mutual TLS on every coordinator link
+(logs, data and the development CA's certificates in $dir):
 
   global group     ${global_grpc[*]}   (admin ${global_admin[*]})
   eu coordinator   ${region_grpc[eu]}   (admin ${region_admin[eu]})   redis 127.0.0.1:${redis[eu]}
@@ -173,6 +183,11 @@ Drive traffic (global-api is one budget of 50/s across both regions):
   $bin/ration-bench -target ${agent_grpc[eu-a1]},${agent_grpc[eu-a2]} -rule global-api -keys 1 -key-prefix x -rate 60 -duration 60s &
   $bin/ration-bench -target ${agent_grpc[us-a1]},${agent_grpc[us-a2]} -rule global-api -keys 1 -key-prefix x -rate 10 -duration 60s &
   curl -s "http://${agent_http[eu-a1]}/v1/check?api=x0" -o /dev/null -w '%{http_code}\n'
+
+The coordinator CLI below presents the operator certificate; in another
+shell, set it first:
+
+  export RATION_TLS_CERT=$certs/operator-demo.crt RATION_TLS_KEY=$certs/operator-demo.key RATION_TLS_CA=$certs/ca.crt
 
 Watch the shares move (the global group's leases to region/eu and region/us,
 then a region's subleases to its agents):
