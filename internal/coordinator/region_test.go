@@ -60,7 +60,10 @@ func startHierarchy(t *testing.T, yaml string, globalN, regionN, agentsPer int, 
 		t.Fatal(err)
 	}
 	hr := &hierarchy{t: t, set: set, regions: map[string]*harness.Coordinators{}, proxies: map[string]*proxy{}, rec: admission.NewRecorder(), quit: make(chan struct{})}
-	hr.global = harness.StartCoordinators(t, globalN, yaml)
+	// Mutual TLS on every link, as in production: the regional nodes hold
+	// leases upstream as their region, the agents as themselves.
+	pki := harness.NewPKI(t)
+	hr.global = harness.StartCoordinatorsTLS(t, globalN, yaml, pki)
 	for _, r := range regions {
 		var ups []string
 		for _, a := range hr.global.GRPCAddrs() {
@@ -72,7 +75,7 @@ func startHierarchy(t *testing.T, yaml string, globalN, regionN, agentsPer int, 
 				hr.proxies[r].siblings = append(hr.proxies[r].siblings, p)
 			}
 		}
-		hr.regions[r] = harness.StartCoordinators(t, regionN, yaml, func(c *coordinator.Config) {
+		hr.regions[r] = harness.StartCoordinatorsTLS(t, regionN, yaml, pki, func(c *coordinator.Config) {
 			c.Region = r
 			c.Upstream = strings.Join(ups, ",")
 			for _, o := range regionOpts {
@@ -81,7 +84,8 @@ func startHierarchy(t *testing.T, yaml string, globalN, regionN, agentsPer int, 
 		})
 		for i := range agentsPer {
 			id := r + "-agent" + string(rune('0'+i))
-			client := coordinator.NewClient(hr.regions[r].GRPCAddrs(), coordinator.ClientOptions{CallTimeout: time.Second, MaxAttempts: 3})
+			client := coordinator.NewClient(hr.regions[r].GRPCAddrs(), coordinator.ClientOptions{CallTimeout: time.Second, MaxAttempts: 3,
+				DialOptions: pki.DialOptions(pki.Agent(id))})
 			h, err := holderpkg.New(holderpkg.Options{
 				Client: client, Holder: id, Region: r, Logger: testLogger(t).With("agent_id", id),
 				ColdStart: 2 * time.Second, RequestTimeout: 2 * time.Second,
