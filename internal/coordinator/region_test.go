@@ -471,11 +471,12 @@ func TestS12OvershootWithinReportedBound(t *testing.T) {
 	}
 }
 
-// adminOf is a plaintext client of the admin listener at addr (a node's
-// AdminAddr).
-func adminOf(t *testing.T, addr string) rationv1.AdminClient {
+// adminOf is a client of node i's admin listener in c, with the
+// harness's admin credentials (an operator's certificate when the group
+// runs mutual TLS, as the hierarchy tests do).
+func adminOf(t *testing.T, c *harness.Coordinators, i int) rationv1.AdminClient {
 	t.Helper()
-	return harness.AdminClient(t, addr)
+	return c.Admin(t, i)
 }
 
 func f64(v float64) *float64 { return &v }
@@ -498,7 +499,7 @@ func regionLease(leader *coordinator.Node, id string) (l lease.LeaseInfo, ok boo
 // Bad tunings are refused with every problem named, and change nothing.
 func TestTuneRefusesBadInput(t *testing.T) {
 	c := harness.StartCoordinators(t, 1, hierRules)
-	admin := adminOf(t, c.Node(0).AdminAddr())
+	admin := adminOf(t, c, 0)
 	ctx := context.Background()
 	_, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{
 		Rule: "g", Region: "ap", LeasePeriodMs: i64(-5), RenewAt: f64(1), MinSlice: f64(100), MaxSlice: f64(-1), Weight: f64(0),
@@ -537,7 +538,7 @@ func TestTuningTakesEffectAndSurvivesRestart(t *testing.T) {
 	}()
 	time.Sleep(2 * period) // both regions leased: about 30 each
 	li, leader := hr.global.Leader(t)
-	admin := adminOf(t, leader.AdminAddr())
+	admin := adminOf(t, hr.global, li)
 	ctx := context.Background()
 	if _, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "g", Region: "us", MaxSlice: f64(10)}}); err != nil {
 		t.Fatalf("Tune(us max_slice 10): %v", err)
@@ -573,8 +574,8 @@ func TestTuningTakesEffectAndSurvivesRestart(t *testing.T) {
 			g.Restart(i)
 		}
 	}
-	_, leader = hr.global.Leader(t)
-	list, err := adminOf(t, leader.AdminAddr()).ListTunings(ctx, &rationv1.ListTuningsRequest{})
+	li, _ = hr.global.Leader(t)
+	list, err := adminOf(t, hr.global, li).ListTunings(ctx, &rationv1.ListTuningsRequest{})
 	if err != nil || len(list.Tunings) != 2 {
 		t.Fatalf("ListTunings after restarting every node = %v, %v; want both tunings", list, err)
 	}

@@ -70,7 +70,7 @@ func waitFor(d time.Duration, cond func() bool) time.Duration {
 func TestSafeShareRaisePendingWhileCutOff(t *testing.T) {
 	hr := startHierarchy(t, safeRules, 1, 1, 1, []string{"eu", "us"})
 	const period = time.Second
-	admin := adminOf(t, hr.global.Node(0).AdminAddr())
+	admin := adminOf(t, hr.global, 0)
 	var cutAt, tunedAt, healAt atomic.Int64
 	var tuneErr atomic.Value
 	var pendingAtHeal atomic.Bool
@@ -157,8 +157,8 @@ func TestSafeShareChangeTakesEffectAndSurvivesRestart(t *testing.T) {
 		hr.drive("g", "x", time.Minute, func(*regionAgent, time.Duration) float64 { return 60 })
 	}()
 	time.Sleep(2 * period)
-	_, leader := hr.global.Leader(t)
-	admin := adminOf(t, leader.AdminAddr())
+	li, leader := hr.global.Leader(t)
+	admin := adminOf(t, hr.global, li)
 	ctx := context.Background()
 	if _, err := admin.Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "g", Region: "eu", SafeShare: f64(30)}}); err != nil {
 		t.Fatalf("Tune(eu safe_share 30): %v", err)
@@ -256,7 +256,7 @@ func TestTuneSafeShareRefusesBadInput(t *testing.T) {
     mode: leased
 `
 	hr := startHierarchy(t, yaml, 1, 1, 0, []string{"eu"})
-	admin := adminOf(t, hr.global.Node(0).AdminAddr())
+	admin := adminOf(t, hr.global, 0)
 	ctx := context.Background()
 	list := func() string {
 		l, err := admin.ListTunings(ctx, &rationv1.ListTuningsRequest{})
@@ -294,7 +294,7 @@ func TestTuneSafeShareRefusesBadInput(t *testing.T) {
 		t.Fatalf("refused tunings changed the table: %q -> %q", before, after)
 	}
 	// The regional group only learns safe shares.
-	_, err := adminOf(t, hr.regions["eu"].Node(0).AdminAddr()).Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "g", Region: "eu", SafeShare: f64(10)}})
+	_, err := adminOf(t, hr.regions["eu"], 0).Tune(ctx, &rationv1.TuneRequest{Tuning: &rationv1.Tuning{Rule: "g", Region: "eu", SafeShare: f64(10)}})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "global group") {
 		t.Errorf("Tune(safe_share) on a regional group = %v, want InvalidArgument naming the global group", err)
 	}
