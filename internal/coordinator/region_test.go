@@ -574,7 +574,7 @@ func TestTuningTakesEffectAndSurvivesRestart(t *testing.T) {
 			g.Restart(i)
 		}
 	}
-	li, _ = hr.global.Leader(t)
+	li, leader = hr.global.Leader(t)
 	list, err := adminOf(t, hr.global, li).ListTunings(ctx, &rationv1.ListTuningsRequest{})
 	if err != nil || len(list.Tunings) != 2 {
 		t.Fatalf("ListTunings after restarting every node = %v, %v; want both tunings", list, err)
