@@ -554,7 +554,7 @@ func (n *Node) close() error {
 				errs = append(errs, fmt.Errorf("close raft log: %w", err))
 			}
 		}
-		n.wg.Wait()
+		n.waitGoroutines()
 		if n.upClient != nil {
 			_ = n.upClient.Close()
 		}
@@ -574,6 +574,27 @@ func (n *Node) close() error {
 		n.closeErr = errors.Join(errs...)
 	})
 	return n.closeErr
+}
+
+// closeWait bounds how long Close waits for the node's goroutines once
+// Raft has shut down.
+const closeWait = 5 * time.Second
+
+// waitGoroutines waits for the node's goroutines, at most closeWait.
+// hashicorp/raft (v1.7.3) can shut down with a batch of committed entries
+// handed to its FSM goroutine but not applied: their futures are never
+// answered, and the goroutine answering proposals (respond) would wait on
+// one forever, and Close with it. Past the bound Close goes on: the
+// proposals' callers have gone with the stopped servers, and the process
+// is stopping.
+func (n *Node) waitGoroutines() {
+	done := make(chan struct{})
+	go func() { n.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(closeWait):
+		n.logger.Warn("closing without waiting for goroutines still blocked after the Raft shutdown (an entry Raft never answered)", "waited", closeWait)
+	}
 }
 
 // servers returns the Raft configuration's servers.
