@@ -5,9 +5,6 @@ package coordinator_test
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -15,7 +12,6 @@ import (
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/tlsfiles"
-	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
 // BenchmarkLeasesOverTLS measures what mutual TLS on every coordinator
@@ -76,74 +72,10 @@ func benchRenewLinks(b *testing.B, holders int, mtls bool) {
 	leader, _ := c.Leader(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	hs := make([]*holder, holders)
-	quotas := make([][]*rationv1.QuotaRef, holders)
-	for i := range hs {
-		hs[i] = newHolder(benchHolderName(i))
-		quotas[i] = []*rationv1.QuotaRef{{Rule: "per-tenant", Subject: fmt.Sprintf("tenant-%d", i)}}
-		req := hs[i].request(quotas[i], 1)
-		resp, err := clients[clientOf(i)].Renew(ctx, req)
-		if err == nil {
-			err = hs[i].adopt(req, resp)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	req0, ent0 := batchStats(b, c.Registry(leader))
-	lat := make([][]time.Duration, holders)
-	var next atomic.Int64
-	var failed atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	cpu0 := processCPU(b)
-	start := time.Now()
-	for i := range hs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl := clients[clientOf(i)]
-			for next.Add(1) <= int64(b.N) {
-				req := hs[i].request(quotas[i], 1)
-				t0 := time.Now()
-				resp, err := cl.Renew(ctx, req)
-				lat[i] = append(lat[i], time.Since(t0))
-				if err == nil {
-					err = hs[i].adopt(req, resp)
-				}
-				if err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	cpu := processCPU(b) - cpu0
-	b.StopTimer()
-	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d renewals failed, the first with: %v", n, firstErr.Load())
-	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	q := func(p float64) float64 {
-		return float64(all[min(len(all)-1, int(p*float64(len(all))))]) / float64(time.Millisecond)
-	}
-	req1, ent1 := batchStats(b, c.Registry(leader))
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "renewals/s")
-	b.ReportMetric(q(0.50), "p50-ms")
-	b.ReportMetric(q(0.99), "p99-ms")
-	if ent1 > ent0 {
-		b.ReportMetric((req1-req0)/(ent1-ent0), "requests/entry")
-	}
-	b.ReportMetric(float64(cpu)/float64(time.Microsecond)/float64(b.N), "cpu-us/renewal")
-	b.ReportMetric(0, "ns/op") // per-op time is meaningless with concurrent holders
+	quotas := benchQuotas(holders, false)
+	hs := startHolders(b, ctx, clients, quotas, 1)
+	renewLoop(b, ctx, c.Registry(leader), clients, hs, quotas, processCPU)
 }
-
-// benchHolderName is holder i's agent id (and its certificate's).
-func benchHolderName(i int) string { return fmt.Sprintf("agent-%d", i) }
 
 // processCPU is the user and system CPU time this process has used.
 func processCPU(b *testing.B) time.Duration {
