@@ -296,8 +296,12 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 		if !ok {
 			return steps, fmt.Errorf("%w: rule %s is scope: global and has no share for region %q", ErrInvalidRequest, m.Rule.Name, s.cfg.Region)
 		}
+		key := m.Key // made with the subject, when the match made it
+		if key == "" {
+			key = bucket.Key(m.Rule.Name, m.Subject)
+		}
 		br := bucket.Request{
-			Key:       bucket.Key(m.Rule.Name, m.Subject),
+			Key:       key,
 			Limit:     limit,
 			Cost:      req.Cost,
 			RequestID: req.RequestID,
@@ -543,7 +547,7 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 		return
 	}
 	caller := ctx
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.DecisionTimeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 
 	if n == 1 {
@@ -572,6 +576,39 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 		}
 	}
 }
+
+// bound gives a decision's store calls their deadline: ctx limited to the
+// decision timeout from now. A caller whose own deadline comes sooner
+// keeps its context as it is. That is equivalent to what WithTimeout would
+// return: WithTimeout reads the clock after the time.Now here, so its
+// deadline would be at least as late, and a parent whose deadline comes
+// first gets WithCancel(parent), a context with the caller's deadline, done
+// when the caller's context is done (its deadline passing, or the caller
+// hanging up), with the caller's error. Its cancel function, called once
+// the store has answered, stops nothing: Take, TakeBatch and Refund return
+// only when their commands are done or abandoned (go-redis's automatic
+// pipeliner does not cancel a queued command by its context). What the
+// shortcut saves is that context's allocations (the context, its Done
+// channel, its cancel function and its entry in the caller's map of
+// children: three or four per decision) and the locking of the caller's
+// context to add and remove it. A gRPC caller's grpc-timeout and Envoy's
+// rate-limit service timeout (20ms by default, against -decision-timeout's
+// 50ms) are such deadlines.
+//
+// A caller without an earlier deadline still gets a timer: the go-redis
+// client's own timeouts (OpenRedis sets its read, write, dial and pool
+// timeouts to the decision timeout) would not bound the decision, since a
+// command can wait its turn in the automatic pipeliner, then for a
+// connection, then for its write and its read, each up to the timeout, and
+// go-redis retries a command that failed on the network.
+func (s *Service) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && d.Before(time.Now().Add(s.cfg.DecisionTimeout)) {
+		return ctx, noCancel
+	}
+	return context.WithTimeout(ctx, s.cfg.DecisionTimeout)
+}
+
+func noCancel() {}
 
 // storeResult adopts the store's answer for st. caller is the request's own
 // context: a store call cut short because the caller hung up (or its own
@@ -695,7 +732,7 @@ func (s *Service) refund(ctx context.Context, steps []step, out []Response) {
 		switch st.path {
 		case pathRedis:
 			if ctxRefund == nil {
-				ctxRefund, cancel = context.WithTimeout(ctx, s.cfg.DecisionTimeout)
+				ctxRefund, cancel = s.bound(ctx)
 			}
 			if err := s.store.Refund(ctxRefund, st.req); err != nil {
 				// Losing a refund under-admits; it never over-admits.

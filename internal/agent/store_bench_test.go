@@ -29,6 +29,27 @@ import (
 //
 // A CPU profile of the agent's store path: add -cpuprofile cpu.out.
 func BenchmarkDecideRedis(b *testing.B) {
+	benchDecideRedis(b, time.Second, func() (context.Context, func()) { return context.Background(), func() {} })
+}
+
+// BenchmarkCallerDeadlineDecide is BenchmarkDecideRedis for callers whose
+// own deadline comes before the decision timeout would (a gRPC client's
+// grpc-timeout, Envoy's rate-limit service timeout: 20ms by default against
+// -decision-timeout's 50ms), the decision then bounded by the caller's
+// context. Each caller goroutine has a context of its own (a gRPC server
+// makes one per call: the allocations of the caller's context are not the
+// agent's, and are left out here).
+//
+//	go test -run '^$' -bench CallerDeadlineDecide -benchmem ./internal/agent/
+func BenchmarkCallerDeadlineDecide(b *testing.B) {
+	benchDecideRedis(b, time.Hour, func() (context.Context, func()) {
+		return context.WithTimeout(context.Background(), 10*time.Minute)
+	})
+}
+
+// benchDecideRedis runs BenchmarkDecideRedis with a decision timeout and
+// each caller goroutine's context from caller.
+func benchDecideRedis(b *testing.B, timeout time.Duration, caller func() (context.Context, func())) {
 	srv := harness.StartRedis(b)
 	set, err := rules.Parse("bench.yaml", []byte(`
 rules:
@@ -40,8 +61,7 @@ rules:
 	if err != nil {
 		b.Fatal(err)
 	}
-	const timeout = time.Second
-	client, err := bucket.OpenRedis(srv.Addr, timeout)
+	client, err := bucket.OpenRedis(srv.Addr, min(timeout, time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -59,13 +79,14 @@ rules:
 	for i := range descs {
 		descs[i] = map[string]string{"user": "k" + strconv.Itoa(i)}
 	}
-	ctx := context.Background()
 	var next atomic.Int64
 	b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
 	b.ReportAllocs()
 	self0, redis0 := processCPU(b, os.Getpid()), processCPU(b, redisPID)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
+		ctx, done := caller()
+		defer done()
 		i := int(next.Add(1)) * 7919
 		for pb.Next() {
 			i++

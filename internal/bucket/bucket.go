@@ -163,6 +163,14 @@ func Key(rule, subject string) string {
 	return "ration:{" + rule + "|" + subject + "}"
 }
 
+// KeyHead and KeyTail are what Key puts before and after the subject:
+// Key(rule, subject) == KeyHead(rule) + subject + KeyTail. A matcher that
+// writes the key around the subject it builds has both in one allocation.
+func KeyHead(rule string) string { return "ration:{" + rule + "|" }
+
+// KeyTail: see KeyHead.
+const KeyTail = "}"
+
 // HotKey names the hot-key bucket (Request.Hot) of one rule and one subject:
 // Key's, in the same slot, with a suffix, so that a plain bucket and a
 // hot-key one never share a key (a rule that changes mode between redis

@@ -190,7 +190,7 @@ func noCancel() {}
 // pipeline round trip; those the server answered NOSCRIPT are rebuilt by
 // eval(i) (EVAL, which also caches the script) and sent again in one more.
 // Errors stay on each command.
-func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.Cmd, eval func(i int) *redis.Cmd) {
+func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.StringCmd, eval func(i int) *redis.StringCmd) {
 	pipe := s.c.Pipeline()
 	for _, cmd := range cmds {
 		if cmd != nil {
@@ -224,7 +224,7 @@ func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.Cmd, eval func(
 // len(reqs): TakeBatch panics otherwise.
 func (s *RedisStore) TakeBatch(ctx context.Context, reqs []Request, out []Outcome) {
 	out = out[:len(reqs)]
-	cmds := make([]*redis.Cmd, len(reqs))
+	cmds := make([]*redis.StringCmd, len(reqs))
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	for i, req := range reqs {
@@ -235,7 +235,7 @@ func (s *RedisStore) TakeBatch(ctx context.Context, reqs []Request, out []Outcom
 		}
 		cmds[i] = s.cmd(ctx, opTake, req, true)
 	}
-	s.pipeline(ctx, cmds, func(i int) *redis.Cmd { return s.cmd(ctx, opTake, reqs[i], false) })
+	s.pipeline(ctx, cmds, func(i int) *redis.StringCmd { return s.cmd(ctx, opTake, reqs[i], false) })
 	for i, cmd := range cmds {
 		if cmd == nil {
 			continue
@@ -270,7 +270,7 @@ func (s *RedisStore) refund(ctx context.Context, req Request) (refunded bool, no
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	run := func(sha bool) (*redis.Cmd, error) {
+	run := func(sha bool) (*redis.StringCmd, error) {
 		cmd := s.cmd(ctx, opRefund, req, sha)
 		if req.RequestID == "" {
 			return cmd, s.do(ctx, noRetryCmd{cmd})
@@ -285,7 +285,7 @@ func (s *RedisStore) refund(ctx context.Context, req Request) (refunded bool, no
 	if err != nil {
 		return false, 0, s.fail(opRefund, err)
 	}
-	reply, err := cmd.Text()
+	reply, err := cmd.Result()
 	flag, ts, ok := strings.Cut(reply, " ")
 	if err == nil && ok && (flag == "0" || flag == "1") {
 		if now, err = strconv.ParseInt(ts, 10, 64); err == nil {
@@ -326,26 +326,49 @@ func (s *RedisStore) do(ctx context.Context, cmd redis.Cmder) error {
 // cmd builds one script call. sha selects EVALSHA (else EVAL, which also
 // caches the script on that server). The request-id TTL goes only with a
 // request id, the one case the script reads it; the bucket's TTL always.
-func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) *redis.Cmd {
+//
+// The scripts answer every call with a string, so the command is a
+// StringCmd: it keeps the reply as the string it reads, where a Cmd boxes
+// it into an interface (an allocation per decision) for Text to unbox.
+// Any other reply is an error either way (Text refuses a non-string; a
+// StringCmd reads an integer as its digits, which no reply parser takes,
+// and refuses an array).
+func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) *redis.StringCmd {
 	if req.Hot != nil {
 		return s.hotCmd(ctx, op, req, sha)
 	}
-	args := make([]any, 0, 10)
+	a := new(scriptArgs)
+	args := a.args[:0]
 	if sha {
 		args = append(args, "evalsha", scriptSHAArg)
 	} else {
 		args = append(args, "eval", scriptSrcArg)
 	}
+	a.keys[0] = req.Key
 	if req.RequestID != "" {
-		args = append(args, 2, req.Key, requestIDKey(req.Key, req.RequestID))
+		a.keys[1] = requestIDKey(req.Key, req.RequestID)
+		args = append(args, 2, &a.keys[0], &a.keys[1])
 	} else {
-		args = append(args, 1, req.Key)
+		args = append(args, 1, &a.keys[0])
 	}
 	args = append(args, opArg(op), s.args.number(req.Limit.Burst), s.args.number(req.Limit.Rate), s.args.number(req.Cost), s.ttl(req.Limit))
 	if req.RequestID != "" {
 		args = append(args, s.ridTTL)
 	}
-	return redis.NewCmd(ctx, args...)
+	return redis.NewStringCmd(ctx, args...)
+}
+
+// scriptArgs is one script call's arguments and the keys they name, made
+// in one allocation. A key goes in as a pointer to its string here, which
+// an interface holds without boxing (a string would be boxed: one more
+// allocation per key per call); go-redis writes a *string as the string it
+// points to and reads it as one wherever it looks at keys (Cluster slot
+// routing, its batch sizing; only the command's String, a debugging aid,
+// prints it as an address). The array is as long as the longest call
+// (two keys, the request-id TTL): append never moves args off it.
+type scriptArgs struct {
+	args [10]any
+	keys [2]string
 }
 
 // numberCache holds numbers as script arguments, by their bits (so -0 is
@@ -443,8 +466,8 @@ func requestIDKey(key, id string) string { return key + ":r:" + id }
 func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 
 // parseTake reads the script's take reply to req (see parseTakeReply).
-func parseTake(cmd *redis.Cmd, req Request) (takeReply, error) {
-	reply, err := cmd.Text()
+func parseTake(cmd *redis.StringCmd, req Request) (takeReply, error) {
+	reply, err := cmd.Result()
 	if err != nil {
 		return takeReply{}, fmt.Errorf("bucket: redis take: reply: %w", err)
 	}
@@ -523,7 +546,7 @@ func parseTakeReply(reply string, l Limit, cost float64) (takeReply, error) {
 
 // noRetryCmd keeps go-redis from sending a command again after a network
 // error: the first attempt may have run.
-type noRetryCmd struct{ *redis.Cmd }
+type noRetryCmd struct{ *redis.StringCmd }
 
 func (noRetryCmd) NoRetry() bool { return true }
 

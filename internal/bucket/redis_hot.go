@@ -27,7 +27,7 @@ const opMark = "mark"
 
 // hotCmd builds one call of the hot-key script (hot.lua) for a take or a
 // refund of req.
-func (s *RedisStore) hotCmd(ctx context.Context, op string, req Request, sha bool) *redis.Cmd {
+func (s *RedisStore) hotCmd(ctx context.Context, op string, req Request, sha bool) *redis.StringCmd {
 	args := make([]any, 0, 11)
 	if sha {
 		args = append(args, "evalsha", hotSHAArg)
@@ -39,10 +39,10 @@ func (s *RedisStore) hotCmd(ctx context.Context, op string, req Request, sha boo
 		h := req.Hot
 		args = append(args, s.args.number(h.PromoteAbove), h.Hold, h.Tau)
 	}
-	return redis.NewCmd(ctx, args...)
+	return redis.NewStringCmd(ctx, args...)
 }
 
-func (s *RedisStore) markCmd(ctx context.Context, m MarkRequest, sha bool) *redis.Cmd {
+func (s *RedisStore) markCmd(ctx context.Context, m MarkRequest, sha bool) *redis.StringCmd {
 	l := m.Limit
 	args := make([]any, 0, 12)
 	if sha {
@@ -52,7 +52,7 @@ func (s *RedisStore) markCmd(ctx context.Context, m MarkRequest, sha bool) *redi
 	}
 	args = append(args, 1, m.Key, opMark, s.args.number(l.Burst), s.args.number(l.Rate),
 		m.Epoch, formatFloat(m.Count), m.Hold, m.Tau, s.args.number(m.DemoteBelow))
-	return redis.NewCmd(ctx, args...)
+	return redis.NewStringCmd(ctx, args...)
 }
 
 // MarkOutcome is one Mark answer, or an error for that mark alone.
@@ -69,7 +69,7 @@ func (s *RedisStore) Mark(ctx context.Context, marks []MarkRequest, out []MarkOu
 	out = out[:len(marks)]
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	cmds := make([]*redis.Cmd, len(marks))
+	cmds := make([]*redis.StringCmd, len(marks))
 	for i, m := range marks {
 		out[i] = MarkOutcome{}
 		if err := m.Validate(); err != nil {
@@ -78,7 +78,7 @@ func (s *RedisStore) Mark(ctx context.Context, marks []MarkRequest, out []MarkOu
 		}
 		cmds[i] = s.markCmd(ctx, m, true)
 	}
-	s.pipeline(ctx, cmds, func(i int) *redis.Cmd { return s.markCmd(ctx, marks[i], false) })
+	s.pipeline(ctx, cmds, func(i int) *redis.StringCmd { return s.markCmd(ctx, marks[i], false) })
 	for i, cmd := range cmds {
 		if cmd == nil {
 			continue
@@ -87,7 +87,7 @@ func (s *RedisStore) Mark(ctx context.Context, marks []MarkRequest, out []MarkOu
 			out[i].Err = s.fail(opMark, err)
 			continue
 		}
-		reply, err := cmd.Text()
+		reply, err := cmd.Result()
 		if err == nil {
 			out[i].Result, err = parseMarkReply(reply)
 		}

@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/ration-dev/ration/internal/bucket"
 )
 
 // FuzzParse holds Parse to its contract on any input: no panic; either a nil
@@ -64,6 +66,9 @@ func FuzzParse(f *testing.F) {
 				found = found || m.Rule == r
 				if strings.ContainsAny(m.Subject, "{}") {
 					t.Fatalf("subject %q contains a hash tag brace", m.Subject)
+				}
+				if want := bucket.Key(m.Rule.Name, m.Subject); m.Key != want {
+					t.Fatalf("rule %s subject %q: Key %q, want bucket.Key's %q", m.Rule.Name, m.Subject, m.Key, want)
 				}
 			}
 			if !found {

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/ration-dev/ration/internal/bucket"
 )
 
 // Match is one rule that applies to a request, and the subject whose bucket
@@ -17,12 +19,19 @@ type Match struct {
 	// needsEscape); "" when the rule has no wildcard key, so every matching
 	// request shares one bucket.
 	Subject string
+	// Key is the subject's bucket key, bucket.Key(Rule.Name, Subject), when
+	// Set.Match made it ("" otherwise): the subject is then a part of the
+	// key's string, so a match costs one allocation where the subject and
+	// its key made apart cost two, and a rule without a wildcard key none
+	// (its one key is made when the rule is compiled).
+	Key string
 }
 
 // Match appends to out every rule whose match keys are all present in d with
 // an equal value (or any value for "*"), in file order, and returns the
-// extended slice. It allocates nothing but the subject strings (one per
-// matched rule with a wildcard key) and out's growth, so callers on the hot
+// extended slice. It allocates nothing but the subject strings, each
+// written inside its bucket key (one per matched rule with a wildcard key),
+// and out's growth, so callers on the hot
 // path pass a reused out[:0]. d should have passed ValidateDescriptors.
 func (s *Set) Match(d map[string]string, out []Match) []Match {
 	var cand [maxWords]uint64
@@ -42,36 +51,45 @@ func (s *Set) Match(d map[string]string, out []Match) []Match {
 	for w := 0; w*64 < len(s.rules); w++ {
 		for word := cand[w]; word != 0; word &= word - 1 {
 			r := s.rules[w*64+bits.TrailingZeros64(word)]
-			if subject, ok := r.match(d); ok {
-				out = append(out, Match{Rule: r, Subject: subject})
+			if subject, key, ok := r.match(d); ok {
+				out = append(out, Match{Rule: r, Subject: subject, Key: key})
 			}
 		}
 	}
 	return out
 }
 
-// match tests one rule and builds its subject with a single allocation.
-func (r *Rule) match(d map[string]string) (string, bool) {
+// match tests one rule and builds its subject and the subject's bucket key
+// with a single allocation: the key is written around the subject, which
+// is the part of it between the head and the tail. A rule that was not
+// compiled (no key head) gets its subject alone, and no key.
+func (r *Rule) match(d map[string]string) (subject, key string, ok bool) {
 	var vals [MaxMatchKeys]string // the wildcard keys' values, in key order
 	n, size := 0, r.subjLen
 	for j, k := range r.keys {
 		v, ok := d[k]
 		switch {
 		case !ok:
-			return "", false
+			return "", "", false
 		case r.wild[j]:
 			vals[n] = v
 			n++
 			size += escapedLen(v)
 		case v != r.want[j]:
-			return "", false
+			return "", "", false
 		}
 	}
 	if n == 0 {
-		return "", true
+		return "", r.key0, true
+	}
+	head := len(r.keyHead)
+	tail := 0
+	if head > 0 {
+		tail = len(bucket.KeyTail)
 	}
 	var b strings.Builder
-	b.Grow(size)
+	b.Grow(head + size + tail)
+	b.WriteString(r.keyHead)
 	n = 0
 	for j := range r.keys {
 		if r.wild[j] {
@@ -80,7 +98,12 @@ func (r *Rule) match(d map[string]string) (string, bool) {
 			n++
 		}
 	}
-	return b.String(), true
+	if head == 0 {
+		return b.String(), "", true
+	}
+	b.WriteString(bucket.KeyTail)
+	key = b.String()
+	return key[head : len(key)-tail], key, true
 }
 
 // needsEscape lists the bytes a subject must not contain raw: '%' (the

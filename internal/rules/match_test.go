@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/ration-dev/ration/internal/bucket"
 )
 
 // fataler is what testing.T and rapid.T share.
@@ -37,6 +39,9 @@ func names(ms []Match) []got {
 	out := []got{}
 	for _, m := range ms {
 		out = append(out, got{m.Rule.Name, m.Subject})
+		if want := bucket.Key(m.Rule.Name, m.Subject); m.Key != want {
+			panic(fmt.Sprintf("rule %s subject %q: Key %q, want bucket.Key's %q", m.Rule.Name, m.Subject, m.Key, want))
+		}
 	}
 	return out
 }

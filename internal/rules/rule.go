@@ -190,6 +190,8 @@ type Rule struct {
 	wild    []bool   // per key: "*"
 	prefix  []string // per wildcard key: escaped "k=", with a leading "," after the first
 	subjLen int      // sum of prefix lengths
+	keyHead string   // bucket.KeyHead(Name): what a subject's bucket key starts with
+	key0    string   // bucket.Key(Name, ""): the key of a rule without a wildcard key
 	// shares is each region's part of a scope: global, mode: redis rule.
 	shares map[region.ID]bucket.Limit
 }

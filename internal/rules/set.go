@@ -75,6 +75,7 @@ func (r *Rule) compile() {
 	r.wild = make([]bool, len(r.keys))
 	r.prefix = make([]string, len(r.keys))
 	r.subjLen = 0
+	r.keyHead, r.key0 = bucket.KeyHead(r.Name), bucket.Key(r.Name, "")
 	first := true
 	for i, k := range r.keys {
 		v := r.Match[k]
