@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -17,11 +18,19 @@ import (
 // or one quota each (scaleRules). Reported: renewals/s, p50 and p99 in ms. With n
 // holders in a closed loop, p50 is about n / (renewals/s).
 //
-//	go test -run '^$' -bench RenewScale -benchtime 20000x ./internal/coordinator/
+// 1,000 and 10,000 concurrent holders run only with RATION_BENCH_SCALE
+// set: on a 2-core machine the loopback group loses its leader under them
+// (docs/performance.md, "Coordinator renewals at scale"), and `make bench`
+// runs every benchmark with -bench . and would report that as a failure.
+//
+//	RATION_BENCH_SCALE=1 go test -run '^$' -bench RenewScale -benchtime 20000x ./internal/coordinator/
 func BenchmarkRenewScale(b *testing.B) {
 	for _, shared := range []bool{true, false} {
 		for _, holders := range []int{1, 100, 1000, 10_000} {
 			b.Run(fmt.Sprintf("shared=%v/holders=%d", shared, holders), func(b *testing.B) {
+				if holders >= 1000 && os.Getenv("RATION_BENCH_SCALE") == "" {
+					b.Skip("set RATION_BENCH_SCALE=1 to run 1,000 and more holders")
+				}
 				benchRenewScale(b, holders, shared)
 			})
 		}
