@@ -1,14 +1,9 @@
 package coordinator_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
-	"time"
-
-	"github.com/ration-dev/ration/internal/coordinator"
-	"github.com/ration-dev/ration/internal/harness"
 )
 
 // BenchmarkRenewScale is BenchmarkRenew's load (a 3-node loopback group,
@@ -51,16 +46,6 @@ rules:
 `
 
 func benchRenewScale(b *testing.B, holders int, shared bool) {
-	c := harness.StartCoordinators(b, 3, scaleRules)
-	leader, _ := c.Leader(b)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	clients := make([]*coordinator.Client, min(holders, 8))
-	for i := range clients {
-		clients[i] = c.Client(coordinator.ClientOptions{})
-	}
-	quotas := benchQuotas(holders, shared)
 	// Grants 64 at a time, so that 10,000 holders start in seconds.
-	hs := startHolders(b, ctx, clients, quotas, 64)
-	renewLoop(b, ctx, c.Registry(leader), clients, hs, quotas, nil)
+	benchRenewOn(b, scaleRules, holders, shared, 64)
 }

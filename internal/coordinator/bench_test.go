@@ -33,7 +33,14 @@ func BenchmarkRenew(b *testing.B) {
 }
 
 func benchRenew(b *testing.B, holders int) {
-	c := harness.StartCoordinators(b, 3, testRules)
+	benchRenewOn(b, testRules, holders, false, 1)
+}
+
+// benchRenewOn runs renewLoop on a plaintext 3-node group with rulesYAML:
+// holders holders of quotas of per-tenant (one each, or with shared the
+// same one), their first leases granted parallel at a time.
+func benchRenewOn(b *testing.B, rulesYAML string, holders int, shared bool, parallel int) {
+	c := harness.StartCoordinators(b, 3, rulesYAML)
 	leader, _ := c.Leader(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -43,8 +50,8 @@ func benchRenew(b *testing.B, holders int) {
 	for i := range clients {
 		clients[i] = c.Client(coordinator.ClientOptions{})
 	}
-	quotas := benchQuotas(holders, false)
-	hs := startHolders(b, ctx, clients, quotas, 1)
+	quotas := benchQuotas(holders, shared)
+	hs := startHolders(b, ctx, clients, quotas, parallel)
 	renewLoop(b, ctx, c.Registry(leader), clients, hs, quotas, nil)
 }
 

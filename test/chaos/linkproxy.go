@@ -152,26 +152,14 @@ func (p *LinkProxy) serve(c net.Conn) {
 		return
 	}
 	l := &link{client: c, server: s}
-	p.mu.Lock()
-	p.links[l] = struct{}{}
-	p.mu.Unlock()
-	defer func() {
-		c.Close()
-		s.Close()
-		p.mu.Lock()
-		delete(p.links, l)
-		p.mu.Unlock()
-	}()
+	defer p.track(l)()
 	buf := make([]byte, 32<<10)
 	n, err := c.Read(buf)
 	if err != nil {
 		return
 	}
 	l.sender = senderOf(buf[:n], p.ids)
-	done := make(chan struct{}, 2)
-	go func() { p.pipe(l, s, c, nil); done <- struct{}{} }()
-	go func() { p.pipe(l, c, s, buf[:n]); done <- struct{}{} }()
-	<-done
+	p.splice(l, buf[:n])
 }
 
 // serveTLS terminates the sender's TLS and forwards over a TLS connection
@@ -207,19 +195,31 @@ func (p *LinkProxy) serveTLS(raw net.Conn) {
 		return
 	}
 	l := &link{client: c, server: s, sender: sender}
+	defer p.track(l)()
+	p.splice(l, nil)
+}
+
+// track registers l, so that Heal and close reach it; the returned func
+// closes both ends and forgets it.
+func (p *LinkProxy) track(l *link) func() {
 	p.mu.Lock()
 	p.links[l] = struct{}{}
 	p.mu.Unlock()
-	defer func() {
-		c.Close()
-		s.Close()
+	return func() {
+		l.client.Close()
+		l.server.Close()
 		p.mu.Lock()
 		delete(p.links, l)
 		p.mu.Unlock()
-	}()
+	}
+}
+
+// splice copies both ways until one direction ends; first (already read
+// from the client) goes to the server first.
+func (p *LinkProxy) splice(l *link, first []byte) {
 	done := make(chan struct{}, 2)
-	go func() { p.pipe(l, s, c, nil); done <- struct{}{} }()
-	go func() { p.pipe(l, c, s, nil); done <- struct{}{} }()
+	go func() { p.pipe(l, l.server, l.client, nil); done <- struct{}{} }()
+	go func() { p.pipe(l, l.client, l.server, first); done <- struct{}{} }()
 	<-done
 }
 
