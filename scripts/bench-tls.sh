@@ -110,25 +110,9 @@ certs="$work/certs"
   -hosts localhost,127.0.0.1 -validity 24h >/dev/null
 
 # 2. redis-server, coordinator, three agents --------------------------------
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-redis_port=""
-for _ in $(seq 20); do
-  p=$((20000 + RANDOM % 40000))
-  port_in_use "$p" && continue
-  redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
-    --maxmemory-policy noeviction --dir "$work" --logfile "$work/redis.log" &
-  rpid=$!
-  for _ in $(seq 50); do
-    if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then redis_port=$p; break; fi
-    kill -0 "$rpid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if [ -n "$redis_port" ]; then procs+=("$rpid"); break; fi
-  kill "$rpid" 2>/dev/null || true; wait "$rpid" 2>/dev/null || true
-done
-[ -n "$redis_port" ] || die "could not start redis-server on a free port (see $work/redis.log)"
-redis_version=$(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
-say "redis-server $redis_version on 127.0.0.1:$redis_port (pid $rpid)"
+# shellcheck source=scripts/lib/redis.sh
+. scripts/lib/redis.sh # the working directory is the repository root (above)
+start_redis
 
 cat >"$work/rules.yaml" <<'EOF'
 rules:
@@ -161,7 +145,7 @@ wait_log() {
   die "$4 not ready after 10s"
 }
 
-"$work/bin/coordinator" -dev -rules "$work/rules.yaml" -raft 127.0.0.1:0 -grpc 127.0.0.1:0 -http 127.0.0.1:0 \
+"$work/bin/coordinator" -dev -rules "$work/rules.yaml" -raft 127.0.0.1:0 -grpc 127.0.0.1:0 -http 127.0.0.1:0 -admin 127.0.0.1:0 \
   -tls-cert "$certs/coordinator-dev.crt" -tls-key "$certs/coordinator-dev.key" -tls-ca "$certs/ca.crt" \
   2>"$work/coordinator.log" &
 cpid=$!
