@@ -154,7 +154,8 @@ func (c *Config) LoadEnv(lookup func(string) (string, bool)) error {
 	return envflag.Load(envPrefix, c.settings(), lookup)
 }
 
-// Check reports every problem with the configuration at once.
+// Check reports every problem with the configuration at once: CheckCore's
+// and the process's own (listeners, logging, shutdown).
 func (c Config) Check() error {
 	var errs []error
 	if c.Validate {
@@ -163,46 +164,22 @@ func (c Config) Check() error {
 		}
 		return errors.Join(errs...)
 	}
-	// -redis may be empty when every rule is mode: leased, which only the
-	// rules tell: Start checks it.
-	if !c.Dev && c.RulesFile == "" {
-		errs = append(errs, errors.New("-rules: a rules file is required (or run with -dev)"))
-	}
+	errs = append(errs, c.CheckCore())
 	for _, a := range []struct{ flag, addr string }{{"-http", c.HTTPAddr}, {"-grpc", c.GRPCAddr}} {
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			errs = append(errs, fmt.Errorf("%s %q: %w", a.flag, a.addr, err))
 		}
 	}
-	for _, a := range c.CoordinatorAddrs() {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			errs = append(errs, fmt.Errorf("-coordinators: %q: %w", a, err))
-		}
-	}
 	if c.HTTPAddr == c.GRPCAddr && !strings.HasSuffix(c.HTTPAddr, ":0") {
 		errs = append(errs, fmt.Errorf("-http and -grpc are both %q", c.HTTPAddr))
 	}
-	if c.DecisionTimeout <= 0 || c.DecisionTimeout > 10*time.Second {
-		errs = append(errs, fmt.Errorf("-decision-timeout %v: must be in (0, 10s]", c.DecisionTimeout))
-	}
-	if c.ReloadInterval <= 0 {
-		errs = append(errs, fmt.Errorf("-reload-interval %v: must be positive", c.ReloadInterval))
-	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("-shutdown-timeout %v: must be positive", c.ShutdownTimeout))
-	}
-	if err := c.Breaker.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.AgentID == "" {
-		errs = append(errs, errors.New("-id: agent id is empty (and the host name could not be read)"))
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("-log-level %q: want debug, info, warn or error", c.LogLevel))
-	}
-	if err := c.TLS.Check(); err != nil {
-		errs = append(errs, err)
 	}
 	if c.ListenTLS && !c.TLS.Enabled() {
 		errs = append(errs, errors.New("-listen-tls needs -tls-cert, -tls-key and -tls-ca"))
@@ -215,6 +192,43 @@ func (c Config) Check() error {
 			errs = append(errs, fmt.Errorf("-metrics %q: %w", c.MetricsAddr, err))
 		}
 	}
+	if _, err := logformat.Parse(c.LogFormat); err != nil {
+		errs = append(errs, fmt.Errorf("-log-format %q: %w", c.LogFormat, err))
+	}
+	return errors.Join(errs...)
+}
+
+// CheckCore reports every problem with what the decision side (NewCore)
+// reads: rules, coordinators, timeouts, breaker, id and TLS files. The
+// embedded limiter checks its own Config's fields first, so these
+// messages name the sidecar's flags.
+func (c Config) CheckCore() error {
+	var errs []error
+	// -redis may be empty when every rule is mode: leased, which only the
+	// rules tell: NewCore checks it.
+	if !c.Dev && c.RulesFile == "" {
+		errs = append(errs, errors.New("-rules: a rules file is required (or run with -dev)"))
+	}
+	for _, a := range c.CoordinatorAddrs() {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("-coordinators: %q: %w", a, err))
+		}
+	}
+	if c.DecisionTimeout <= 0 || c.DecisionTimeout > 10*time.Second {
+		errs = append(errs, fmt.Errorf("-decision-timeout %v: must be in (0, 10s]", c.DecisionTimeout))
+	}
+	if c.ReloadInterval <= 0 {
+		errs = append(errs, fmt.Errorf("-reload-interval %v: must be positive", c.ReloadInterval))
+	}
+	if err := c.Breaker.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.AgentID == "" {
+		errs = append(errs, errors.New("-id: agent id is empty (and the host name could not be read)"))
+	}
+	if err := c.TLS.Check(); err != nil {
+		errs = append(errs, err)
+	}
 	if len(c.CoordinatorAddrs()) > 0 && !c.TLS.Enabled() && !c.Insecure && !c.Dev {
 		// Lease traffic carries the bound: a grant rewritten on the path is
 		// an overshoot, so plaintext to the coordinators is only by choice.
@@ -222,9 +236,6 @@ func (c Config) Check() error {
 	}
 	if c.TLS.Enabled() && c.Insecure {
 		errs = append(errs, errors.New("-insecure and -tls-cert/-tls-key/-tls-ca: choose plaintext or TLS"))
-	}
-	if _, err := logformat.Parse(c.LogFormat); err != nil {
-		errs = append(errs, fmt.Errorf("-log-format %q: %w", c.LogFormat, err))
 	}
 	return errors.Join(errs...)
 }

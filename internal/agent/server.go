@@ -1,17 +1,12 @@
 package agent
 
 import (
-	"github.com/ration-dev/ration/internal/region"
-
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,13 +18,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ration-dev/ration/examples"
-	"github.com/ration-dev/ration/internal/bucket"
-	"github.com/ration-dev/ration/internal/coordclient"
 	"github.com/ration-dev/ration/internal/grpcsafe"
-	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/httpsafe"
-	"github.com/ration-dev/ration/internal/rules"
-	"github.com/ration-dev/ration/internal/tlsfiles"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -37,101 +27,23 @@ import (
 // which coordinator -dev runs with too.
 func DevRules() []byte { return examples.Rules() }
 
-// Server is a running gateway-agent: the Service behind its gRPC and HTTP
-// listeners, the rules watcher and the store prober.
+// Server is a running gateway-agent: the decision side (Core: the
+// Service, the rules watcher, the store prober, the lease holder) behind
+// its gRPC and HTTP listeners.
 type Server struct {
 	Service  *Service
 	Registry *prometheus.Registry
+	core     *Core
 	cfg      Config
 	logger   *slog.Logger
-	watcher  *rules.Watcher
 	grpc     *grpc.Server
 	health   *health.Server
 	http     *http.Server
 	grpcLn   net.Listener
 	httpLn   net.Listener
-	closeFns []func()
-	cancel   context.CancelFunc
-	ready    atomic.Bool
 
-	evictionPolicy, evictionWarning string
-
-	holder         *holder.Leases
-	holderDone     chan struct{}
-	devCoordinator DevCoordinator
-
-	// tls is the agent's TLS material (-tls-cert, ...), nil without it.
-	tls       *tlsfiles.Source
 	metrics   *http.Server // -metrics, nil when unset
 	metricsLn net.Listener
-
-	storeless bool           // no -redis: every rule is mode: leased (nostore.go)
-	rules     *acceptedRules // the rules in force, when a rules file is watched
-}
-
-// startLeases builds the lease holder: against -coordinators, or under -dev
-// against an embedded single-node coordinator (cfg.DevCoordinator). It
-// returns nil (leased rules fall to their failure policy) when no leased
-// rule is configured and no coordinator is given, and under -dev when
-// there is no cfg.DevCoordinator to start (logged).
-func (s *Server) startLeases(ctx context.Context, cfg Config, set *rules.Set) (Leases, error) {
-	addrs := cfg.CoordinatorAddrs()
-	var leased []string
-	for _, r := range set.Rules() {
-		if r.Mode.Leases() {
-			leased = append(leased, r.Name)
-		}
-	}
-	if len(addrs) == 0 && !cfg.Dev {
-		if len(leased) > 0 {
-			return nil, fmt.Errorf("agent: rules %v are mode: leased or auto but -coordinators is empty", leased)
-		}
-		return nil, nil
-	}
-	if len(addrs) == 0 {
-		if cfg.DevCoordinator == nil {
-			if len(leased) > 0 {
-				s.logger.Warn("-dev without an embedded coordinator (Config.DevCoordinator is nil): leased rules decide by their failure policy", "rules", leased)
-			}
-			return nil, nil
-		}
-		// The embedded coordinator's Raft chatter (elections, state changes)
-		// would bury the -dev guide; only its warnings are shown.
-		devLog := slog.New(minLevel{s.logger.Handler(), slog.LevelWarn}).With("component", "dev-coordinator")
-		node, addr, err := cfg.DevCoordinator(ctx, devLog, set)
-		if err != nil {
-			return nil, fmt.Errorf("agent: embedded dev coordinator: %w", err)
-		}
-		s.devCoordinator = node
-		s.closeFns = append(s.closeFns, func() { _ = node.Close() })
-		addrs = []string{addr}
-	}
-	opts := coordclient.Options{Logger: s.logger}
-	switch {
-	case s.devCoordinator != nil:
-		// The embedded coordinator is plaintext on loopback.
-	case s.tls != nil:
-		src := s.tls
-		if id := tlsfiles.Names(src.Leaf(), tlsfiles.RoleAgent); !slices.Contains(id, cfg.AgentID) {
-			// The coordinators would refuse every renewal: say so now.
-			s.logger.Error("the -tls-cert does not name this agent: the coordinators will refuse its leases",
-				"agent_id", cfg.AgentID, "want_uri_san", tlsfiles.URI(tlsfiles.RoleAgent, cfg.AgentID), "cert_agents", id)
-		}
-		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(src.ClientCredentials("", nil))}
-	default: // -insecure or -dev: Check refuses plaintext without either
-		s.logger.Warn("PLAINTEXT to the coordinators by -insecure or -dev: anyone on the path can read and alter lease traffic", "coordinators", cfg.Coordinators)
-	}
-	client := coordclient.New(addrs, opts)
-	s.closeFns = append(s.closeFns, func() { _ = client.Close() })
-	h, err := holder.New(holder.Options{
-		Client: client, Holder: cfg.AgentID, Region: cfg.Region,
-		ColdStart: cfg.DecisionTimeout, Logger: s.logger, Registry: s.Registry,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.holder = h
-	return h, nil
 }
 
 // Start builds and starts an agent. It returns once both listeners are
@@ -152,75 +64,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		}
 	}()
 
-	if cfg.TLS.Enabled() {
-		src, err := tlsfiles.Open(cfg.TLS, tlsfiles.Options{Logger: logger.With("component", "tls"), Interval: cfg.TLSReloadInterval})
-		if err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
-		}
-		s.tls = src
-		s.closeFns = append(s.closeFns, src.Close)
-	}
-	set, err := loadRules(cfg)
+	core, err := NewCore(ctx, cfg, CoreOptions{Logger: logger, Registry: s.Registry, Leases: leases})
 	if err != nil {
 		return nil, err
 	}
-	if err := set.CheckRegion(region.ID(cfg.Region)); err != nil {
-		return nil, fmt.Errorf("agent: -region %s: %w", cfg.Region, err)
-	}
-	s.storeless = cfg.Redis == "" && !cfg.Dev
-	if s.storeless {
-		if err := checkStoreless(set); err != nil {
-			return nil, fmt.Errorf("agent: %s: %w (or run with -dev for an in-memory store)", rulesName(cfg), err)
-		}
-	}
-	store, err := s.openStore(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if leases == nil {
-		if leases, err = s.startLeases(ctx, cfg, set); err != nil {
-			return nil, err
-		}
-	}
-	svc, err := New(Options{
-		Rules: StaticRules{Set: set}, Store: store, Leases: leases, Registry: s.Registry, Logger: logger,
-		DecisionTimeout: cfg.DecisionTimeout, Breaker: cfg.Breaker, Region: region.ID(cfg.Region),
-	})
-	if err != nil {
-		return nil, err
-	}
+	s.core = core
+	svc := core.Service
 	s.Service = svc
-	if cfg.Record != "" {
-		stop, err := svc.StartRecording(cfg.Record, cfg.AgentID)
-		if err != nil {
-			return nil, err
-		}
-		s.closeFns = append(s.closeFns, func() { _ = stop() })
-	}
-	if cfg.RulesFile != "" {
-		// Decisions read the accepted set from here on: the watcher's,
-		// unless the agent refused it.
-		s.rules = newAcceptedRules(set)
-		s.watcher = rules.NewWatcher(cfg.RulesFile, set, logger, cfg.ReloadInterval,
-			func(err error) { svc.metrics.rulesReloads.WithLabelValues("error").Inc() },
-			func(set *rules.Set) {
-				if err := s.check(set); err != nil {
-					s.rules.refuse(err)
-					svc.metrics.rulesReloads.WithLabelValues("error").Inc()
-					logger.Error("rules reload refused; the previous rules stay in force", "file", cfg.RulesFile, "err", err,
-						"refused_rules_version", set.Hash(), "rules_version", s.rules.Current().Hash())
-					return
-				}
-				s.rules.accept(set)
-				if s.devCoordinator != nil {
-					s.devCoordinator.SetRules(set)
-				}
-				svc.metrics.rulesReloads.WithLabelValues("ok").Inc()
-				svc.RulesChanged(set)
-				logger.Info("rules reloaded", "rules", len(set.Rules()), "rules_version", set.Hash())
-			})
-		svc.rules = s.rules
-	}
 
 	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("agent: gRPC listen %s: %w", cfg.GRPCAddr, err)
@@ -235,9 +85,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		// certificates get a decision.
 		var tcfg *tls.Config
 		if cfg.ListenClientAuth {
-			tcfg = s.tls.ServerConfig(nil)
+			tcfg = core.TLS().ServerConfig(nil)
 		} else {
-			tcfg = s.tls.ServerConfigNoClientCert()
+			tcfg = core.TLS().ServerConfigNoClientCert()
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(tcfg.Clone())))
 		s.httpLn = tls.NewListener(s.httpLn, tcfg)
@@ -264,117 +114,20 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 64 << 10}
 
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel = cancel
 	go func() { _ = s.grpc.Serve(s.grpcLn) }()
 	go func() { _ = s.http.Serve(s.httpLn) }()
 	if s.metrics != nil {
 		go func() { _ = s.metrics.Serve(s.metricsLn) }()
 	}
-	go svc.RunProber(runCtx)
-	go svc.RunHotMarks(runCtx)
-	if s.holder != nil {
-		s.holderDone = make(chan struct{})
-		go func() { defer close(s.holderDone); s.holder.Run(runCtx) }()
-	}
-	if s.watcher != nil {
-		go s.watcher.Run(runCtx)
-	}
-	go s.waitReady(runCtx)
+	core.Run(ctx, func() {
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		s.health.SetServingStatus("ration.v1.RateLimiter", healthpb.HealthCheckResponse_SERVING)
+	})
 	ok = true
+	set := core.StartRules()
 	logger.Info("gateway-agent started", "coordinators", cfg.Coordinators, "grpc", s.grpcLn.Addr().String(), "http", s.httpLn.Addr().String(),
 		"region", cfg.Region, "agent_id", cfg.AgentID, "rules", len(set.Rules()), "rules_version", set.Hash(), "dev", cfg.Dev, "store", storeName(cfg))
 	return s, nil
-}
-
-// check is whether the agent can run set: one with mode: redis rules needs
-// a store.
-func (s *Server) check(set *rules.Set) error {
-	if s.storeless {
-		if err := checkStoreless(set); err != nil {
-			return fmt.Errorf("agent: %w; restart the agent with -redis to add them", err)
-		}
-	}
-	return nil
-}
-
-func storeName(cfg Config) string {
-	switch {
-	case cfg.Redis != "":
-		return "redis"
-	case cfg.Dev:
-		return "memory"
-	default:
-		return "none"
-	}
-}
-
-func rulesName(cfg Config) string {
-	if cfg.RulesFile != "" {
-		return cfg.RulesFile
-	}
-	return examples.RulesFile + " (embedded)"
-}
-
-func loadRules(cfg Config) (*rules.Set, error) {
-	if cfg.RulesFile != "" {
-		return rules.Load(cfg.RulesFile)
-	}
-	return rules.Parse(examples.RulesFile+" (embedded)", examples.Rules())
-}
-
-func (s *Server) openStore(ctx context.Context, cfg Config) (Store, error) {
-	if s.storeless {
-		return noStore{}, nil
-	}
-	if cfg.Dev && cfg.Redis == "" {
-		return bucket.NewMemoryStore(nil), nil
-	}
-	client, err := bucket.OpenRedisTLS(cfg.Redis, cfg.DecisionTimeout, cfg.RedisTLS)
-	if err != nil {
-		return nil, fmt.Errorf("agent: -redis: %w", err)
-	}
-	s.closeFns = append(s.closeFns, func() { _ = client.Close() })
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	policy, warning, err := bucket.CheckEviction(cctx, client)
-	switch {
-	case err != nil:
-		s.logger.Warn("could not read Redis maxmemory-policy; buckets may be evicted silently if it is not noeviction", "err", err)
-	case warning != "":
-		s.logger.Warn(warning, "maxmemory_policy", policy)
-	default:
-		s.logger.Info("Redis maxmemory-policy is safe", "maxmemory_policy", policy)
-	}
-	st := bucket.NewRedisStore(client, bucket.RedisOptions{Timeout: cfg.DecisionTimeout, Logger: s.logger})
-	s.evictionPolicy = policy
-	s.evictionWarning = warning
-	return st, nil
-}
-
-// waitReady probes the store until it answers once.
-func (s *Server) waitReady(ctx context.Context) {
-	for {
-		if err := s.Service.Probe(ctx); err == nil {
-			s.ready.Store(true)
-			s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-			s.health.SetServingStatus("ration.v1.RateLimiter", healthpb.HealthCheckResponse_SERVING)
-			s.logger.Info("store answered: ready")
-			if s.evictionPolicy != "" {
-				v := 0.0
-				if s.evictionWarning == "" {
-					v = 1
-				}
-				s.Service.metrics.redisEvictionSafe.Set(v)
-			}
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // Handler serves the agent's HTTP API.
@@ -400,7 +153,7 @@ func (s *Server) metricsHandler() http.Handler {
 func (s *Server) probes(mux *http.ServeMux) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.ready.Load() {
+		if !s.Ready() {
 			http.Error(w, "not ready: store has not answered yet", http.StatusServiceUnavailable)
 			return
 		}
@@ -423,21 +176,13 @@ func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 
 // Ready reports whether the agent has rules and the store answered once.
-func (s *Server) Ready() bool { return s.ready.Load() }
+func (s *Server) Ready() bool { return s.core.Ready() }
 
 // Reload re-reads the rules file now (SIGHUP). Invalid files keep the old
 // rules and return the problems, and so do rules this agent cannot run (a
 // mode: redis rule in an agent without -redis), for as long as the file
 // holds them.
-func (s *Server) Reload() error {
-	if s.watcher == nil {
-		return errors.New("agent: no rules file to reload (running on the embedded dev rules)")
-	}
-	if err := s.watcher.Reload(); err != nil {
-		return err
-	}
-	return s.rules.refusal()
-}
+func (s *Server) Reload() error { return s.core.Reload() }
 
 // Shutdown stops accepting, lets in-flight requests finish within ctx, and
 // releases the store.
@@ -463,24 +208,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 func (s *Server) closeAll() {
-	if s.cancel != nil {
-		s.cancel()
-	}
-	if s.holderDone != nil {
-		// The holder releases its leases (bounded by its request timeout)
-		// before the client and any embedded coordinator close below.
-		<-s.holderDone
-	}
 	if s.grpcLn != nil && s.grpc == nil {
 		_ = s.grpcLn.Close()
 	}
 	if s.httpLn != nil && s.http == nil {
 		_ = s.httpLn.Close()
 	}
-	for i := len(s.closeFns) - 1; i >= 0; i-- {
-		s.closeFns[i]()
+	if s.core != nil {
+		s.core.Close()
 	}
-	s.closeFns = nil
 }
 
 // minLevel drops records below min.
