@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,6 +108,14 @@ type Options struct {
 	MaxRequestBytes int
 	Logger          *slog.Logger
 	Registry        prometheus.Registerer
+	// Clock, when set, is the holder's monotonic clock in microseconds
+	// (default: time since New). The simulator (internal/sim) gives each
+	// agent its own drifting clock; a process keeps the default.
+	Clock func() int64
+	// SortedScans makes every full scan look at quotas in (rule, subject)
+	// order instead of map order, so that one seed of the simulator is one
+	// exact run. It costs a sort per scan; processes leave it off.
+	SortedScans bool
 }
 
 func (o *Options) defaults() error {
@@ -363,7 +372,12 @@ func (l *Leases) Name() string { return l.name }
 
 // Now is the holder's monotonic clock in microseconds. Callers read it once
 // per batch of decisions and pass it to Take.
-func (l *Leases) Now() int64 { return int64(time.Since(l.start) / time.Microsecond) }
+func (l *Leases) Now() int64 {
+	if l.o.Clock != nil {
+		return l.o.Clock()
+	}
+	return int64(time.Since(l.start) / time.Microsecond)
+}
 
 // validity turns a lease term into how long after sending the holder may
 // spend it.
@@ -642,6 +656,9 @@ func (l *Leases) snapshot() []*quota {
 			return true
 		})
 	}
+	if l.o.SortedScans {
+		slices.SortFunc(out, func(a, b *quota) int { return strings.Compare(a.id, b.id) })
+	}
 	return out
 }
 
@@ -719,6 +736,24 @@ func (l *Leases) Run(ctx context.Context) {
 		}
 		l.round(ctx)
 	}
+}
+
+// Round runs one round of the renewal loop, what Run does at each tick,
+// for a caller that drives time itself (internal/sim, with Options.Clock)
+// instead of calling Run. Client calls are made from the calling goroutine.
+func (l *Leases) Round(ctx context.Context) { l.round(ctx) }
+
+// Due is the earliest time on Now at which a Round has work: at once
+// (after any backoff) when new or flagged quotas wait, else the next full
+// scan. Run need not ask: it looks at every tick.
+func (l *Leases) Due() int64 {
+	l.mu.Lock()
+	waiting := len(l.fresh)+len(l.early) > 0
+	l.mu.Unlock()
+	if waiting {
+		return l.retryAt
+	}
+	return max(l.nextScan, l.retryAt)
 }
 
 // pick is what one look found to send.

@@ -1,0 +1,412 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/region"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// Item error texts, as internal/coordinator answers them (the holder
+// branches on their prefixes).
+const (
+	itemErrLeaseExpired = "lease expired or unknown"
+	itemErrUnknownQuota = "unknown quota"
+	itemErrRetryGrant   = "grant answer lost on retry"
+	itemErrTooMany      = "too many subjects"
+)
+
+var errNotLeader = status.Error(codes.Unavailable, "not the leader (simulated)")
+
+// cnode is one coordinator node of a group.
+type cnode struct {
+	g      *group
+	idx    int
+	region int
+	clock  clock
+	alive  bool
+}
+
+func (n *cnode) ep() endpoint { return endpoint{region: n.region, node: n} }
+
+// group is one coordinator group: three nodes, one committed lease state.
+type group struct {
+	s      *Sim
+	idx    int // 0: global; 1+r: region r
+	region int // -1: the global group
+	name   string
+	nodes  []*cnode
+	// leader is the index of the node that leads, -1 while there is none;
+	// ready once its LeaderElected entry has committed.
+	leader int
+	ready  bool
+	term   int
+	st     *lease.State
+	// lastStamp keeps the leader's stamps monotonic within a term;
+	// lastCommit keeps commits in log order.
+	lastStamp, lastCommit int64
+	// isolatedSince is when the leader last lost its majority (-1: it has
+	// one).
+	isolatedSince int64
+	up            *upstream // regional groups only
+	load          *loadSeries
+}
+
+func (g *group) leaderNode() *cnode {
+	if g.leader < 0 {
+		return nil
+	}
+	return g.nodes[g.leader]
+}
+
+// reach counts the live nodes n can exchange messages with, itself
+// included.
+func (g *group) reach(n *cnode) int {
+	c := 1
+	for _, m := range g.nodes {
+		if m != n && m.alive && !g.s.blocked(n.ep(), m.ep()) {
+			c++
+		}
+	}
+	return c
+}
+
+func (g *group) majority() int { return len(g.nodes)/2 + 1 }
+
+// stamp is the leader's timestamp for a new entry.
+func (g *group) stamp() int64 {
+	t := max(g.nodes[g.leader].clock.at(g.s.now), g.lastStamp)
+	g.lastStamp = t
+	return t
+}
+
+type applied struct {
+	res lease.Result
+	err error
+}
+
+// propose appends cmds as one entry; done gets their results when it
+// commits. An entry that does not commit (the leader cannot reach a
+// majority, or loses leadership first) is never answered, as a real
+// proposal times out.
+func (g *group) propose(cmds []lease.Command, done func([]applied)) {
+	s := g.s
+	l := g.leaderNode()
+	if l == nil || !l.alive {
+		return
+	}
+	now := g.stamp()
+	for i, c := range cmds {
+		cmds[i] = stampCommand(c, now)
+	}
+	// One round trip to the nearest live follower it reaches, plus an
+	// fsync; after every earlier entry.
+	best := int64(-1)
+	for _, f := range g.nodes {
+		if f == l || !f.alive || s.blocked(l.ep(), f.ep()) {
+			continue
+		}
+		if rt := s.latency(l.ep(), f.ep()) + s.latency(f.ep(), l.ep()); best < 0 || rt < best {
+			best = rt
+		}
+	}
+	if best < 0 {
+		return
+	}
+	at := max(s.now+best+200, g.lastCommit)
+	g.lastCommit = at
+	term := g.term
+	s.at(at, func() {
+		if g.term != term || g.leader < 0 {
+			return // lost with the leader's term
+		}
+		out := make([]applied, len(cmds))
+		bytes := 0
+		for i, c := range cmds {
+			if data, err := lease.EncodeCommand(c); err == nil {
+				bytes += len(data)
+			}
+			out[i].res, out[i].err = g.st.Apply(c)
+		}
+		g.load.entry(s, len(cmds), bytes)
+		done(out)
+	})
+}
+
+func stampCommand(c lease.Command, now int64) lease.Command {
+	switch v := c.(type) {
+	case lease.Grant:
+		v.Now = now
+		return v
+	case lease.Renew:
+		v.Now = now
+		return v
+	case lease.Release:
+		v.Now = now
+		return v
+	case lease.Tick:
+		v.Now = now
+		return v
+	case lease.LeaderElected:
+		v.Now = now
+		return v
+	case lease.Fund:
+		v.Now = now
+		return v
+	}
+	panic(fmt.Sprintf("sim: no timestamp for %T", c))
+}
+
+// loseLeader ends the term; an election follows.
+func (g *group) loseLeader(why string) {
+	if g.leader < 0 {
+		return
+	}
+	s := g.s
+	s.logf("%s: leader %d lost (%s)", g.name, g.leader, why)
+	g.leader, g.ready, g.isolatedSince = -1, false, -1
+	g.term++
+	if g.up != nil {
+		g.up.reset()
+	}
+	s.after(us(s.cfg.ElectionTimeout)+s.exp(s.cfg.ElectionTimeout/2), g.elect)
+}
+
+// elect picks a new leader among the live nodes that reach a majority and
+// commits its LeaderElected; it tries again later when none can.
+func (g *group) elect() {
+	s := g.s
+	if g.leader >= 0 {
+		return
+	}
+	var cands []int
+	for i, n := range g.nodes {
+		if n.alive && g.reach(n) >= g.majority() {
+			cands = append(cands, i)
+		}
+	}
+	if len(cands) == 0 {
+		s.after(us(s.cfg.ElectionTimeout), g.elect)
+		return
+	}
+	g.leader = cands[s.rng.IntN(len(cands))]
+	g.term++
+	g.isolatedSince = -1
+	// A new term's clock starts at no less than the state's.
+	g.lastStamp = max(g.lastStamp, g.st.Now())
+	s.stats.elections++
+	term := g.term
+	g.propose([]lease.Command{lease.LeaderElected{}}, func(res []applied) {
+		if res[0].err != nil {
+			s.fail("%s: LeaderElected refused: %v", g.name, res[0].err)
+			return
+		}
+		if g.term == term {
+			g.ready = true
+			s.logf("%s: node %d leads (term %d)", g.name, g.leader, g.term)
+		}
+	})
+}
+
+// watch is the followers' failure detector: a leader that is down or
+// cannot reach a majority for an election timeout loses its term.
+func (g *group) watch() {
+	l := g.leaderNode()
+	if l == nil {
+		return
+	}
+	if !l.alive {
+		g.loseLeader("crashed")
+		return
+	}
+	if g.reach(l) >= g.majority() {
+		g.isolatedSince = -1
+		return
+	}
+	if g.isolatedSince < 0 {
+		g.isolatedSince = g.s.now
+	} else if g.s.now-g.isolatedSince >= us(g.s.cfg.ElectionTimeout) {
+		g.loseLeader("cut off from its followers")
+	}
+}
+
+func (g *group) tick() {
+	if g.ready {
+		g.propose([]lease.Command{lease.Tick{}}, func([]applied) {})
+	}
+}
+
+// quotaFor resolves an item's quota for holder, as the coordinator does
+// from its rules: the quota id, its shape, the holder's weight, or an
+// item error.
+func (g *group) quotaFor(ref *rationv1.QuotaRef, holder string) (string, lease.QuotaConfig, float64, string) {
+	s := g.s
+	id := ref.GetRule() + "|" + ref.GetSubject()
+	spec, ok := s.specs[id]
+	if !ok || (!spec.global && spec.region != g.region) {
+		return "", lease.QuotaConfig{}, 0, itemErrUnknownQuota + ": no such leased rule in " + g.name
+	}
+	cfg := lease.QuotaConfig{
+		Burst: spec.burst, Rate: spec.rate,
+		LeasePeriod: us(s.cfg.LeasePeriod), SafetyMargin: us(s.cfg.SafetyMargin),
+	}
+	var weight float64
+	if spec.global {
+		if g.region >= 0 {
+			// A regional group's quota of a global rule is funded: its own
+			// part is the region's safe share (0 here), the rest comes from
+			// the upstream lease.
+			cfg.Burst, cfg.Rate, cfg.Funded = 0, 0, true
+		} else if _, isRegion := region.FromHolder(holder); !isRegion {
+			return "", lease.QuotaConfig{}, 0, itemErrUnknownQuota + ": the global group leases global rules to regions only"
+		} else {
+			weight = 1
+		}
+	}
+	return id, cfg, weight, ""
+}
+
+// renew answers a RenewRequest as internal/coordinator's leasesServer
+// does: a Grant per item with lease_id 0 numbered seq, seq+1, ..., then
+// one Renew for the rest numbered after them, all in one entry.
+func (g *group) renew(req *rationv1.RenewRequest, reply func(*rationv1.RenewResponse, error)) {
+	if !g.ready {
+		reply(nil, errNotLeader)
+		return
+	}
+	g.load.request(g.s, len(req.Items))
+	grants := make([]*rationv1.Grant, len(req.Items))
+	var cmds []lease.Command
+	var renew lease.Renew
+	var renewItems, grantItems []int
+	seq := req.Seq
+	for i, it := range req.Items {
+		grants[i] = &rationv1.Grant{Quota: it.GetQuota(), LeaseId: it.GetLeaseId()}
+		grantSeq := seq
+		if it.GetLeaseId() == 0 {
+			seq++
+		}
+		qid, cfg, weight, msg := g.quotaFor(it.GetQuota(), req.Holder)
+		if msg != "" {
+			grants[i].Error = msg
+			continue
+		}
+		if it.LeaseId == 0 {
+			c := cfg
+			cmds = append(cmds, lease.Grant{Holder: req.Holder, Seq: grantSeq, Quota: qid, Demand: it.Demand, Weight: weight, Config: &c})
+			grantItems = append(grantItems, i)
+			continue
+		}
+		renew.Items = append(renew.Items, lease.RenewItem{
+			LeaseID: it.LeaseId, Quota: qid, Unused: it.Unused, Demand: it.Demand, Weight: weight,
+			ConfirmedCap: it.ConfirmedCap, ConfirmedRate: it.ConfirmedRate,
+		})
+		renewItems = append(renewItems, i)
+	}
+	if len(renew.Items) > 0 {
+		renew.Holder, renew.Seq = req.Holder, seq
+		cmds = append(cmds, renew)
+	}
+	if len(cmds) == 0 {
+		reply(&rationv1.RenewResponse{Grants: grants}, nil)
+		return
+	}
+	g.propose(cmds, func(results []applied) {
+		last := results[len(results)-1]
+		replayed := last.res.Replayed
+		if errors.Is(last.err, lease.ErrStale) {
+			reply(nil, status.Error(codes.FailedPrecondition, last.err.Error()))
+			return
+		}
+		for j, i := range grantItems {
+			r := results[j]
+			switch {
+			case r.err == nil:
+				if r.res.Lease == nil || r.res.Lease.Quota != cmds[j].(lease.Grant).Quota {
+					reply(nil, status.Error(codes.FailedPrecondition, "seq reused"))
+					return
+				}
+				fillGrant(grants[i], r.res.Lease)
+			case errors.Is(r.err, lease.ErrStale) && replayed:
+				grants[i].Error = itemErrRetryGrant
+			default:
+				msg := itemError(r.err)
+				if msg == "" {
+					g.s.fail("%s: grant for %s failed: %v", g.name, req.Holder, r.err)
+					reply(nil, status.Error(codes.Internal, r.err.Error()))
+					return
+				}
+				grants[i].Error = msg
+			}
+		}
+		if len(renewItems) > 0 {
+			r := results[len(results)-1]
+			if r.err != nil {
+				g.s.fail("%s: renew for %s failed: %v", g.name, req.Holder, r.err)
+				reply(nil, status.Error(codes.Internal, r.err.Error()))
+				return
+			}
+			if len(r.res.Items) != len(renew.Items) {
+				reply(nil, status.Error(codes.FailedPrecondition, "seq reused"))
+				return
+			}
+			for j, i := range renewItems {
+				ir := r.res.Items[j]
+				if ir.Err != nil {
+					grants[i].Error = itemError(ir.Err)
+					continue
+				}
+				fillGrant(grants[i], ir.Lease)
+			}
+		}
+		reply(&rationv1.RenewResponse{Grants: grants}, nil)
+	})
+}
+
+func (g *group) release(req *rationv1.ReleaseRequest, reply func(*rationv1.ReleaseResponse, error)) {
+	if !g.ready {
+		reply(nil, errNotLeader)
+		return
+	}
+	g.load.request(g.s, len(req.Items))
+	cmds := make([]lease.Command, 0, len(req.Items))
+	for i, it := range req.Items {
+		cmds = append(cmds, lease.Release{Holder: req.Holder, Seq: req.Seq + uint64(i), LeaseID: it.LeaseId, Unused: it.Unused})
+	}
+	if len(cmds) == 0 {
+		reply(&rationv1.ReleaseResponse{}, nil)
+		return
+	}
+	g.propose(cmds, func(results []applied) {
+		if last := results[len(results)-1]; errors.Is(last.err, lease.ErrStale) {
+			reply(nil, status.Error(codes.FailedPrecondition, last.err.Error()))
+			return
+		}
+		reply(&rationv1.ReleaseResponse{Errors: make([]string, len(req.Items))}, nil)
+	})
+}
+
+func fillGrant(g *rationv1.Grant, l *lease.Lease) {
+	if l == nil {
+		g.Error = itemErrLeaseExpired
+		return
+	}
+	g.LeaseId, g.Balance, g.Cap, g.Rate, g.DurationUs = l.ID, l.Balance, l.Cap, l.Rate, l.Term
+}
+
+func itemError(err error) string {
+	switch {
+	case errors.Is(err, lease.ErrLeaseExpired):
+		return itemErrLeaseExpired
+	case errors.Is(err, lease.ErrUnknownQuota):
+		return itemErrUnknownQuota
+	case errors.Is(err, lease.ErrTooManySubjects):
+		return itemErrTooMany
+	}
+	return ""
+}

@@ -1,0 +1,174 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/xml"
+	"io"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// tiny is Small cut down to run in seconds under the race detector, with
+// every fault of the schedule.
+func tiny(seed uint64) Config {
+	c := Small()
+	c.Name = "tiny"
+	c.Seed = seed
+	c.AgentsPerRegion = 8
+	c.Rate = 4000
+	c.Duration = 60 * time.Second
+	c.HotSubjects = 3
+	return c
+}
+
+func run(t *testing.T, c Config) (*Report, string) {
+	t.Helper()
+	s, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := s.Run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	rep.Text(&b)
+	return rep, b.String()
+}
+
+// One seed is one exact run: the whole report, byte for byte. Another seed
+// is another run.
+func TestSameSeedSameReport(t *testing.T) {
+	_, a := run(t, tiny(3))
+	_, b := run(t, tiny(3))
+	if a != b {
+		t.Fatalf("seed 3 gave two reports:\n%s\n----\n%s", a, b)
+	}
+	_, c := run(t, tiny(4))
+	if a == c {
+		t.Fatal("seeds 3 and 4 gave the same report: the seed does not reach the run")
+	}
+}
+
+// The bounds hold through the whole fault schedule, budgets are used, and
+// the schedule happened (elections, crashes, cut messages).
+func TestTinyRunHoldsBounds(t *testing.T) {
+	rep, text := run(t, tiny(1))
+	if !rep.OK() {
+		t.Fatalf("bounds broken:\n%s", text)
+	}
+	if rep.Stats.elections < 5+3 {
+		t.Errorf("%d elections, want the 5 first ones and 3 after the faults", rep.Stats.elections)
+	}
+	if rep.Stats.crashes == 0 || rep.Stats.cut == 0 || rep.Stats.lost == 0 || rep.Stats.duplicated == 0 {
+		t.Errorf("faults missing: %+v", rep.Stats)
+	}
+	for _, q := range rep.Quotas {
+		if q.Admitted == 0 {
+			t.Errorf("%s admitted nothing", q.ID)
+		}
+		if strings.HasPrefix(q.ID, ruleRegional) && !(q.Utilisation >= 0.9) {
+			t.Errorf("%s: steady utilisation %v, want >= 0.9", q.ID, q.Utilisation)
+		}
+	}
+	if len(rep.Shifts) != 4 {
+		t.Errorf("%d demand shifts measured, want 4", len(rep.Shifts))
+	}
+	if !strings.Contains(text, "verdict: PASS") {
+		t.Errorf("report does not say PASS:\n%s", text)
+	}
+}
+
+func TestExcess(t *testing.T) {
+	const step = 100_000 // 0.1s
+	for _, tc := range []struct {
+		name    string
+		adm     []int32
+		b, rate float64
+		want    float64
+	}{
+		{"empty", nil, 10, 10, 0},
+		{"burst exactly", []int32{10}, 10, 10, 0},
+		{"burst plus one", []int32{11}, 10, 10, 1},
+		{"at the rate", []int32{10, 1, 1, 1, 1}, 10, 10, 0},
+		{"above the rate later", []int32{0, 0, 0, 10, 3}, 10, 10, 2},
+		// Saving up: nothing for a second, then B + r*1s at once is not
+		// allowed (the bucket holds at most B), but spread windows are.
+		{"no saving beyond B", []int32{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 20}, 10, 10, 10},
+		{"worst window in the middle", []int32{1, 1, 10, 5, 1, 1}, 10, 10, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := excess(tc.adm, step, tc.b, tc.rate); math.Abs(got-tc.want) > 1e-9 {
+				t.Fatalf("excess = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"too few regions", func(c *Config) { c.Regions = 2 }, "regions 2"},
+		{"no agents", func(c *Config) { c.AgentsPerRegion = 0 }, "agents per region 0"},
+		{"drift past the holders' bound", func(c *Config) { c.AgentDrift = 0.001 }, "drift"},
+		{"offset past the safety margin", func(c *Config) { c.CoordOffset = time.Second }, "safety margin"},
+		{"shares above 1", func(c *Config) { c.GlobalShare = 0.7 }, "global share"},
+		{"loss", func(c *Config) { c.Loss = 0.6 }, "loss probability"},
+		{"zero lease period", func(c *Config) { c.LeasePeriod = 0 }, "lease period"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Small()
+			tc.edit(&c)
+			_, err := New(c)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one naming %q", err, tc.want)
+			}
+		})
+	}
+	if err := Reference().Validate(); err != nil {
+		t.Fatalf("the reference run is invalid: %v", err)
+	}
+}
+
+func TestClockInverse(t *testing.T) {
+	for _, c := range []clock{{0, 0}, {12345, 0.0005}, {-999, -0.0005}, {1e12, 0.0001}} {
+		for _, at := range []int64{0, 1, 999_999, 123_456_789, 600_000_000} {
+			v := c.trueAt(c.at(at))
+			if c.at(v) != c.at(at) || (v > 0 && c.at(v-1) >= c.at(at)) {
+				t.Fatalf("clock %+v: trueAt(at(%d)) = %d, not the first instant reading %d", c, at, v, c.at(at))
+			}
+		}
+	}
+}
+
+func TestPlotsAreSVG(t *testing.T) {
+	rep, _ := run(t, tiny(2))
+	for name, fn := range map[string]func(w io.Writer) error{"admitted": rep.AdmittedSVG, "load": rep.LoadSVG} {
+		var b bytes.Buffer
+		if err := fn(&b); err != nil {
+			t.Fatal(err)
+		}
+		d := xml.NewDecoder(&b)
+		lines := 0
+		for {
+			tok, err := d.Token()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: not well-formed XML: %v", name, err)
+			}
+			if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+				lines++
+			}
+		}
+		if lines < 2 {
+			t.Fatalf("%s: %d lines drawn", name, lines)
+		}
+	}
+}
