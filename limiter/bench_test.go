@@ -1,0 +1,134 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/limiter"
+)
+
+// The embedded limiter's cost per decision, against real parts started by
+// internal/harness:
+//
+//	go test -run '^$' -bench . -benchmem -benchtime 2s ./limiter/
+//
+// BenchmarkAllowLeased is the in-process path: a mode: leased rule whose
+// lease (from a real coordinator) is never spent, so every decision is
+// one Allow against the local lease. BenchmarkAllowRedis is the Redis
+// path, one pipelined round trip to a real redis-server, beside what the
+// same go-redis client pays for the cheapest round trips (PING, and
+// EVALSHA of a script that returns 1) on the same server in the same run.
+
+const benchLeasedYAML = `
+rules:
+  - name: hot
+    match: {endpoint: hot}
+    burst: 1000000000
+    rate: 1000000000
+    mode: leased
+    lease: {period: 2s}
+`
+
+func BenchmarkAllowLeased(b *testing.B) {
+	coords := harness.StartCoordinators(b, 1, benchLeasedYAML)
+	l := open(b, limiter.Config{
+		RulesFile: writeRules(b, benchLeasedYAML), Coordinators: coords.GRPCAddrs(), Insecure: true,
+		AgentID: "bench", DecisionTimeout: time.Second,
+	})
+	ctx := context.Background()
+	for name, req := range map[string]limiter.Request{
+		"rule+subject": {Rule: "hot", Subject: "x"},
+		"descriptors":  {Descriptors: map[string]string{"endpoint": "hot"}},
+	} {
+		b.Run(name, func(b *testing.B) {
+			waitLeased(b, l, req)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := l.Allow(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.Run("parallel", func(b *testing.B) {
+		req := limiter.Request{Rule: "hot", Subject: "x"}
+		waitLeased(b, l, req)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := l.Allow(ctx, req); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+// waitLeased waits until req is admitted on its lease (the first grant).
+func waitLeased(b *testing.B, l *limiter.Limiter, req limiter.Request) {
+	b.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d, err := l.Allow(context.Background(), req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d.Allowed && d.Reason == limiter.ReasonOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("no lease after 10s: %+v", d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+const benchRedisYAML = `
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 1000000000
+    rate: 1000000000
+`
+
+func BenchmarkAllowRedis(b *testing.B) {
+	redis := harness.StartRedis(b)
+	l := open(b, limiter.Config{RulesFile: writeRules(b, benchRedisYAML), Redis: redis.Addr, DecisionTimeout: time.Second})
+	ctx := context.Background()
+	b.Run("limiter", func(b *testing.B) {
+		req := limiter.Request{Rule: "per-user", Subject: "alice"}
+		b.ReportAllocs()
+		for b.Loop() {
+			d, err := l.Allow(ctx, req)
+			if err != nil || d.Reason != limiter.ReasonOK {
+				b.Fatalf("%+v, %v: want admitted by Redis", d, err)
+			}
+		}
+	})
+	// The references: the harness's go-redis client, one round trip each.
+	c := redis.Client()
+	b.Run("go-redis-ping", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := c.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("go-redis-evalsha", func(b *testing.B) {
+		sha, err := c.ScriptLoad(ctx, "return 1").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys := []string{"ration:{bench}"}
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := c.EvalSha(ctx, sha, keys).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
