@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/limiter"
 )
@@ -17,9 +18,11 @@ import (
 // BenchmarkAllowLeased is the in-process path: a mode: leased rule whose
 // lease (from a real coordinator) is never spent, so every decision is
 // one Allow against the local lease. BenchmarkAllowRedis is the Redis
-// path, one pipelined round trip to a real redis-server, beside what the
-// same go-redis client pays for the cheapest round trips (PING, and
-// EVALSHA of a script that returns 1) on the same server in the same run.
+// path, one pipelined round trip to a real redis-server, beside, on the
+// same server in the same run, the agent's Redis store alone (the same
+// script and client, no decision logic) and what a plain go-redis client
+// pays for the cheapest round trips (PING, and EVALSHA of a script that
+// returns 1).
 
 const benchLeasedYAML = `
 rules:
@@ -108,7 +111,25 @@ func BenchmarkAllowRedis(b *testing.B) {
 			}
 		}
 	})
-	// The references: the harness's go-redis client, one round trip each.
+	// The references. store-take: the agent's Redis store alone (the same
+	// script, client options and pipeline as the limiter, without the
+	// decision logic around it).
+	b.Run("store-take", func(b *testing.B) {
+		rc, err := bucket.OpenRedisTLS(redis.Addr, time.Second, bucket.RedisTLS{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer rc.Close()
+		st := bucket.NewRedisStore(rc, bucket.RedisOptions{Timeout: time.Second})
+		req := bucket.Request{Key: bucket.Key("per-user", "bob"), Limit: bucket.Limit{Burst: 1e9, Rate: 1e9}, Cost: 1}
+		b.ReportAllocs()
+		for b.Loop() {
+			if res, err := st.Take(ctx, req); err != nil || !res.Allowed {
+				b.Fatalf("%+v, %v: want admitted", res, err)
+			}
+		}
+	})
+	// The harness's go-redis client, one round trip each.
 	c := redis.Client()
 	b.Run("go-redis-ping", func(b *testing.B) {
 		b.ReportAllocs()
