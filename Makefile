@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test deps bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs
+.PHONY: help dev build install docs test deps bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -48,6 +48,7 @@ test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real r
 	@# holder, agent), S0 lost 500 calls with no fault injected.
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v '/test/chaos$$')
 	$(GO) test -race -count=1 -timeout 15m ./test/chaos/
+	$(GO) run ./cmd/ration-sim -config small -seed 1
 	cd proto && $(GO) vet ./...
 	cd client && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
@@ -68,6 +69,18 @@ chaos: deps ## every chaos scenario incl. S12 (regions), no -race (<= 15 min); w
 
 chaos-breaks: deps ## every chaos scenario with its protection removed (RATION_CHAOS_BREAK): each must fail by a judge
 	./test/chaos/breaks.sh
+
+# make sim SEED=n: one seed is one exact run; the report is printed and
+# written with its plots to docs/images/sim (SIM_OUT).
+SIM_OUT ?= docs/images/sim
+sim: ## the deterministic simulation's reference run: 20 regions x 500 agents, 1,000,000 decisions/s, 10 min simulated (< 10 min); SEED=n; writes report and plots to SIM_OUT
+	$(GO) run ./cmd/ration-sim -config reference -seed $${SEED:-1} -out $(SIM_OUT)
+
+sim-small: ## the same simulation at 4 regions x 25 agents, 2 min simulated (seconds); SEED=n
+	$(GO) run ./cmd/ration-sim -config small -seed $${SEED:-1}
+
+sim-mutations: ## the simulator against deliberate bugs in internal/lease and internal/holder (internal/sim/testdata/mutations): each must be caught
+	./scripts/sim-mutations.sh
 
 # make soak DURATION=1h SEED=42: the fault schedule of a run is replayed by
 # its seed (printed). SOAK_TIMEOUT bounds the whole run (go test -timeout).

@@ -56,6 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ration-sim: %v\n", err)
 		return 2
 	}
+	s.Progress = stderr
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {

@@ -96,7 +96,7 @@ func Reference() Config {
 		GlobalShare:     0.3,
 		RegionalShare:   0.3,
 		GlobalLimit:     0.8,
-		RegionalLimit:   0.9,
+		RegionalLimit:   0.5,
 		HotLimit:        0.9,
 		BurstSeconds:    1,
 		LeasePeriod:     10 * time.Second,

@@ -110,7 +110,7 @@ func schedule(s *Sim) []fault {
 	// a lease in the reference run: their leases lapse, the rule's policy
 	// (fail closed) applies, the others get the region's share.
 	r5 := 5 % R
-	cut(fmt.Sprintf("half of region %s's agents cut from their group", s.regionName(r5)), at(0.75), at(0.75)+span(0.05),
+	cut(fmt.Sprintf("half of region %s's agents cut from their group", s.regionName(r5)), at(0.75), at(0.75)+span(0.08),
 		func(e endpoint) bool { return e.agent != nil && e.agent.region == r5 && e.agent.idx%2 == 0 }, inRegionGroup(r5))
 
 	// 8. A regional group's leader crashes.

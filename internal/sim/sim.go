@@ -4,9 +4,12 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/ration-dev/ration/internal/lease"
@@ -73,6 +76,11 @@ type Sim struct {
 	fails   []string
 	nfails  int
 	started time.Time
+	workers int
+
+	// Progress, when set, gets a line per simulated minute (wall-clock
+	// figures, so never part of the report).
+	Progress io.Writer
 }
 
 type stats struct {
@@ -87,7 +95,7 @@ func New(cfg Config) (*Sim, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("sim %q: %w", cfg.Name, err)
 	}
-	s := &Sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed)), end: us(cfg.Duration), specs: map[string]*spec{}, rules: map[string]*rules.Rule{}}
+	s := &Sim{workers: runtime.GOMAXPROCS(0), cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed)), end: us(cfg.Duration), specs: map[string]*spec{}, rules: map[string]*rules.Rule{}}
 	R := cfg.Regions
 	// Cross-region latencies: a base per pair, symmetric.
 	s.cross = make([][]int64, R)
@@ -260,12 +268,22 @@ func (s *Sim) regionRate(r int, t int64) float64 {
 	return rate
 }
 
-// decide makes one step's decisions on every live agent.
+// decide makes one step's decisions on every live agent. Regions are
+// independent within a step (each agent's holder is its own, each region
+// has its own keys and its own random stream, drawn from the seed, the
+// region and the step), so they run on all cores and the run stays exact:
+// only the global rule's counts are shared, and they are summed after.
 func (s *Sim) decide() {
 	k := int(s.now / us(s.cfg.Step))
-	ctx := context.Background()
-	stepSec := s.cfg.Step.Seconds()
-	for r := 0; r < s.cfg.Regions; r++ {
+	R := s.cfg.Regions
+	type out struct {
+		globalAdm, globalDem int32
+		decisions, admitted  int64
+		poke                 []*agent
+	}
+	outs := make([]out, R)
+	work := func(r int) {
+		o := &outs[r]
 		var live []*agent
 		for _, a := range s.byRegion[r] {
 			if a.alive {
@@ -273,39 +291,69 @@ func (s *Sim) decide() {
 			}
 		}
 		if len(live) == 0 {
-			continue
+			return
 		}
-		lambda := s.regionRate(r, s.now) * stepSec / float64(len(live))
+		rng := rand.New(rand.NewPCG(s.cfg.Seed^(uint64(r+1)*0x9e3779b97f4a7c15), uint64(k)))
+		ctx := context.Background()
+		lambda := s.regionRate(r, s.now) * s.cfg.Step.Seconds() / float64(len(live))
 		cum := s.cumulative(r)
 		qs := s.agentQuotas[r]
 		rk := s.regionKey(r)
 		for _, a := range live {
-			n := poisson(s.rng, lambda)
+			n := poisson(rng, lambda)
 			if n == 0 {
 				continue
 			}
 			now := a.clock.at(s.now)
 			for range n {
-				u := s.rng.Float64()
-				i := sort.SearchFloat64s(cum, u)
+				i := sort.SearchFloat64s(cum, rng.Float64())
 				if i >= len(qs) {
 					i = len(qs) - 1
 				}
 				q := &qs[i]
 				res, ok := a.l.Take(ctx, q.rule, q.subject, 1, now)
-				s.rec.demand[q.key][k]++
-				s.stats.decisions++
-				if ok && res.Allowed {
-					s.rec.admitted[q.key][k]++
-					s.stats.admitted++
-					if q.global {
-						s.rec.admitted[rk][k]++
-					}
+				admitted := ok && res.Allowed
+				o.decisions++
+				if admitted {
+					o.admitted++
 				}
 				if q.global {
+					o.globalDem++
 					s.rec.demand[rk][k]++
+					if admitted {
+						o.globalAdm++
+						s.rec.admitted[rk][k]++
+					}
+					continue
+				}
+				s.rec.demand[q.key][k]++
+				if admitted {
+					s.rec.admitted[q.key][k]++
 				}
 			}
+			o.poke = append(o.poke, a)
+		}
+	}
+	var wg sync.WaitGroup
+	workers := min(R, s.workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := w; r < R; r += workers {
+				work(r)
+			}
+		}()
+	}
+	wg.Wait()
+	gk := s.specs[ruleGlobal+"|"].key
+	for r := range outs {
+		o := &outs[r]
+		s.rec.admitted[gk][k] += o.globalAdm
+		s.rec.demand[gk][k] += o.globalDem
+		s.stats.decisions += o.decisions
+		s.stats.admitted += o.admitted
+		for _, a := range o.poke {
 			a.poke()
 		}
 	}
@@ -349,6 +397,12 @@ func (s *Sim) Run() (*Report, error) {
 		s.at(f.to, f.stop)
 	}
 	s.every(us(s.cfg.Step), us(s.cfg.Step), s.decide)
+	if s.Progress != nil {
+		s.every(60_000_000, 60_000_000, func() {
+			fmt.Fprintf(s.Progress, "ration-sim: %v of %v simulated, %d decisions, wall clock %v\n",
+				time.Duration(s.now)*time.Microsecond, s.cfg.Duration, s.stats.decisions, time.Since(s.started).Round(time.Second))
+		})
+	}
 	for s.queue.Len() > 0 {
 		e := heap.Pop(&s.queue).(event)
 		if e.at > s.end {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# make sim-mutations: every patch in internal/sim/testdata/mutations breaks
+# internal/lease or internal/holder on purpose; the simulator must catch
+# each one (ration-sim exits 1 with "verdict: FAIL") at every seed its
+# header names. Each runs on a copy of this work tree; nothing here is
+# changed. A report that passes is printed in full.
+#
+#   scripts/sim-mutations.sh                  # all of them
+#   scripts/sim-mutations.sh 03-holder-double-validity
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+patches=()
+if [ $# -gt 0 ]; then
+  for n in "$@"; do patches+=("internal/sim/testdata/mutations/$n.patch"); done
+else
+  patches=(internal/sim/testdata/mutations/*.patch)
+fi
+bad=0
+for p in "${patches[@]}"; do
+  name=$(basename "$p" .patch)
+  src="$tmp/$name"
+  mkdir -p "$src"
+  git ls-files -z | xargs -0 cp --parents -t "$src"
+  if ! (cd "$src" && git apply "$OLDPWD/$p"); then
+    echo "sim-mutations: $name: the patch no longer applies; refresh it"
+    bad=1
+    continue
+  fi
+  (cd "$src" && go build -o "$tmp/$name.bin" ./cmd/ration-sim)
+  for seed in $(sed -n 's/^seeds: //p' "$p"); do
+    out="$tmp/$name-$seed.txt"
+    if "$tmp/$name.bin" -config small -seed "$seed" >"$out" 2>&1; then
+      echo "sim-mutations: $name seed $seed NOT caught:"
+      cat "$out"
+      bad=1
+    elif grep -q '^verdict: FAIL' "$out"; then
+      echo "sim-mutations: $name seed $seed caught: $(grep '^verdict' "$out")"
+    else
+      echo "sim-mutations: $name seed $seed failed without a verdict:"
+      cat "$out"
+      bad=1
+    fi
+  done
+done
+exit $bad
