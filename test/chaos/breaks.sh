@@ -10,14 +10,14 @@
 set -u
 cd "$(dirname "$0")"
 declare -A tests=(
-  [S0]=TestS0NoFault [S1]=TestS1LeaderKilled [S1pause]=TestS1LeaderPaused
+  [S0]=TestS0NoFault [S0e]=TestS0Embedded [S3e]=TestS3Embedded [S1]=TestS1LeaderKilled [S1pause]=TestS1LeaderPaused
   [S2]=TestS2DeposedLeader [S3]=TestS3AgentCutOff [S4]=TestS4LeaseRepliesDropped
   [S5]=TestS5NoQuorum [S6]=TestS6AgentPaused [S8]=TestS8RedisFailover
   [S10]=TestS10RedisBlackholed [S11]=TestS11LostReplies [S13]=TestS13RestartFromDisk
   [S14]=TestS14EnvoyLeaderKilled [S15]=TestS15LeasedRequestIDs [S16]=TestS16SameAgentID
   [S17]=TestS17DefaultShareLeaderKilled [S18]=TestS18AutoFlipsHotAndCold [soak]=TestSoak
 )
-order=(S0 S1 S1pause S2 S3 S4 S5 S6 S8 S10 S11 S13 S14 S15 S16 S17 S18 soak)
+order=(S0 S0e S1 S1pause S2 S3 S3e S4 S5 S6 S8 S10 S11 S13 S14 S15 S16 S17 S18 soak)
 [ $# -gt 0 ] && order=("$@")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

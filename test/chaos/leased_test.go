@@ -145,18 +145,26 @@ func roundAll(ds []time.Duration) []time.Duration {
 // judges report the overshoot, and fail_closed's "0 by policy".
 func TestS3AgentCutOff(t *testing.T) {
 	scenario(t)
+	s3(t, "", "S3", StartAgent)
+}
+
+// s3 runs S3 with the cut agent started by startCut: a gateway-agent
+// process (StartAgent), or an embedded limiter (StartEmbedded, in
+// embedded_test.go). label ends the rows' names; brk is the variant's
+// RATION_CHAOS_BREAK name.
+func s3(t *testing.T, label, brk string, startCut func(testing.TB, AgentOptions) *Agent) {
 	r := rng(t)
 	coords := startCoordinators(t, 1, leasedRules)
 	redis := harness.StartRedis(t)
 	px := NewProxy(t, "coordinator", coords.GRPCAddrs()[0])
 	cutRules := leasedRules
-	if broken("S3") {
+	if broken(brk) {
 		// The cut agent decides by looser policies than the scenario
 		// states; the judges hold it to the scenario's constants.
 		t.Log("chaos: S3 protection removed: the cut agent's rules are fail_open and emergency {burst: 50, rate: 100}")
 		cutRules = s5LooseRules
 	}
-	cutAgent := StartAgent(t, AgentOptions{ID: "s3cut", Rules: cutRules, Redis: redis.Addr, Coordinators: px.Addr()})
+	cutAgent := startCut(t, AgentOptions{ID: "s3cut", Rules: cutRules, Redis: redis.Addr, Coordinators: px.Addr()})
 	other := StartAgent(t, AgentOptions{ID: "s3other", Rules: leasedRules, Redis: redis.Addr, Coordinators: coords.GRPCAddrs()[0]})
 	agents := []*Agent{cutAgent, other}
 	// Most of the traffic goes to the agent about to be cut, so it holds
@@ -205,7 +213,7 @@ func TestS3AgentCutOff(t *testing.T) {
 	if !okC {
 		t.Errorf("fail_closed: utilisation %.3f, want >= %.1f", jc.Util(), s3Util)
 	}
-	judgedRow(t, "S3 fail_closed", "one agent cut from coordinators for 3D", fmt.Sprintf("0; utilisation >= %.1f; leases again after the heal", s3Util),
+	judgedRow(t, "S3 fail_closed"+label, "one agent cut from coordinators for 3D", fmt.Sprintf("0; utilisation >= %.1f; leases again after the heal", s3Util),
 		jc, jc.Util(), okC && ok, "")
 	// emergency: within b_e + r_e P for the one cut agent, P how long it
 	// decided by policy.
@@ -217,7 +225,7 @@ func TestS3AgentCutOff(t *testing.T) {
 	if !okE {
 		t.Errorf("emergency: utilisation %.3f, want >= %.1f", je.Util(), s3Util)
 	}
-	judgedRow(t, "S3 emergency", "one agent cut from coordinators for 3D",
+	judgedRow(t, "S3 emergency"+label, "one agent cut from coordinators for 3D",
 		fmt.Sprintf("N(b_e + r_e P) = %.1f (N=1, P=%.2fs); utilisation >= %.1f; leases again after the heal", bound, p, s3Util),
 		je, je.Util(), okE && ok, "")
 }

@@ -46,6 +46,14 @@ func joinAddrs(addrs []string) string { return strings.Join(addrs, ",") }
 // the quota twice; the overshoot check fails.
 func TestS0NoFault(t *testing.T) {
 	scenario(t)
+	s0(t, "", "S0", StartAgent)
+}
+
+// s0 runs S0 with its second agent started by second: a gateway-agent
+// process (StartAgent), or an embedded limiter (StartEmbedded, in
+// embedded_test.go). label ends the rows' names; brk is the variant's
+// RATION_CHAOS_BREAK name.
+func s0(t *testing.T, label, brk string, second func(testing.TB, AgentOptions) *Agent) {
 	_ = rng(t)
 	const rulesYAML = `
 rules:
@@ -70,13 +78,17 @@ rules:
 	var agents []*Agent
 	for i := range 2 {
 		redisAddr, coordAddrs := redis.Addr, coords.GRPC
-		if broken("S0") && i > 0 {
+		if broken(brk) && i > 0 {
 			// Protection off: a split brain. The second agent keeps its
 			// buckets in its own Redis and leases from its own group, so
 			// each agent spends the whole quota.
 			redisAddr, coordAddrs = harness.StartRedis(t).Addr, StartCoordinatorProcs(t, 1, rulesYAML).GRPC
 		}
-		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s0a%d", i), Rules: rulesYAML,
+		start := StartAgent
+		if i > 0 {
+			start = second
+		}
+		agents = append(agents, start(t, AgentOptions{ID: fmt.Sprintf("s0a%d", i), Rules: rulesYAML,
 			Redis: redisAddr, Coordinators: joinAddrs(coordAddrs)}))
 	}
 	targets := append(loadOn("s0-store", "x", true, agents...), loadOn("s0-leased", "x", false, agents...)...)
@@ -88,7 +100,7 @@ rules:
 	for _, rule := range []string{"s0-store", "s0-leased"} {
 		j := judgeBoth(recs, calls, nil, Spec{Quota: quota(rule, "x"), Burst: burst, Rate: rate, FailClosed: true})
 		ok := j.Logs.Utilisation >= 0.9 && j.Client.Utilisation >= 0.9
-		judgedRow(t, "S0 "+strings.TrimPrefix(rule, "s0-"), "none", "0, utilisation >= 0.9", j, j.Util(), ok, "")
+		judgedRow(t, "S0 "+strings.TrimPrefix(rule, "s0-")+label, "none", "0, utilisation >= 0.9", j, j.Util(), ok, "")
 		if !ok {
 			t.Errorf("%s: utilisation %.3f in the logs, %.3f as the clients saw it; want >= 0.9", rule, j.Logs.Utilisation, j.Client.Utilisation)
 		}
