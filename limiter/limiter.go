@@ -335,6 +335,7 @@ func (cfg Config) agentConfig() (agent.Config, error) {
 		host, _ := os.Hostname()
 		c.AgentID = host
 	}
+	c.Region, c.DecisionTimeout, c.ReloadInterval = DefaultRegion, DefaultDecisionTimeout, DefaultReloadInterval
 	if cfg.Region != "" {
 		c.Region = cfg.Region
 	}

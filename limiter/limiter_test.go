@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/limiter"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -370,5 +371,14 @@ func TestReasonNames(t *testing.T) {
 		if r.String() != name {
 			t.Errorf("Reason(%d) = %q, want %q", r, r, name)
 		}
+	}
+}
+
+// The defaults of Config's zero fields are the sidecar's.
+func TestDefaultsAreTheSidecars(t *testing.T) {
+	c := agent.DefaultConfig()
+	if c.DecisionTimeout != limiter.DefaultDecisionTimeout || c.ReloadInterval != limiter.DefaultReloadInterval || c.Region != limiter.DefaultRegion {
+		t.Errorf("sidecar defaults: decision timeout %v, reload interval %v, region %q; limiter's: %v, %v, %q",
+			c.DecisionTimeout, c.ReloadInterval, c.Region, limiter.DefaultDecisionTimeout, limiter.DefaultReloadInterval, limiter.DefaultRegion)
 	}
 }

@@ -233,9 +233,6 @@ func (c *Core) waitReady(ctx context.Context, onReady func()) {
 // Ready reports whether the store has answered once (Run's probe).
 func (c *Core) Ready() bool { return c.ready.Load() }
 
-// Rules is the rules in force.
-func (c *Core) Rules() *rules.Set { return c.Service.rules.Current() }
-
 // StartRules is the rules the core started with.
 func (c *Core) StartRules() *rules.Set { return c.set }
 
