@@ -8,4 +8,9 @@
 // A request is admitted only if every matching rule admits; tokens taken by
 // the rules that admitted are refunded when a later one denies. Shadow rules
 // are charged and counted like others but never deny.
+//
+// The decision side (rules and their reload, store, lease holder, Service)
+// is a Core, built by NewCore; Start puts the sidecar's listeners in front
+// of one, and the public package limiter decides with one inside a Go
+// process.
 package agent
