@@ -64,6 +64,13 @@ const (
 	// sampleRequests is how many requests a demand window must hold to be
 	// closed before 8 windows have passed.
 	sampleRequests = 8
+	// confirmShrink is the part of a lease's rate or cap (or its owed
+	// tokens, of its cap) a shrink must free to be confirmed at once
+	// without a nudge.
+	confirmShrink = 0.15
+	// dryHelped is how much a dry ask must grow a lease to count as having
+	// helped (its backoff starts over).
+	dryHelped = 1.5
 	// itemBytes estimates one renew item's encoded size beyond its rule and
 	// subject, for splitting requests by size.
 	itemBytes = 64
@@ -213,8 +220,10 @@ type quota struct {
 	// doubled while they bring nothing.
 	sentAt, dryAt int64
 	dryGap        int64
-	dryAsk        bool   // the last request sent was a dry ask
-	failed        string // an item error (unknown quota, invalid), logged once
+	dryAsk        bool // the last request sent was a dry ask
+	// sentNudged: the last request was sent because the leader nudged.
+	sentNudged bool
+	failed     string // an item error (unknown quota, invalid), logged once
 	// failedAt is when; a quota the coordinator cannot ever accept
 	// (invalid) is never asked again.
 	failedAt  int64
@@ -1027,6 +1036,7 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 	for _, q := range renews {
 		q.mu.Lock()
 		dryAsk := q.dry && !q.nudged && !q.confirm
+		q.sentNudged = q.nudged
 		demand := max(0, q.report(now)-q.copyRate())
 		it := q.h.Renewal(now, renewSeq, demand, 0)
 		if q.isDefault {
@@ -1136,10 +1146,19 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 			q.mirror(func(c *lease.Holding) { c.Adopt(now, seq, nl) })
 		}
 		l.m.granted.Add(g.Balance)
-		if q.h.Lease.Cap < oldCap || q.h.Lease.Rate < oldRate || q.h.Owed > 0 {
+		shrunk := q.h.Lease.Cap < oldCap || q.h.Lease.Rate < oldRate || q.h.Owed > 0
+		big := q.h.Lease.Cap < (1-confirmShrink)*oldCap || q.h.Lease.Rate < (1-confirmShrink)*oldRate || q.h.Owed > confirmShrink*q.h.Lease.Cap
+		if shrunk && (big || q.sentNudged) {
 			// A shrink is counted at the old size until confirmed: confirm
 			// it at once (giving back the excess) so the rate it frees
-			// reaches whoever wants it in a round trip.
+			// reaches whoever wants it in a round trip: when the leader
+			// asked for it (a nudge: someone is below its share), or when
+			// it frees enough to matter. A small shrink the holder was not
+			// asked for is confirmed at its next renewal: shares move by a
+			// few percent with every noisy demand report, and confirming
+			// each of them at once made every renewal answer trigger
+			// another request (the simulator, internal/sim, measured 3x
+			// the requests under contention).
 			q.confirm = true
 			l.mu.Lock()
 			l.early = append(l.early, q)
@@ -1147,8 +1166,12 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 			l.kick()
 		}
 		switch {
-		case q.h.Lease.Rate > oldRate*1.05 || q.h.Lease.Cap > oldCap*1.05:
-			q.dryGap = 0 // asking helped: ask again as soon as needed
+		case q.h.Lease.Rate > oldRate*dryHelped || q.h.Lease.Cap > oldCap*dryHelped:
+			// Asking helped: ask again as soon as needed. Only a real gain
+			// counts: a contended quota's share wanders by a few percent
+			// with the holders' demand reports, and resetting on that kept
+			// every holder of it asking every EarlyGap.
+			q.dryGap = 0
 		case q.dryAsk:
 			// Asking brought nothing (the quota is contended and this is
 			// the fair share): ask less often, down to the renew point;
