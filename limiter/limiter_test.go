@@ -327,8 +327,12 @@ rules:
 `
 	leased := writeRules(t, leasedYAML)
 	reg := prometheus.NewRegistry()
-	first := open(t, limiter.Config{RulesFile: writeRules(t, good), Redis: redis.Addr, Registerer: reg})
-	_ = first
+	// A limiter registered on reg: its series stay there after Close.
+	first, err := limiter.New(context.Background(), limiter.Config{RulesFile: writeRules(t, good), Redis: redis.Addr, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
 	before := runtime.NumGoroutine()
 	for _, tt := range []struct {
 		name string
