@@ -75,7 +75,7 @@ func benchQuotas(n int, shared bool) [][]*rationv1.QuotaRef {
 // startHolders makes a holder (named benchHolderName(i)) for each of
 // quotas and gives holder i its first lease of quotas[i] through
 // clients[i%len(clients)], parallel grants at a time.
-func startHolders(b *testing.B, ctx context.Context, clients []*coordinator.Client, quotas [][]*rationv1.QuotaRef, parallel int) []*holder {
+func startHolders(b testing.TB, ctx context.Context, clients []*coordinator.Client, quotas [][]*rationv1.QuotaRef, parallel int) []*holder {
 	hs := make([]*holder, len(quotas))
 	for i := range hs {
 		hs[i] = newHolder(benchHolderName(i))

@@ -32,3 +32,19 @@ func (n *Node) ReadState(fn func(*lease.State)) { n.fsm.read(fn) }
 
 // FmtNum is how the status page writes a number.
 var FmtNum = fmtNum
+
+// LeasesVisited is how many leases the node's nudge plans have read in its
+// current term (0 when it does not lead): the test hook of the planner's
+// cost.
+func (n *Node) LeasesVisited() int64 {
+	if t := n.term.Load(); t != nil {
+		return t.plan.visited.Load()
+	}
+	return 0
+}
+
+// The nudge planner's pacing (nudge.go).
+const (
+	PlanMin      = planMin
+	PlanPerLease = planPerLease
+)

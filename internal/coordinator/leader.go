@@ -36,6 +36,9 @@ type term struct {
 	// concurrent renewals of a new quota configure it once, not once per
 	// entry in flight.
 	configured map[string]lease.QuotaConfig
+
+	// plan holds the quotas to plan nudges for (nudge.go).
+	plan *planner
 }
 
 // maxInflight bounds the entries proposed but not yet applied. When they
@@ -132,6 +135,7 @@ func (n *Node) watchLeadership() {
 				queue:      make(chan *proposal, 4*n.cfg.BatchMax),
 				inflight:   make(chan *inflight, maxInflight),
 				configured: map[string]lease.QuotaConfig{},
+				plan:       newPlanner(),
 			}
 			n.term.Store(cur)
 			n.m.isLeader.Set(1)
@@ -174,10 +178,11 @@ func (n *Node) lead(t *term) {
 	t.ready.Store(true)
 	n.m.ready.Set(1)
 	n.logger.Info("leader ready: LeaderElected applied")
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.batch(t)
 	go n.respond(t)
 	go n.tick(t)
+	go n.planLoop(t)
 	if n.upClient != nil {
 		n.wg.Add(1)
 		go n.runUpstream(t)

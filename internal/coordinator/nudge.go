@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -175,32 +176,153 @@ func (s *leasesServer) Watch(req *rationv1.WatchRequest, stream rationv1.Leases_
 	}
 }
 
-// rebalance looks at quotas after a request by holder was applied and
-// nudges whoever should renew at once (see the top of this file). It only
-// reads the state. The requester itself is never nudged: its answer was
-// sized with what was free at that moment.
+// rebalance marks quotas for the leader's nudge planner after a request by
+// requester was applied (see the top of this file). It costs O(1) per
+// quota, whatever the number of the quota's holders: the plan itself
+// (planNudges, which reads every live lease of the quota) runs in the
+// term's planner (planLoop), once per quota per planning round, not once
+// per renewal.
 func (n *Node) rebalance(quotas []string, requester string) {
+	if len(quotas) == 0 {
+		return
+	}
+	if t := n.term.Load(); t != nil {
+		t.plan.mark(quotas, requester)
+	}
+}
+
+// Pacing of the nudge planner. A round plans every quota marked since the
+// last one, at most one round per planMin; a quota whose last plan read
+// n live leases is planned again no sooner than n * planPerLease after it
+// (and planMin at least). So the planner reads at most 1/planPerLease
+// leases per second per busy quota, whatever its number of holders, and a
+// renewal costs the leader O(1) on its way out: marking its quota.
+const (
+	planMin      = 5 * time.Millisecond
+	planPerLease = 20 * time.Microsecond
+)
+
+// planner holds the quotas marked since the last planning round of a term.
+type planner struct {
+	mu sync.Mutex
+	// dirty maps each marked quota to the holder of the last request that
+	// marked it ("" for a release): that holder is not nudged, since its
+	// answer was sized against the state the plan reads (the per-request
+	// exclusion of the plan's last request).
+	dirty map[string]string
+	wake  chan struct{} // cap 1
+	// visited counts the leases the plans read (tests, see
+	// LeasesVisited).
+	visited atomic.Int64
+}
+
+func newPlanner() *planner {
+	return &planner{dirty: map[string]string{}, wake: make(chan struct{}, 1)}
+}
+
+func (p *planner) mark(quotas []string, requester string) {
+	p.mu.Lock()
+	for _, q := range quotas {
+		p.dirty[q] = requester
+	}
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the marked quotas that are due at now (not held back by
+// next), leaving the others marked, and the earliest time one of those
+// is due (zero when none is left).
+func (p *planner) take(now time.Time, next map[string]time.Time) (map[string]string, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var soonest time.Time
+	var out map[string]string
+	for q, req := range p.dirty {
+		if at, ok := next[q]; ok && at.After(now) {
+			if soonest.IsZero() || at.Before(soonest) {
+				soonest = at
+			}
+			continue
+		}
+		if out == nil {
+			out = make(map[string]string, len(p.dirty))
+		}
+		out[q] = req
+		delete(p.dirty, q)
+	}
+	return out, soonest
+}
+
+// planLoop is the term's nudge planner: it plans the marked quotas in
+// rounds (see planMin and planPerLease) and queues the nudges on the
+// holders' Watch streams.
+func (n *Node) planLoop(t *term) {
+	defer n.wg.Done()
+	p := t.plan
+	next := map[string]time.Time{} // quota -> earliest next plan
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	type nudge struct{ holder, quota string }
 	var out []nudge
-	n.fsm.read(func(s *lease.State) {
-		for _, qid := range quotas {
-			switch live := s.LiveLeases(qid); {
-			case live == 0, live == 1 && requester != "":
-				continue // nobody else to move; the requester was just sized
-			}
-			shares, freeCap, freeRate, pool, ok := s.Shares(qid)
-			if !ok {
-				continue
-			}
-			for _, h := range planNudges(shares, freeCap, freeRate, pool) {
-				if h != requester {
-					out = append(out, nudge{h, qid})
-				}
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-p.wake:
+		case <-timer.C:
+		}
+		now := time.Now()
+		for q, at := range next {
+			if !at.After(now) {
+				delete(next, q)
 			}
 		}
-	})
-	for _, x := range out {
-		n.watch.nudge(x.holder, x.quota)
+		batch, soonest := p.take(now, next)
+		out = out[:0]
+		if len(batch) > 0 {
+			n.fsm.read(func(s *lease.State) {
+				for qid, requester := range batch {
+					switch live := s.LiveLeases(qid); {
+					case live == 0, live == 1 && requester != "":
+						continue // nobody else to move; the requester was just sized
+					}
+					shares, freeCap, freeRate, pool, ok := s.Shares(qid)
+					if !ok {
+						continue
+					}
+					p.visited.Add(int64(len(shares)))
+					if d := time.Duration(len(shares)) * planPerLease; d > planMin {
+						next[qid] = now.Add(d)
+					}
+					for _, h := range planNudges(shares, freeCap, freeRate, pool) {
+						if h != requester {
+							out = append(out, nudge{h, qid})
+						}
+					}
+				}
+			})
+		}
+		for _, x := range out {
+			n.watch.nudge(x.holder, x.quota)
+		}
+		// The next round: not before planMin, nor before the first quota
+		// held back is due; at once (after planMin) if more were marked.
+		wait := planMin
+		if !soonest.IsZero() {
+			wait = max(wait, time.Until(soonest))
+		}
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-time.After(planMin):
+		}
+		if wait > planMin {
+			timer.Reset(wait - planMin)
+		}
 	}
 }
 
