@@ -33,14 +33,15 @@ func BenchmarkRenew(b *testing.B) {
 }
 
 func benchRenew(b *testing.B, holders int) {
-	benchRenewOn(b, testRules, holders, false, 1)
+	benchRenewOn(b, testRules, holders, false, 1, benchSetup{})
 }
 
 // benchRenewOn runs renewLoop on a plaintext 3-node group with rulesYAML:
 // holders holders of quotas of per-tenant (one each, or with shared the
-// same one), their first leases granted parallel at a time.
-func benchRenewOn(b *testing.B, rulesYAML string, holders int, shared bool, parallel int) {
-	c := harness.StartCoordinators(b, 3, rulesYAML)
+// same one), their first leases granted parallel at a time, set up as
+// setup says.
+func benchRenewOn(b *testing.B, rulesYAML string, holders int, shared bool, parallel int, setup benchSetup) {
+	c := harness.StartCoordinators(b, 3, rulesYAML, setup.group...)
 	leader, _ := c.Leader(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -48,11 +49,20 @@ func benchRenewOn(b *testing.B, rulesYAML string, holders int, shared bool, para
 	// load the way several agent processes would.
 	clients := make([]*coordinator.Client, min(holders, 8))
 	for i := range clients {
-		clients[i] = c.Client(coordinator.ClientOptions{})
+		clients[i] = c.Client(setup.client)
 	}
 	quotas := benchQuotas(holders, shared)
 	hs := startHolders(b, ctx, clients, quotas, parallel)
-	renewLoop(b, ctx, c.Registry(leader), clients, hs, quotas, nil)
+	renewLoop(b, ctx, c.Registry(leader), clients, hs, quotas, setup.cpu)
+}
+
+// benchSetup adjusts benchRenewOn: the nodes' configuration (group, as
+// harness.StartCoordinators' opts), the clients' options, and the CPU
+// clock renewLoop reports CPU per renewal with (nil: none).
+type benchSetup struct {
+	group  []func(*coordinator.Config)
+	client coordinator.ClientOptions
+	cpu    func(*testing.B) time.Duration
 }
 
 // benchHolderName is holder i's agent id (and its certificate's).
