@@ -45,6 +45,11 @@ type FSM struct {
 	stopped error
 
 	restores atomic.Uint64
+	// tuneGen changes (under mu) whenever the operators' tunings may have:
+	// a Tune command applied, a snapshot restored. tuningOf caches the
+	// tunings it read by it, so that a renewal does not wait for the
+	// FSM's lock (an entry being applied) to read them.
+	tuneGen atomic.Uint64
 }
 
 var (
@@ -101,6 +106,9 @@ func (f *FSM) Apply(l *raft.Log) any {
 		switch o.typ {
 		case entryCommand:
 			r, err := f.state.Apply(cmds[i])
+			if cmds[i].Kind() == lease.KindTune {
+				f.tuneGen.Add(1)
+			}
 			if errors.Is(err, lease.ErrUnknownCommand) {
 				// Decoded but not appliable: the same divergence risk as an
 				// undecodable entry. Commands before it in a batch were
@@ -194,6 +202,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.state, f.members, f.admins, f.applied = snap.state, snap.members, snap.admins, snap.index
 	f.restores.Add(1)
+	f.tuneGen.Add(1)
 	f.logger.Info("state restored from snapshot", "index", snap.index)
 	return nil
 }

@@ -67,6 +67,7 @@ type Node struct {
 	watch   watchers
 	incs    incarnations
 	lastNow atomic.Int64 // the last timestamp this node stamped, µs
+	tunings tuningCache  // tuningOf's (tune.go)
 	// status is the status page's charts and leader changes (status.go).
 	status statusState
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ration-dev/ration/internal/lease"
@@ -192,10 +193,39 @@ func tuningProto(t lease.Tuning) *rationv1.Tuning {
 }
 
 // tuningOf reads the effective tuning of rule in reg (over the default).
+// Renewals read it for every item: it answers from n.tunings while the
+// FSM's tunings are those it was filled from (FSM.tuneGen), without the
+// FSM's lock, which an entry being applied holds for milliseconds.
 func (n *Node) tuningOf(rule, reg string) lease.Tuning {
-	var t lease.Tuning
-	n.fsm.read(func(s *lease.State) { t, _ = s.Tuning(rule, reg) })
+	c := &n.tunings
+	key := [2]string{rule, reg}
+	gen := n.fsm.tuneGen.Load()
+	c.mu.Lock()
+	t, ok := c.m[key]
+	ok = ok && c.gen == gen
+	c.mu.Unlock()
+	if ok {
+		return t
+	}
+	n.fsm.read(func(s *lease.State) {
+		t, _ = s.Tuning(rule, reg)
+		gen = n.fsm.tuneGen.Load() // the generation t is of
+	})
+	c.mu.Lock()
+	if c.gen != gen || c.m == nil {
+		c.gen, c.m = gen, map[[2]string]lease.Tuning{}
+	}
+	c.m[key] = t
+	c.mu.Unlock()
 	return t
+}
+
+// tuningCache holds effective tunings by rule and region, of the FSM's
+// tunings generation gen.
+type tuningCache struct {
+	mu  sync.Mutex
+	gen uint64
+	m   map[[2]string]lease.Tuning
 }
 
 // tuneQuota applies the quota-level tuning to a quota's shape.
