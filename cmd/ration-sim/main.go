@@ -33,7 +33,7 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ration-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	config := fs.String("config", "small", "the run: small (4 regions x 25 agents, 90s simulated) or reference (20 regions x 500 agents, 1,000,000 decisions/s, 10 min)")
+	config := fs.String("config", "small", "the run: small (4 regions x 25 agents, 90s simulated) or reference (20 regions x 500 agents, 1,000,000 decisions/s on average, 10 min)")
 	seed := fs.Uint64("seed", 1, "the seed: one seed is one exact run")
 	out := fs.String("out", "", "directory to write the plots (SVG) and the report into; empty: the report on stdout only")
 	duration := fs.Duration("duration", 0, "simulated time, instead of the configuration's (the fault schedule scales with it)")

@@ -17,8 +17,9 @@ type Config struct {
 	// Duration is simulated time; Step is how often each agent's
 	// decisions are made (all of one step's at the step's instant).
 	Duration, Step time.Duration
-	// Rate is the offered decisions per second, all regions together, at
-	// the top of the diurnal wave (which swings between 0.6 and 1 of it).
+	// Rate is the offered decisions per second, all regions together, on
+	// average over the run: the diurnal wave swings between 0.75 and 1.25
+	// of it.
 	Rate float64
 	// HotSubjects is how many subjects the hot rule has per region, drawn
 	// by a Zipf law of exponent Zipf.
@@ -80,8 +81,9 @@ func Small() Config {
 	return c
 }
 
-// Reference is the reference run: 20 regions, 10,000 agents,
-// 1,000,000 decisions per second at the top of the wave, 10 minutes.
+// Reference is the reference run: 20 regions, 10,000 agents, 1,000,000
+// decisions per second on average (1,250,000 at the top of the wave), 10
+// minutes.
 func Reference() Config {
 	return Config{
 		Name:            "reference",

@@ -1,6 +1,9 @@
 package sim
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // fault is one injected failure or demand change, from..to.
 type fault struct {
@@ -9,6 +12,9 @@ type fault struct {
 	start, stop func()
 	// shift: a demand change whose follow time is measured, on these keys.
 	shift []int
+	// darkRegion >= 0: a region whose demand stops; its upstream share of
+	// the global rule is followed down and back up.
+	darkRegion int
 }
 
 // schedule is the fault schedule of a run with Faults: the same for every
@@ -66,9 +72,13 @@ func schedule(s *Sim) []fault {
 	// moves to the other regions (measured: time to follow).
 	r3 := 3 % R
 	fs = append(fs, fault{name: fmt.Sprintf("region %s dark", s.regionName(r3)), from: at(0.40), to: at(0.40) + span(0.10),
-		start: func() { s.dark[r3] = true; s.logf("demand: region %s goes dark", s.regionName(r3)) },
-		stop:  func() { s.dark[r3] = false; s.logf("demand: region %s back", s.regionName(r3)) },
-		shift: []int{s.specs[ruleGlobal+"|"].key},
+		start: func() {
+			s.dark[r3] = true
+			s.darkRef[r3] = s.upRates[r3][max(0, int(s.now/1e6)-1)]
+			s.logf("demand: region %s goes dark", s.regionName(r3))
+		},
+		stop:       func() { s.dark[r3] = false; s.logf("demand: region %s back", s.regionName(r3)) },
+		darkRegion: r3,
 	})
 
 	// 5. A flash crowd on the least popular hot subject of region 0.
@@ -115,6 +125,11 @@ func schedule(s *Sim) []fault {
 
 	// 8. A regional group's leader crashes.
 	fs = append(fs, crash(s, s.groups[1+6%R], at(0.85), at(0.85)+span(0.03)))
+	for i := range fs {
+		if !strings.HasSuffix(fs[i].name, " dark") {
+			fs[i].darkRegion = -1
+		}
+	}
 	return fs
 }
 

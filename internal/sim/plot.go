@@ -94,7 +94,7 @@ func (r *Report) LoadSVG(w io.Writer) error {
 // svg draws panels in a grid of cols columns: axes, a y scale, lines, and
 // a legend per panel.
 func svg(w io.Writer, title string, ps []panel, cols int) error {
-	const pw, ph, pad, top = 420, 190, 48, 40
+	const pw, ph, pad, top = 420, 215, 48, 40
 	rows := (len(ps) + cols - 1) / cols
 	W, H := cols*pw, top+rows*ph
 	var b strings.Builder
@@ -103,6 +103,13 @@ func svg(w io.Writer, title string, ps []panel, cols int) error {
 	for i, p := range ps {
 		x0, y0 := (i%cols)*pw+pad, top+(i/cols)*ph+18
 		iw, ih := pw-pad-12, ph-48
+		// At most maxPoints per line: the mean of each run of k seconds
+		// (a 10-minute run would otherwise write 600 points per line).
+		secs := 0
+		for j := range p.lines {
+			secs = max(secs, len(p.lines[j].ys))
+			p.lines[j].ys = thin(p.lines[j].ys, maxPoints)
+		}
 		ymax, n := 0.0, 0
 		for _, l := range p.lines {
 			for _, y := range l.ys {
@@ -117,7 +124,7 @@ func svg(w io.Writer, title string, ps []panel, cols int) error {
 		fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11">%s</text>`+"\n", x0, y0-6, esc(p.title))
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#888"/>`+"\n", x0, y0, iw, ih)
 		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%s</text><text x="%d" y="%d" text-anchor="end">0</text>`+"\n", x0-3, y0+8, human(ymax), x0-3, y0+ih)
-		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%ds</text>`+"\n", x0+iw, y0+ih+12, n)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%ds</text>`+"\n", x0+iw, y0+ih+12, secs)
 		for _, l := range p.lines {
 			if len(l.ys) == 0 {
 				continue
@@ -143,6 +150,26 @@ func svg(w io.Writer, title string, ps []panel, cols int) error {
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+const maxPoints = 200
+
+// thin averages ys down to at most max points.
+func thin(ys []float64, max int) []float64 {
+	k := (len(ys) + max - 1) / max
+	if k <= 1 {
+		return ys
+	}
+	out := make([]float64, 0, len(ys)/k+1)
+	for i := 0; i < len(ys); i += k {
+		sum, n := 0.0, 0
+		for j := i; j < i+k && j < len(ys); j++ {
+			sum += ys[j]
+			n++
+		}
+		out = append(out, sum/float64(n))
+	}
+	return out
 }
 
 func human(v float64) string {

@@ -167,6 +167,15 @@ func (s *Sim) report() *Report {
 			}
 		}
 	}
+	for _, f := range s.faults {
+		if f.darkRegion < 0 {
+			continue
+		}
+		q := ruleGlobal + "| upstream " + s.regionName(f.darkRegion)
+		r.Shifts = append(r.Shifts,
+			Shift{Fault: f.name, Edge: "start", Quota: q, Follow: s.shareFollow(f.darkRegion, f.from, f.to, false)},
+			Shift{Fault: f.name, Edge: "end", Quota: q, Follow: s.shareFollow(f.darkRegion, f.to, min(f.to+(f.to-f.from), s.end), true)})
+	}
 	for _, g := range s.groups {
 		gl := GroupLoad{Name: g.name}
 		n := float64(len(g.load.requests))
@@ -228,11 +237,33 @@ func (s *Sim) follow(sp *spec, from, to int64) time.Duration {
 	return -1
 }
 
+// shareFollow is how long after from region reg's upstream lease of the
+// global rule fell below a tenth of its rate at from (back: came back to
+// 0.9 of its rate just before the region went dark), sampled each second;
+// -1 when not within [from, to).
+func (s *Sim) shareFollow(reg int, from, to int64, back bool) time.Duration {
+	rates := s.upRates[reg]
+	i0 := int(from / 1e6)
+	if i0 < 1 || i0 >= len(rates) {
+		return -1
+	}
+	ref := rates[i0-1]
+	if back {
+		ref = s.darkRef[reg]
+	}
+	for i := i0; i < len(rates) && int64(i)*1e6 < to; i++ {
+		if (!back && rates[i] <= 0.1*ref) || (back && rates[i] >= 0.9*ref) {
+			return time.Duration(int64(i)*1e6-from) * time.Microsecond
+		}
+	}
+	return -1
+}
+
 // Text writes the report.
 func (r *Report) Text(w io.Writer) {
 	c := r.Config
 	var b strings.Builder
-	fmt.Fprintf(&b, "ration-sim %s, seed %d: %d regions x %d agents = %d agents, %v simulated, %.0f decisions/s at peak\n",
+	fmt.Fprintf(&b, "ration-sim %s, seed %d: %d regions x %d agents = %d agents, %v simulated, %.0f decisions/s on average\n",
 		c.Name, c.Seed, c.Regions, c.AgentsPerRegion, c.Regions*c.AgentsPerRegion, c.Duration, c.Rate)
 	fmt.Fprintf(&b, "decisions %d, admitted %d (%.4f); messages %d (lost %d, cut %d, duplicated %d); holder rounds %d; elections %d; agent crashes %d\n",
 		r.Stats.decisions, r.Stats.admitted, float64(r.Stats.admitted)/math.Max(1, float64(r.Stats.decisions)),
@@ -249,13 +280,13 @@ func (r *Report) Text(w io.Writer) {
 		fmt.Fprintf(&b, "  %-22s %12.1f %12.1f %12d %12d %10.1f %10.1f %8s\n", q.ID, q.Burst, q.Rate, q.Admitted, q.Demand, q.Excess, q.RawExcess, fmtUtil(q.Utilisation))
 	}
 	fmt.Fprintf(&b, "\nutilisation in steady state (goal >= 0.95): %s\n", r.utilSummary())
-	fmt.Fprintf(&b, "\ndemand shifts (time until admitted >= 0.9 min(demand, r) in a 1s window):\n")
+	fmt.Fprintf(&b, "\ndemand shifts (a quota: time until admitted >= 0.9 min(demand, r) in a 1s window; an upstream share:\ntime until the dark region's lease of the global rule is below 0.1 of its rate, then back to 0.9, sampled each second):\n")
 	for _, sh := range r.Shifts {
 		f := "not reached within the span"
 		if sh.Follow >= 0 {
 			f = sh.Follow.String()
 		}
-		fmt.Fprintf(&b, "  %-28s %-6s %-22s %s\n", sh.Fault, sh.Edge, sh.Quota, f)
+		fmt.Fprintf(&b, "  %-28s %-6s %-28s %s\n", sh.Fault, sh.Edge, sh.Quota, f)
 	}
 	fmt.Fprintf(&b, "\ncoordinator load (mean over the run; peak second):\n")
 	fmt.Fprintf(&b, "  %-12s %12s %12s %12s %12s %10s %10s %10s\n", "group", "requests/s", "items/s", "entries/s", "bytes/s", "peak req", "peak items", "peak B/s")

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -67,10 +68,15 @@ type Sim struct {
 	rules       map[string]*rules.Rule
 	agentQuotas [][]pick
 	// flash, dark: demand changes in force (fault schedule).
-	dark    []bool
-	flash   []int // per region: the hot subject in a flash crowd, -1: none
-	faults  []fault
-	rec     *recorder
+	dark   []bool
+	flash  []int // per region: the hot subject in a flash crowd, -1: none
+	faults []fault
+	rec    *recorder
+	// upRates: each region's upstream lease rate of the global rule, per
+	// second (the global group's view); darkRef: a dark region's rate just
+	// before it went dark.
+	upRates [][]float64
+	darkRef []float64
 	stats   stats
 	log     []string
 	fails   []string
@@ -126,6 +132,11 @@ func New(cfg Config) (*Sim, error) {
 	}
 	s.buildQuotas()
 	s.rec = newRecorder(len(s.keys), int(s.end/us(cfg.Step))+1)
+	s.upRates = make([][]float64, R)
+	for i := range s.upRates {
+		s.upRates[i] = make([]float64, int(s.end/1e6)+1)
+	}
+	s.darkRef = make([]float64, R)
 
 	// Groups: the global one has a node in each of the first three
 	// regions; each region's has three nodes in the region.
@@ -169,15 +180,15 @@ func (s *Sim) regionName(r int) string {
 	return fmt.Sprintf("r%02d", r)
 }
 
-// diurnal is the demand's wave: 0.6 of the peak at the start and end of
-// the run, 1 in its middle.
+// diurnal is the demand's wave around its mean: 0.75 of it at the start
+// and end of the run, 1.25 in its middle, 1 on average.
 func (s *Sim) diurnal(t int64) float64 {
-	return 0.8 - 0.2*math.Cos(2*math.Pi*float64(t)/float64(s.end))
+	return 1 - 0.25*math.Cos(2*math.Pi*float64(t)/float64(s.end))
 }
 
 func (s *Sim) buildQuotas() {
 	cfg := s.cfg
-	mean := 0.8 * cfg.Rate // the wave's mean
+	mean := cfg.Rate // the wave's mean
 	mk := func(name string, rate float64) *rules.Rule {
 		r := &rules.Rule{Name: name, Burst: rate * cfg.BurstSeconds, Rate: rate, Mode: rules.ModeLeased, OnFailure: rules.FailClosed, Lease: rules.Lease{Period: cfg.LeasePeriod}}
 		s.rules[name] = r
@@ -359,6 +370,21 @@ func (s *Sim) decide() {
 	}
 }
 
+// sampleShares records each region's upstream lease rate of the global
+// rule as the global group holds it.
+func (s *Sim) sampleShares() {
+	i := min(int(s.now/1e6), len(s.upRates[0])-1)
+	for _, l := range s.global.st.Leases(ruleGlobal + "|") {
+		if id, ok := region.FromHolder(l.Holder); ok {
+			for r := range s.upRates {
+				if s.regionName(r) == string(id) {
+					s.upRates[r][i] = l.Rate
+				}
+			}
+		}
+	}
+}
+
 func (s *Sim) logf(format string, args ...any) {
 	s.log = append(s.log, fmt.Sprintf("%9.3fs  ", float64(s.now)/1e6)+fmt.Sprintf(format, args...))
 }
@@ -397,6 +423,7 @@ func (s *Sim) Run() (*Report, error) {
 		s.at(f.to, f.stop)
 	}
 	s.every(us(s.cfg.Step), us(s.cfg.Step), s.decide)
+	s.every(1e6, 1e6, s.sampleShares)
 	if s.Progress != nil {
 		s.every(60_000_000, 60_000_000, func() {
 			fmt.Fprintf(s.Progress, "ration-sim: %v of %v simulated, %d decisions, wall clock %v\n",
