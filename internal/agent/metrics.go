@@ -2,8 +2,11 @@ package agent
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/internal/rules"
 )
 
 // metrics are the agent's Prometheus series. Labels are bounded: rule names
@@ -11,6 +14,13 @@ import (
 type metrics struct {
 	decisions            *prometheus.CounterVec // rule, path, result, reason
 	decisionCache        sync.Map               // decisionKey -> prometheus.Counter
+	// byRule holds each rule's decision counters, resolved once per rule
+	// and combination (ruleCounters): a decision finds its counter by the
+	// rule's pointer and three small indexes, with no label hashing and no
+	// lookup by name. Rebuilt by forgetRules for each set of rules.
+	byRule atomic.Pointer[map[*rules.Rule]*ruleCounters]
+	// durationOf caches duration's observer of each path.
+	durationOf [len(pathNames)]atomic.Pointer[observerRef]
 	noRule               prometheus.Counter
 	invalid              prometheus.Counter
 	duration             *prometheus.HistogramVec // path
@@ -150,6 +160,56 @@ func (m *metrics) decision(rule string, p path, allowed bool, r Reason) promethe
 	return c
 }
 
+// ruleCounters are one rule's decisions counters, by path, result and
+// reason, each resolved (WithLabelValues) at its first use: a series is
+// exported once it has counted, as when every decision looked it up.
+type ruleCounters [len(pathNames)][2][len(reasonNames)]atomic.Pointer[counterRef]
+
+type counterRef struct{ prometheus.Counter }
+
+type observerRef struct{ prometheus.Observer }
+
+// ruleDecision is decision for a rule of the set in force: the counter
+// held for the rule, found by its pointer. A rule of another set (one
+// decided while a reload swaps the sets) goes through decision.
+func (m *metrics) ruleDecision(r *rules.Rule, p path, allowed bool, reason Reason) prometheus.Counter {
+	if t := m.byRule.Load(); t != nil && int(reason) < len(reasonNames) {
+		if rc := (*t)[r]; rc != nil {
+			res := 0
+			if allowed {
+				res = 1
+			}
+			slot := &rc[p][res][reason]
+			if c := slot.Load(); c != nil {
+				return c.Counter
+			}
+			c := m.decision(r.Name, p, allowed, reason)
+			slot.Store(&counterRef{c})
+			return c
+		}
+	}
+	return m.decision(r.Name, p, allowed, reason)
+}
+
+// durationFor is duration's observer of path p, cached.
+func (m *metrics) durationFor(p path) prometheus.Observer {
+	slot := &m.durationOf[p]
+	if o := slot.Load(); o != nil {
+		return o.Observer
+	}
+	o := m.duration.WithLabelValues(p.String())
+	slot.Store(&observerRef{o})
+	return o
+}
+
 // forgetRules drops cached counters (after a reload, so removed rules'
-// series are not kept alive by the cache).
-func (m *metrics) forgetRules() { m.decisionCache.Clear() }
+// series are not kept alive by the cache) and makes room for the
+// counters of set's rules.
+func (m *metrics) forgetRules(set *rules.Set) {
+	t := make(map[*rules.Rule]*ruleCounters, len(set.Rules()))
+	for _, r := range set.Rules() {
+		t[r] = new(ruleCounters)
+	}
+	m.byRule.Store(&t)
+	m.decisionCache.Clear()
+}

@@ -129,7 +129,7 @@ func New(o Options) (*Service, error) {
 // RulesChanged updates what is derived from the rules (metrics of the
 // bounds in force). Call it after a reload.
 func (s *Service) RulesChanged(set *rules.Set) {
-	s.metrics.forgetRules()
+	s.metrics.forgetRules(set)
 	s.metrics.overshootBound.Reset()
 	for _, r := range set.Rules() {
 		s.metrics.overshootBound.WithLabelValues(r.Name).Set(OvershootBound(r))
@@ -197,7 +197,7 @@ func (s *Service) observe(steps []step, out []Response, errs []error, d time.Dur
 			s.metrics.replays.WithLabelValues(st.rule.Name).Inc()
 			continue
 		}
-		s.metrics.decision(st.rule.Name, st.path, st.allowed, st.reason).Inc()
+		s.metrics.ruleDecision(st.rule, st.path, st.allowed, st.reason).Inc()
 		if st.path == pathRedis || slowest == pathNone {
 			slowest = st.path
 		}
@@ -207,5 +207,5 @@ func (s *Service) observe(steps []step, out []Response, errs []error, d time.Dur
 			s.metrics.noRule.Inc()
 		}
 	}
-	s.metrics.duration.WithLabelValues(slowest.String()).Observe(d.Seconds())
+	s.metrics.durationFor(slowest).Observe(d.Seconds())
 }
