@@ -12,15 +12,15 @@ import (
 // metrics are the agent's Prometheus series. Labels are bounded: rule names
 // come from the rules file (at most rules.MaxRules), never subjects.
 type metrics struct {
-	decisions            *prometheus.CounterVec // rule, path, result, reason
-	decisionCache        sync.Map               // decisionKey -> prometheus.Counter
+	decisions     *prometheus.CounterVec // rule, path, result, reason
+	decisionCache sync.Map               // decisionKey -> prometheus.Counter
 	// byRule holds each rule's decision counters, resolved once per rule
 	// and combination (ruleCounters): a decision finds its counter by the
 	// rule's pointer and three small indexes, with no label hashing and no
 	// lookup by name. Rebuilt by forgetRules for each set of rules.
 	byRule atomic.Pointer[map[*rules.Rule]*ruleCounters]
 	// durationOf caches duration's observer of each path.
-	durationOf [len(pathNames)]atomic.Pointer[observerRef]
+	durationOf           [len(pathNames)]atomic.Pointer[observerRef]
 	noRule               prometheus.Counter
 	invalid              prometheus.Counter
 	duration             *prometheus.HistogramVec // path
