@@ -167,7 +167,18 @@ func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Respons
 // decideBatch is DecideBatch; round > 0 decides again requests that found
 // another attempt of themselves in flight (resolveWaiting).
 func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Response, errs []error, round int) {
-	start := time.Now()
+	// One clock read starts the batch. With leases it is theirs (a
+	// monotonic reading, in microseconds), which is also the now of the
+	// batch's leased spends: a leased decision reads the clock once here
+	// and once at the end, for its duration, and nowhere else. Without
+	// leases it is time.Now.
+	var start time.Time
+	var leaseStart int64
+	if s.leases != nil {
+		leaseStart = s.leases.Now()
+	} else {
+		start = time.Now()
+	}
 	var recStart int64
 	if s.rec != nil {
 		recStart = monoNow()
@@ -209,10 +220,13 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 	// the others never touch it.
 	var cs *claims
 	if withID && s.ids != nil {
+		if start.IsZero() {
+			start = time.Now()
+		}
 		cs = s.ids.claimBatch(s.ids.now(start), reqs, items, steps)
 	}
 
-	s.charge(ctx, steps)
+	s.charge(ctx, steps, leaseStart)
 
 	for i := range items {
 		it := &items[i]
@@ -247,7 +261,13 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 	if cs != nil {
 		s.ids.settle(cs, items, steps, out)
 	}
-	s.observe(steps, out, errs, time.Since(start))
+	var d time.Duration
+	if s.leases != nil {
+		d = time.Duration(s.leases.Now()-leaseStart) * time.Microsecond
+	} else {
+		d = time.Since(start)
+	}
+	s.observe(steps, out, errs, d)
 	if cs != nil && cs.waiting > 0 {
 		s.resolveWaiting(ctx, cs, reqs, items, steps, out, errs, round)
 	}
@@ -297,7 +317,11 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 			return steps, fmt.Errorf("%w: rule %s is scope: global and has no share for region %q", ErrInvalidRequest, m.Rule.Name, s.cfg.Region)
 		}
 		key := m.Key // made with the subject, when the match made it
-		if key == "" {
+		// A leased rule's bucket key is made only if a path needs it (the
+		// record of request ids, an emergency bucket: step.key): spent on
+		// its lease, the decision never uses it.
+		lazyKey := key == "" && m.Rule.Mode == rules.ModeLeased
+		if key == "" && !lazyKey {
 			key = bucket.Key(m.Rule.Name, m.Subject)
 		}
 		br := bucket.Request{
@@ -306,8 +330,14 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 			Cost:      req.Cost,
 			RequestID: req.RequestID,
 		}
+		if lazyKey {
+			br.Key = pendingKey // what Validate checks of it: Key never makes an empty key
+		}
 		if err := br.Validate(); err != nil {
 			return steps, fmt.Errorf("%w: rule %s: %w", ErrInvalidRequest, m.Rule.Name, err)
+		}
+		if lazyKey {
+			br.Key = ""
 		}
 		// The coordinator names a leased quota rule|subject and refuses
 		// longer names; such a request can never be granted, and sent on it
@@ -329,6 +359,19 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 	return steps, nil
 }
 
+// pendingKey stands for a leased step's bucket key, made later if at all,
+// while its request is validated.
+const pendingKey = "pending"
+
+// key is the step's bucket key, made now if prepare left it to be made
+// (a leased rule's).
+func (st *step) key() string {
+	if st.req.Key == "" {
+		st.req.Key = bucket.Key(st.rule.Name, st.subject)
+	}
+	return st.req.Key
+}
+
 // prepareAuto makes br a hot-key request (bucket.Request.Hot) for a mode
 // auto rule's subject: its own bucket key (the plain script never touches
 // it, so a rule that changes mode starts afresh), no request id in the
@@ -348,9 +391,9 @@ func (s *Service) prepareAuto(set *rules.Set, m rules.Match, br *bucket.Request)
 
 // charge decides every step: leased ones locally, store ones in one round
 // trip (unless the breaker says the store is down), the rest by policy.
-func (s *Service) charge(ctx context.Context, steps []step) {
+// leaseNow is the leases' clock at the batch's start (0: not read).
+func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 	nStore := 0
-	var leaseNow int64
 	hotStore := false // a mode auto step goes to the store: it may report a promotion
 	s.prepareLeases(steps)
 	for i := range steps {

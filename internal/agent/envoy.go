@@ -272,7 +272,7 @@ func (s *Service) decideAll(ctx context.Context, reqs []Request, out []Response)
 		items[i].n = len(steps) - items[i].first
 	}
 
-	s.charge(ctx, steps)
+	s.charge(ctx, steps, 0)
 
 	denied := false
 	for i := range items {

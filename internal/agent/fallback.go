@@ -77,6 +77,7 @@ func (f *fallback) decide(ctx context.Context, st *step, down time.Duration) {
 			st.allowed, st.reason = false, ReasonUnavailable
 			return
 		}
+		st.key() // the emergency bucket is the rule's key in the local store
 		req := st.req
 		req.Limit = bucket.Limit{Burst: r.Emergency.Burst, Rate: r.Emergency.Rate}
 		// A retry with the same id is answered from the agent's record of

@@ -120,7 +120,7 @@ func (r *requestRecord) key(id string, steps []step) (recordKey, *recordShard) {
 	h.WriteString(id)
 	for i := range steps {
 		h.WriteByte(0)
-		h.WriteString(steps[i].req.Key)
+		h.WriteString(steps[i].key())
 	}
 	k := recordKey{id: id, h: h.Sum64()}
 	return k, &r.shards[k.h%recordShards]
