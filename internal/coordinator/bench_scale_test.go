@@ -27,9 +27,10 @@ import (
 // assists, 10,000 runnable client goroutines) made it step down.
 //
 // 1,000 and 10,000 concurrent holders run only with RATION_BENCH_SCALE
-// set: on a 2-core machine the loopback group loses its leader under them
-// (docs/performance.md, "Coordinator renewals at scale"), and `make bench`
-// runs every benchmark with -bench . and would report that as a failure.
+// set: they take minutes with their grants and load two cores fully, and
+// `make bench` runs every benchmark with -bench . (before the leader's
+// nudge plan left the renewal path, the group also lost its leader under
+// them: docs/performance.md, "Coordinator renewals at scale").
 //
 //	RATION_BENCH_SCALE=1 go test -run '^$' -bench RenewScale -benchtime 20000x ./internal/coordinator/
 func BenchmarkRenewScale(b *testing.B) {
