@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"pgregory.net/rapid"
 )
 
 // tiny is Small cut down to run in seconds under the race detector, with
@@ -171,4 +173,26 @@ func TestPlotsAreSVG(t *testing.T) {
 			t.Fatalf("%s: %d lines drawn", name, lines)
 		}
 	}
+}
+
+// excess is the brute-force maximum over every window, in one pass.
+func TestExcessMatchesEveryWindow(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		adm := rapid.SliceOfN(rapid.Int32Range(0, 50), 0, 60).Draw(t, "adm")
+		b := float64(rapid.IntRange(1, 100).Draw(t, "b"))
+		rate := float64(rapid.IntRange(0, 300).Draw(t, "rate"))
+		const step = 100_000
+		want := 0.0
+		for i := range adm {
+			var sum float64
+			for j := i; j < len(adm); j++ {
+				sum += float64(adm[j])
+				dt := float64(int64(j-i)*step) / 1e6
+				want = math.Max(want, sum-b-rate*dt)
+			}
+		}
+		if got := excess(adm, step, b, rate); math.Abs(got-want) > 1e-6*(1+want) && !(want > 0 && got == 0 && want <= 1e-9*(b+rate*float64(int64(len(adm))*step)/1e6)) {
+			t.Fatalf("excess = %v, brute force %v", got, want)
+		}
+	})
 }
