@@ -20,7 +20,10 @@ import (
 )
 
 // Shares move in round trips, not in lease periods. After every Renew the
-// leader looks at the quotas it touched (rebalance): when a holder is
+// leader marks the quotas it touched (rebalance), and its planner looks at
+// each marked quota within a few milliseconds (planLoop; once per round, not
+// once per renewal, so that a renewal's cost does not grow with the
+// quota's holders): when a holder is
 // materially below its fair share (a newcomer, or a demand that rose), it
 // tells the holders above theirs to renew at once, over each holder's Watch
 // stream. Their renewal shrinks them (the shrink stays reserved at the old
