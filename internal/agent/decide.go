@@ -324,17 +324,18 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 		if key == "" && !lazyKey {
 			key = bucket.Key(m.Rule.Name, m.Subject)
 		}
-		br := bucket.Request{
-			Key:       key,
-			Limit:     limit,
-			Cost:      req.Cost,
-			RequestID: req.RequestID,
-		}
+		// The step is built in place: a step is large, and copying one in
+		// costs a leased decision more than its validation.
+		steps = append(steps, step{})
+		st := &steps[len(steps)-1]
+		st.rule, st.subject, st.item, st.rid = m.Rule, m.Subject, idx, req.RequestID
+		br := &st.req
+		br.Key, br.Limit, br.Cost, br.RequestID = key, limit, req.Cost, req.RequestID
 		if lazyKey {
 			br.Key = pendingKey // what Validate checks of it: Key never makes an empty key
 		}
 		if err := br.Validate(); err != nil {
-			return steps, fmt.Errorf("%w: rule %s: %w", ErrInvalidRequest, m.Rule.Name, err)
+			return steps[:len(steps)-1], fmt.Errorf("%w: rule %s: %w", ErrInvalidRequest, m.Rule.Name, err)
 		}
 		if lazyKey {
 			br.Key = ""
@@ -344,17 +345,17 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 		// would fail the renewal of every lease of this agent.
 		if m.Rule.Mode == rules.ModeLeased {
 			if n := len(m.Rule.Name) + 1 + len(m.Subject); n > lease.MaxNameLen {
-				return steps, fmt.Errorf("%w: rule %s is leased and its quota id (rule|subject) would be %d bytes, at most %d: use a shorter subject (descriptor values)",
+				return steps[:len(steps)-1], fmt.Errorf("%w: rule %s is leased and its quota id (rule|subject) would be %d bytes, at most %d: use a shorter subject (descriptor values)",
 					ErrInvalidRequest, m.Rule.Name, n, lease.MaxNameLen)
 			}
 			if !utf8.ValidString(m.Subject) {
-				return steps, fmt.Errorf("%w: rule %s is leased and its subject is not valid UTF-8", ErrInvalidRequest, m.Rule.Name)
+				return steps[:len(steps)-1], fmt.Errorf("%w: rule %s is leased and its subject is not valid UTF-8", ErrInvalidRequest, m.Rule.Name)
 			}
 		}
 		if m.Rule.Mode == rules.ModeAuto {
-			s.prepareAuto(set, m, &br)
+			s.prepareAuto(set, m, br)
 		}
-		steps = append(steps, step{rule: m.Rule, subject: m.Subject, req: br, limit: br.Limit, item: idx, rid: req.RequestID})
+		st.limit = br.Limit
 	}
 	return steps, nil
 }
@@ -557,8 +558,8 @@ func (s *Service) decideAfterLapse(ctx context.Context, steps []step, again []in
 // first is decided, when there are several: a batch of new subjects then
 // waits for one round of grants, not for each subject's grant in turn.
 func (s *Service) prepareLeases(steps []step) {
-	p, ok := s.leases.(leasePreparer)
-	if !ok {
+	p := s.preparer
+	if p == nil {
 		return
 	}
 	n := 0

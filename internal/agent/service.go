@@ -56,6 +56,7 @@ type Service struct {
 	rules    RuleSource
 	store    Store
 	leases   Leases
+	preparer leasePreparer // leases', if they have Prepare
 	logger   *slog.Logger
 	metrics  *metrics
 	breaker  *breaker.Breaker
@@ -93,6 +94,7 @@ func New(o Options) (*Service, error) {
 		o.Registry = prometheus.NewRegistry()
 	}
 	s := &Service{cfg: o, rules: o.Rules, store: o.Store, leases: o.Leases, logger: o.Logger}
+	s.preparer, _ = o.Leases.(leasePreparer)
 	s.metrics = newMetrics(o.Registry)
 	hotClock := func() int64 { return 0 }
 	if o.Leases != nil {
