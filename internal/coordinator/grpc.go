@@ -144,11 +144,11 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 			if r.Result.Lease == nil || r.Result.Lease.Quota != p.ops[j].cmd.(lease.Grant).Quota {
 				return nil, n.rpcError(ctx, errSeqReused(req.Seq))
 			}
-			fillGrant(grants[i], r.Result.Lease)
+			FillGrant(grants[i], r.Result.Lease)
 		case errors.Is(r.Err, lease.ErrStale) && replayed:
 			grants[i].Error = ItemErrRetryGrant
 		default:
-			if msg := itemError(r.Err); msg != "" {
+			if msg := ItemError(r.Err); msg != "" {
 				grants[i].Error = msg
 			} else {
 				return nil, n.rpcError(ctx, r.Err)
@@ -172,10 +172,10 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 				return nil, n.rpcError(ctx, errSeqReused(renew.Seq))
 			}
 			if ir.Err != nil {
-				grants[i].Error = itemError(ir.Err)
+				grants[i].Error = ItemError(ir.Err)
 				continue
 			}
-			fillGrant(grants[i], ir.Lease)
+			FillGrant(grants[i], ir.Lease)
 		}
 	}
 	if id, isRegion := region.FromHolder(req.Holder); isRegion && n.cfg.Upstream == "" {
@@ -246,7 +246,9 @@ func errSeqReused(seq uint64) error {
 	return fmt.Errorf("%w: seq %d was already used for a different request; sequence numbers must not be reused", lease.ErrStale, seq)
 }
 
-func fillGrant(g *rationv1.Grant, l *lease.Lease) {
+// FillGrant writes a lease's terms into its Grant (ItemErrLeaseExpired when
+// there is none).
+func FillGrant(g *rationv1.Grant, l *lease.Lease) {
 	if l == nil {
 		g.Error = ItemErrLeaseExpired
 		return
@@ -258,9 +260,9 @@ func fillGrant(g *rationv1.Grant, l *lease.Lease) {
 	g.DurationUs = l.Term
 }
 
-// itemError turns an answer that concerns one item into its Grant.error,
+// ItemError turns an answer that concerns one item into its Grant.error,
 // or "" when the error concerns the whole request.
-func itemError(err error) string {
+func ItemError(err error) string {
 	switch {
 	case errors.Is(err, lease.ErrLeaseExpired):
 		return ItemErrLeaseExpired

@@ -450,7 +450,7 @@ func encodeProposal(p *proposal, now int64) ([]op, error) {
 			}
 			continue
 		}
-		data, err := lease.EncodeCommand(stampCommand(withConfig(o.cmd, p.configs), now))
+		data, err := lease.EncodeCommand(StampCommand(withConfig(o.cmd, p.configs), now))
 		if err != nil {
 			return nil, err
 		}
@@ -477,8 +477,9 @@ func withConfig(c lease.Command, configs []lease.ConfigureQuota) lease.Command {
 	return c
 }
 
-// stampCommand sets the leader's timestamp on a command.
-func stampCommand(c lease.Command, now int64) lease.Command {
+// StampCommand sets the leader's timestamp on a command (the coordinator,
+// and internal/sim's model of it).
+func StampCommand(c lease.Command, now int64) lease.Command {
 	switch v := c.(type) {
 	case lease.Grant:
 		v.Now = now

@@ -2,23 +2,21 @@ package sim
 
 import (
 	"errors"
-	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/lease"
 	"github.com/ration-dev/ration/internal/region"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
-// Item error texts, as internal/coordinator answers them (the holder
-// branches on their prefixes).
+// Item errors the simulated coordinator answers itself (the rest come from
+// coordinator.ItemError).
 const (
-	itemErrLeaseExpired = "lease expired or unknown"
-	itemErrUnknownQuota = "unknown quota"
-	itemErrRetryGrant   = "grant answer lost on retry"
-	itemErrTooMany      = "too many subjects"
+	itemErrUnknownQuota = coordinator.ItemErrUnknownQuota
+	itemErrRetryGrant   = coordinator.ItemErrRetryGrant
 )
 
 var errNotLeader = status.Error(codes.Unavailable, "not the leader (simulated)")
@@ -102,7 +100,7 @@ func (g *group) propose(cmds []lease.Command, done func([]applied)) {
 	}
 	now := g.stamp()
 	for i, c := range cmds {
-		cmds[i] = stampCommand(c, now)
+		cmds[i] = coordinator.StampCommand(c, now)
 	}
 	// One round trip to the nearest live follower it reaches, plus an
 	// fsync; after every earlier entry.
@@ -136,30 +134,6 @@ func (g *group) propose(cmds []lease.Command, done func([]applied)) {
 		g.load.entry(s, len(cmds), bytes)
 		done(out)
 	})
-}
-
-func stampCommand(c lease.Command, now int64) lease.Command {
-	switch v := c.(type) {
-	case lease.Grant:
-		v.Now = now
-		return v
-	case lease.Renew:
-		v.Now = now
-		return v
-	case lease.Release:
-		v.Now = now
-		return v
-	case lease.Tick:
-		v.Now = now
-		return v
-	case lease.LeaderElected:
-		v.Now = now
-		return v
-	case lease.Fund:
-		v.Now = now
-		return v
-	}
-	panic(fmt.Sprintf("sim: no timestamp for %T", c))
 }
 
 // loseLeader ends the term; an election follows.
@@ -331,11 +305,11 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(*rationv1.RenewResp
 					reply(nil, status.Error(codes.FailedPrecondition, "seq reused"))
 					return
 				}
-				fillGrant(grants[i], r.res.Lease)
+				coordinator.FillGrant(grants[i], r.res.Lease)
 			case errors.Is(r.err, lease.ErrStale) && replayed:
 				grants[i].Error = itemErrRetryGrant
 			default:
-				msg := itemError(r.err)
+				msg := coordinator.ItemError(r.err)
 				if msg == "" {
 					g.s.fail("%s: grant for %s failed: %v", g.name, req.Holder, r.err)
 					reply(nil, status.Error(codes.Internal, r.err.Error()))
@@ -358,10 +332,10 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(*rationv1.RenewResp
 			for j, i := range renewItems {
 				ir := r.res.Items[j]
 				if ir.Err != nil {
-					grants[i].Error = itemError(ir.Err)
+					grants[i].Error = coordinator.ItemError(ir.Err)
 					continue
 				}
-				fillGrant(grants[i], ir.Lease)
+				coordinator.FillGrant(grants[i], ir.Lease)
 			}
 		}
 		reply(&rationv1.RenewResponse{Grants: grants}, nil)
@@ -389,24 +363,4 @@ func (g *group) release(req *rationv1.ReleaseRequest, reply func(*rationv1.Relea
 		}
 		reply(&rationv1.ReleaseResponse{Errors: make([]string, len(req.Items))}, nil)
 	})
-}
-
-func fillGrant(g *rationv1.Grant, l *lease.Lease) {
-	if l == nil {
-		g.Error = itemErrLeaseExpired
-		return
-	}
-	g.LeaseId, g.Balance, g.Cap, g.Rate, g.DurationUs = l.ID, l.Balance, l.Cap, l.Rate, l.Term
-}
-
-func itemError(err error) string {
-	switch {
-	case errors.Is(err, lease.ErrLeaseExpired):
-		return itemErrLeaseExpired
-	case errors.Is(err, lease.ErrUnknownQuota):
-		return itemErrUnknownQuota
-	case errors.Is(err, lease.ErrTooManySubjects):
-		return itemErrTooMany
-	}
-	return ""
 }
