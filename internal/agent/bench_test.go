@@ -8,8 +8,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/bucket"
-	"github.com/ration-dev/ration/internal/coordinator"
-	"github.com/ration-dev/ration/internal/holder"
+	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -74,20 +73,8 @@ rules:
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(cancel)
-	node, addr, err := coordinator.StartDev(ctx, nil, set)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { node.Close() })
-	client := coordinator.NewClient([]string{addr}, coordinator.ClientOptions{})
-	b.Cleanup(func() { client.Close() })
-	h, err := holder.New(holder.Options{Client: client, Holder: "bench", ColdStart: 5 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	go h.Run(ctx)
+	ctx := context.Background()
+	h := harness.DevLeases(b, set)
 	svc, err := agent.New(agent.Options{
 		Rules: agent.StaticRules{Set: set}, Store: bucket.NewMemoryStore(nil), Leases: h, DecisionTimeout: 5 * time.Second,
 	})

@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/ration-dev/ration/internal/coordinator"
+	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/rules"
 )
@@ -111,20 +110,5 @@ func benchHolder(b *testing.B, yaml string) (*holder.Leases, *rules.Rule) {
 		b.Fatal(err)
 	}
 	r, _ := set.Rule("hot")
-	ctx := context.Background()
-	node, addr, err := coordinator.StartDev(ctx, nil, set)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { node.Close() })
-	client := coordinator.NewClient([]string{addr}, coordinator.ClientOptions{})
-	b.Cleanup(func() { client.Close() })
-	h, err := holder.New(holder.Options{Client: client, Holder: "bench", ColdStart: 5 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	b.Cleanup(cancel)
-	go h.Run(rctx)
-	return h, r
+	return harness.DevLeases(b, set), r
 }
