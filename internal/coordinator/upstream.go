@@ -165,9 +165,9 @@ func (u *upstream) read() map[string]fundedInfo {
 	return out
 }
 
-// fits reports whether the quota can no longer be spending beyond its own
+// Fits reports whether the quota can no longer be spending beyond its own
 // part plus (cap, rate): its ceilings are within them.
-func fits(q lease.QuotaInfo, capacity, rate float64) bool {
+func Fits(q lease.QuotaInfo, capacity, rate float64) bool {
 	tol := func(v float64) float64 { return 1e-9 * max(1, v) }
 	b, r := q.Burst+capacity, q.Rate+rate
 	return q.CeilBurst <= b+tol(b) && q.CeilRate <= r+tol(r)
@@ -212,7 +212,7 @@ func (u *upstream) round() {
 			grants = append(grants, q)
 			continue
 		}
-		if fits(fi.info, q.h.Lease.Cap, q.h.Lease.Rate) {
+		if Fits(fi.info, q.h.Lease.Cap, q.h.Lease.Rate) {
 			if q.h.Lease.Cap < q.confCap || q.h.Lease.Rate < q.confRate {
 				// A shrink the subleases now fit: confirm it at once, so
 				// the global group can give the freed share to the regions
@@ -414,7 +414,7 @@ func (u *upstream) confirmableSafe(state map[string]fundedInfo) map[string]float
 		if q := u.quotas[id]; q != nil && q.h.Lease.ID != 0 {
 			lc, lr = q.h.Lease.Cap, q.h.Lease.Rate
 		}
-		if fi.info.Burst > own.Burst+safeTol(own.Burst) || fi.info.Rate > own.Rate+safeTol(own.Rate) || !fits(fi.info, lc, lr) {
+		if fi.info.Burst > own.Burst+safeTol(own.Burst) || fi.info.Rate > own.Rate+safeTol(own.Rate) || !Fits(fi.info, lc, lr) {
 			bad[rule] = true
 			continue
 		}

@@ -3,6 +3,7 @@ package sim
 import (
 	"strings"
 
+	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/lease"
 	"github.com/ration-dev/ration/internal/region"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -52,12 +53,6 @@ func (u *upstream) reset() {
 }
 
 func (u *upstream) clock() int64 { return u.g.nodes[u.g.leader].clock.at(u.g.s.now) }
-
-func fits(q lease.QuotaInfo, capacity, rate float64) bool {
-	tol := func(v float64) float64 { return 1e-9 * max(1, v) }
-	b, r := q.Burst+capacity, q.Rate+rate
-	return q.CeilBurst <= b+tol(b) && q.CeilRate <= r+tol(r)
-}
 
 func (u *upstream) round() {
 	g, s := u.g, u.g.s
@@ -114,7 +109,7 @@ func (u *upstream) round() {
 			grants = append(grants, q)
 			continue
 		}
-		if fits(fi.q, q.h.Lease.Cap, q.h.Lease.Rate) {
+		if coordinator.Fits(fi.q, q.h.Lease.Cap, q.h.Lease.Rate) {
 			if q.h.Lease.Cap < q.confCap || q.h.Lease.Rate < q.confRate {
 				anyDue = true
 			}
