@@ -39,6 +39,36 @@ func (s *RedisStore) TakeRaw(ctx context.Context, req Request) (Decision, error)
 	return Decision{Allowed: r.allowed, Tokens: r.tokens, Retry: r.retry, Reset: r.reset, Now: r.now, Replayed: r.replayed}, err
 }
 
+// TakeBatchRaw is TakeBatch reporting the script's replies as they came.
+func (s *RedisStore) TakeBatchRaw(ctx context.Context, reqs []Request) ([]Decision, []error) {
+	out, errs := make([]Decision, len(reqs)), make([]error, len(reqs))
+	s.takeBatch(ctx, reqs, func(i int, r takeReply, err error) {
+		out[i] = Decision{Allowed: r.allowed, Tokens: r.tokens, Retry: r.retry, Reset: r.reset, Now: r.now, Replayed: r.replayed}
+		errs[i] = err
+	})
+	return out, errs
+}
+
+// ParseTakesReply is parseTakesReply collecting its answers.
+func ParseTakesReply(reply string, reqs []Request) ([]Decision, []error) {
+	out, errs := make([]Decision, len(reqs)), make([]error, len(reqs))
+	answered := make([]bool, len(reqs))
+	parseTakesReply(reply, reqs, func(j int, r takeReply, err error) {
+		if answered[j] {
+			panic(fmt.Sprintf("request %d answered twice", j))
+		}
+		answered[j] = true
+		out[j] = Decision{Allowed: r.allowed, Tokens: r.tokens, Retry: r.retry, Reset: r.reset, Now: r.now}
+		errs[j] = err
+	})
+	for j, ok := range answered {
+		if !ok {
+			errs[j] = fmt.Errorf("request %d not answered", j)
+		}
+	}
+	return out, errs
+}
+
 // RefundRaw is Refund also reporting whether it credited (a missing bucket
 // counts as credited) and the server time the script used.
 func (s *RedisStore) RefundRaw(ctx context.Context, req Request) (refunded bool, now int64, err error) {

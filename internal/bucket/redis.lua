@@ -7,6 +7,13 @@
 -- ARGV     op ("take" | "refund"), burst, rate, cost, the bucket's TTL (ms)
 --          when last = now ("0": none), request-id TTL (ms)
 --
+-- takes    KEYS[1..n] buckets (one server: a batch never goes to a Cluster
+--          this way), ARGV "takes" then burst, rate, cost, TTL for each key
+--          in turn: n takes in order, on one reading of the clock, each
+--          exactly what "take" would decide (the same function below), for
+--          the cost of one script call instead of n. Replies
+--          "<now µs> <allowed 1> <tokens 1> ... <allowed n> <tokens n>".
+--
 -- take   replies "<allowed 0|1> <tokens> <now µs>": retry and reset follow
 --        from tokens, burst, rate and cost by the model's own operations,
 --        which the caller repeats (redis.go), so the script formats one
@@ -35,9 +42,7 @@
 -- request id (a lost record can only charge twice), and a refund by id marks
 -- the record refunded before it credits (a lost credit only under-refunds).
 local fmt = string.format
-local key, rkey = KEYS[1], KEYS[2]
 local op = ARGV[1]
-local burst, rate, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 
 -- now in µs, as a string (ns) and a number: TIME's seconds and its
 -- microseconds padded to six digits, so one strtod and no sprintf.
@@ -46,6 +51,98 @@ local us = tm[2]
 if #us < 6 then us = string.sub('00000' .. us, -6) end
 local ns = tm[1] .. us
 local now = tonumber(ns)
+
+-- decide refills the bucket at key, takes (or refunds) cost, writes it back
+-- with its expiry and returns the decision ('0' or '1') and the tokens left
+-- as stored (a string), or nothing when a refund found no bucket (a missing
+-- bucket is full: nothing to give back, nothing to write). ttl is the
+-- caller's TTL for last = now (ARGV[5] of a take).
+local function decide(key, take, burst, rate, cost, ttl)
+  local st = redis.call('HMGET', key, 'tokens', 'last')
+  local exists = st[1] and st[2]
+  if not take and not exists then return end
+
+  local tokens, last
+  if exists then
+    tokens, last = tonumber(st[1]), tonumber(st[2])
+    local elapsed = now - last
+    if elapsed < 0 then elapsed = 0 end
+    tokens = tokens + rate * elapsed / 1e6
+    if tokens > burst then tokens = burst end
+    if now > last then last = now end
+  else
+    tokens, last = burst, now
+  end
+
+  local allowed = '0'
+  if take then
+    if tokens >= cost then
+      tokens = tokens - cost
+      allowed = '1'
+    end
+  else
+    tokens = tokens + cost
+    if tokens > burst then tokens = burst end
+  end
+
+  -- %d writes a whole number below 10^15 with the digits %.17g would, at
+  -- half the cost; -0 (which %d would write as 0) keeps %.17g.
+  local ts
+  if tokens % 1 == 0 and tokens < 1e15 and (tokens ~= 0 or 1 / tokens > 0) then
+    ts = fmt('%d', tokens)
+  else
+    ts = fmt('%.17g', tokens)
+  end
+  local ls = ns
+  if last ~= now then ls = fmt('%d', last) end
+  redis.call('HSET', key, 'tokens', ts, 'last', ls)
+
+  -- Expiry (model.go expiresAfter): only once the bucket would be full
+  -- again, B/r from last plus a one second margin; rate 0, or a refill
+  -- longer than 2^50 µs, keeps the bucket forever. With last = now the
+  -- caller passed it (the same arithmetic in Go); last ahead of now (the
+  -- clock stepped back) is computed here.
+  if last ~= now then
+    ttl = '0'
+    local full = 0
+    if rate > 0 then full = math.ceil(burst / rate * 1e6) end
+    if full > 0 and full < 1125899906842624 then
+      local t = full + (last - now) + 1000000
+      if t < 1125899906842624 then ttl = fmt('%d', math.ceil(t / 1000)) end
+    end
+  end
+  if ttl ~= '0' then
+    redis.call('PEXPIRE', key, ttl)
+  else
+    redis.call('PERSIST', key)
+  end
+  return allowed, ts, tokens
+end
+
+if op == 'takes' then
+  -- A batch repeats few numbers (its rules' bursts, rates and TTLs, costs
+  -- nearly always 1): each distinct one is read once.
+  local num = {}
+  local function number(s)
+    local v = num[s]
+    if v == nil then
+      v = tonumber(s)
+      num[s] = v
+    end
+    return v
+  end
+  local out = {ns}
+  for i = 1, #KEYS do
+    local j = 4 * i - 2
+    local allowed, ts = decide(KEYS[i], true, number(ARGV[j]), number(ARGV[j + 1]), number(ARGV[j + 2]), ARGV[j + 3])
+    out[2 * i] = allowed
+    out[2 * i + 1] = ts
+  end
+  return table.concat(out, ' ')
+end
+
+local key, rkey = KEYS[1], KEYS[2]
+local burst, rate, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 
 if rkey then
   local rec = redis.call('HMGET', rkey, 'decision', 'refunded')
@@ -60,69 +157,7 @@ if rkey then
   end
 end
 
-local st = redis.call('HMGET', key, 'tokens', 'last')
-local exists = st[1] and st[2]
-if op == 'refund' and not exists then
-  -- a missing bucket is full: nothing to give back, nothing to write
-  return '1 ' .. ns
-end
-
-local tokens, last
-if exists then
-  tokens, last = tonumber(st[1]), tonumber(st[2])
-  local elapsed = now - last
-  if elapsed < 0 then elapsed = 0 end
-  tokens = tokens + rate * elapsed / 1e6
-  if tokens > burst then tokens = burst end
-  if now > last then last = now end
-else
-  tokens, last = burst, now
-end
-
-local allowed = '0'
-if op == 'take' then
-  if tokens >= cost then
-    tokens = tokens - cost
-    allowed = '1'
-  end
-else
-  tokens = tokens + cost
-  if tokens > burst then tokens = burst end
-end
-
--- %d writes a whole number below 10^15 with the digits %.17g would, at
--- half the cost; -0 (which %d would write as 0) keeps %.17g.
-local ts
-if tokens % 1 == 0 and tokens < 1e15 and (tokens ~= 0 or 1 / tokens > 0) then
-  ts = fmt('%d', tokens)
-else
-  ts = fmt('%.17g', tokens)
-end
-local ls = ns
-if last ~= now then ls = fmt('%d', last) end
-redis.call('HSET', key, 'tokens', ts, 'last', ls)
-
--- Expiry (model.go expiresAfter): only once the bucket would be full again,
--- B/r from last plus a one second margin; rate 0, or a refill longer than
--- 2^50 µs, keeps the bucket forever. With last = now the caller passed it
--- (ARGV[5], the same arithmetic in Go); last ahead of now (the clock
--- stepped back) is computed here.
-local ttl = ARGV[5]
-if last ~= now then
-  ttl = '0'
-  local full = 0
-  if rate > 0 then full = math.ceil(burst / rate * 1e6) end
-  if full > 0 and full < 1125899906842624 then
-    local t = full + (last - now) + 1000000
-    if t < 1125899906842624 then ttl = fmt('%d', math.ceil(t / 1000)) end
-  end
-end
-if ttl ~= '0' then
-  redis.call('PEXPIRE', key, ttl)
-else
-  redis.call('PERSIST', key)
-end
-
+local allowed, ts, tokens = decide(key, op == 'take', burst, rate, cost, ARGV[5])
 if op ~= 'take' then return '1 ' .. ns end
 if not rkey then return allowed .. ' ' .. ts .. ' ' .. ns end
 

@@ -252,6 +252,34 @@ func newScriptCheck(f fataler, s *bucket.RedisStore, c *redis.Client, key string
 	return &scriptCheck{s: s, c: c, key: key, l: l, ids: map[string]*idRecord{}, lastNow: tm.UnixMicro()}
 }
 
+// takes decides costs in order in one TakeBatch: on one server, consecutive
+// plain takes go in one "takes" script call, on one clock reading; each must
+// be what the model decides, in turn.
+func (sc *scriptCheck) takes(f fataler, costs []float64) {
+	f.Helper()
+	reqs := make([]bucket.Request, len(costs))
+	for i, c := range costs {
+		reqs[i] = bucket.Request{Key: sc.key, Limit: sc.l, Cost: c}
+	}
+	got, errs := sc.s.TakeBatchRaw(context.Background(), reqs)
+	for i := range reqs {
+		if errs[i] != nil {
+			f.Fatalf("batch take %d of %d %+v: %v", i+1, len(reqs), reqs[i], errs[i])
+		}
+		var want bucket.Decision
+		sc.st, want = bucket.ModelDecide(sc.st, sc.exists, sc.l, costs[i], got[i].Now)
+		sc.exists = true
+		if !sameDecision(got[i], want) {
+			f.Fatalf("batch take %d of %d %+v:\n script %s\n model  %s", i+1, len(reqs), reqs[i], fmtDecision(got[i]), fmtDecision(want))
+		}
+		if got[i].Now != got[0].Now {
+			f.Fatalf("batch take %d read the clock at %d, take 1 at %d: one script call reads it once", i+1, got[i].Now, got[0].Now)
+		}
+		sc.lastNow = max(sc.lastNow, got[i].Now)
+	}
+	sc.checkState(f)
+}
+
 func (sc *scriptCheck) take(f fataler, cost float64, id string) {
 	f.Helper()
 	req := bucket.Request{Key: sc.key, Limit: sc.l, Cost: cost, RequestID: id}
@@ -430,7 +458,13 @@ func TestScriptMatchesModel(t *testing.T) {
 		id := func() string { return rapid.SampledFrom([]string{"", "", "a", "b"}).Draw(rt, "id") }
 		steps := rapid.IntRange(1, 30).Draw(rt, "steps")
 		for i := 0; i < steps; i++ {
-			switch op := rapid.IntRange(0, 9).Draw(rt, "op"); {
+			switch op := rapid.IntRange(0, 10).Draw(rt, "op"); {
+			case op == 10:
+				costs := make([]float64, rapid.IntRange(2, 6).Draw(rt, "batch"))
+				for j := range costs {
+					costs[j] = cost()
+				}
+				sc.takes(rt, costs)
 			case op <= 4:
 				sc.take(rt, cost(), id())
 			case op == 5:
@@ -725,10 +759,13 @@ func TestRedisUnavailable(t *testing.T) {
 	// to the bucket that a first Take created before the server turned.
 	t.Run("replica answers READONLY", func(t *testing.T) {
 		t.Parallel()
-		primary := harness.StartRedis(t)
+		// Redis waits 5s by default before a diskless sync, for more replicas
+		// to join it: that wait alone could use up WAIT's time on a busy
+		// machine.
+		primary := harness.StartRedis(t, harness.WithConfig("repl-diskless-sync-delay 0"))
 		replica := harness.StartRedis(t, harness.WithReplicaOf(primary.Addr))
 		mustTake(t, bucket.NewRedisStore(openRedis(t, primary.Addr, time.Second), bucket.RedisOptions{Timeout: time.Second}), req(t))
-		if n, err := primary.Client().Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		if n, err := primary.Client().Do(ctx, "WAIT", 1, 10000).Int(); err != nil || n != 1 {
 			t.Fatalf("WAIT 1 = %d, %v", n, err)
 		}
 		s := bucket.NewRedisStore(openRedis(t, replica.Addr, time.Second), bucket.RedisOptions{Timeout: time.Second})
@@ -812,4 +849,74 @@ func TestRedisSentinelFailover(t *testing.T) {
 	if got, err := ss.Replica.Client().HGet(ctx, k, "tokens").Result(); err != nil || got != "98" {
 		t.Errorf("new primary holds tokens=%q (%v), want 98", got, err)
 	}
+}
+
+// TestTakeBatchScriptCalls: on one server, a batch's plain takes go up to
+// 128 at a time in one script call, a request with an id goes alone in
+// between (keeping the batch's order), and each answer is the decision of
+// its own request: over a fixed allowance of 250, the first 250 of 300 takes
+// of one key are admitted, Remaining counting down.
+func TestTakeBatchScriptCalls(t *testing.T) {
+	t.Parallel()
+	srv := harness.StartRedis(t)
+	s := bucket.NewRedisStore(openRedis(t, srv.Addr, 5*time.Second), bucket.RedisOptions{Timeout: 5 * time.Second})
+	ctx := context.Background()
+	l := bucket.Limit{Burst: 250, Rate: 0}
+	mustTake(t, s, bucket.Request{Key: bucket.Key(t.Name(), "load"), Limit: l, Cost: 1}) // the script is cached
+	for _, tt := range []struct {
+		name  string
+		idAt  int // a request with an id at this index; -1: none
+		calls int
+	}{
+		{"plain", -1, 3},      // 128 + 128 + 44
+		{"id at 200", 200, 4}, // 128 + 72, the id, 99
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := srv.Client().ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			k := bucket.Key(t.Name(), "s")
+			reqs := make([]bucket.Request, 300)
+			for i := range reqs {
+				reqs[i] = bucket.Request{Key: k, Limit: l, Cost: 1}
+			}
+			if tt.idAt >= 0 {
+				reqs[tt.idAt].RequestID = "id"
+			}
+			out := make([]bucket.Outcome, len(reqs))
+			s.TakeBatch(ctx, reqs, out)
+			for i, o := range out {
+				want := bucket.Result{Allowed: i < 250, Remaining: max(0, 249-float64(i)), Now: o.Result.Now}
+				if o.Err != nil || o.Result != want {
+					t.Fatalf("take %d = %+v, %v; want %+v", i, o.Result, o.Err, want)
+				}
+			}
+			stats, err := srv.Client().Info(ctx, "commandstats").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := scriptCalls(t, stats); n != tt.calls {
+				t.Errorf("%d script calls; want %d", n, tt.calls)
+			}
+		})
+	}
+}
+
+// scriptCalls counts EVALSHA and EVAL calls in INFO commandstats.
+func scriptCalls(t *testing.T, stats string) int {
+	t.Helper()
+	n := 0
+	for _, line := range strings.Split(stats, "\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
+				calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+				c, err := strconv.Atoi(calls)
+				if err != nil {
+					t.Fatalf("commandstats %q: %v", line, err)
+				}
+				n += c
+			}
+		}
+	}
+	return n
 }

@@ -223,6 +223,59 @@ func TestParseTakeReply(t *testing.T) {
 	}
 }
 
+// TestParseTakesReply: a "takes" reply answers each request in turn, with
+// the waits derived as the short take reply's are; a reply that does not
+// read, or answers another number of decisions, fails every request, each
+// exactly once.
+func TestParseTakesReply(t *testing.T) {
+	reqs := []Request{
+		{Key: "a", Limit: Limit{Burst: 10, Rate: 3}, Cost: 1},
+		{Key: "b", Limit: Limit{Burst: 2.5, Rate: 0}, Cost: 2},
+		{Key: "a", Limit: Limit{Burst: 10, Rate: 3}, Cost: 4},
+	}
+	collect := func(reply string) ([]takeReply, []error) {
+		got, errs := make([]takeReply, len(reqs)), make([]error, len(reqs))
+		seen := make([]int, len(reqs))
+		parseTakesReply(reply, reqs, func(j int, r takeReply, err error) {
+			seen[j]++
+			got[j], errs[j] = r, err
+		})
+		for j, n := range seen {
+			if n != 1 {
+				t.Fatalf("parseTakesReply(%q) answered request %d %d times; want once", reply, j, n)
+			}
+		}
+		return got, errs
+	}
+	const now = 1700000000000001
+	got, errs := collect("1700000000000001 1 9 0 0.5 1 5")
+	want := []takeReply{
+		{decision: decided(true, 9, reqs[0].Limit, 1), now: now},
+		{decision: decided(false, 0.5, reqs[1].Limit, 2), now: now},
+		{decision: decided(true, 5, reqs[2].Limit, 4), now: now},
+	}
+	for j := range reqs {
+		if errs[j] != nil || got[j] != want[j] {
+			t.Errorf("decision %d = %+v, %v; want %+v", j, got[j], errs[j], want[j])
+		}
+	}
+	for _, tt := range []struct {
+		reply string
+		from  int // the first request failed; every later one fails too
+	}{
+		{"", 0}, {"1700000000000001", 0}, {"1700000000000001 1 9 0 0.5 1", 0}, {"1700000000000001 1 9 0 0.5 1 5 1 2", 0},
+		{"1700000000000001 1 9 0 0.5 1 5 ", 0}, {"x 1 9 0 0.5 1 5", 0}, {"1700000000000001 2 9 0 0.5 1 5", 0},
+		{"1700000000000001 1 9 0 x 1 5", 1}, {"1700000000000001 1 9 0 0.5 - 5", 2},
+	} {
+		_, errs := collect(tt.reply)
+		for j, err := range errs {
+			if (err != nil) != (j >= tt.from) {
+				t.Errorf("parseTakesReply(%q): request %d error = %v; want one from request %d on", tt.reply, j, err, tt.from)
+			}
+		}
+	}
+}
+
 // TestScriptTTL: the TTL the store passes the script is the model's expiry
 // for a bucket whose last is now, in whole milliseconds rounded up, or "0"
 // (no expiry) where the model keeps the bucket forever.
