@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"strconv"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -62,20 +64,28 @@ func registerEnvoy(g *grpc.Server, svc *Service) {
 
 // ShouldRateLimit decides every descriptor of one Envoy request.
 func (e *envoyServer) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	reqs, err := fromEnvoy(r)
+	// One descriptor (the usual request) is decided in buffers on this
+	// stack, as decideBatch does for a lone request.
+	var reqBuf [1]Request
+	var outBuf [1]Response
+	reqs, err := fromEnvoy(r, reqBuf[:0])
 	if err != nil {
 		e.svc.metrics.invalid.Inc()
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	out := make([]Response, len(reqs))
+	out := outBuf[:]
+	if len(reqs) > 1 {
+		out = make([]Response, len(reqs))
+	}
 	if err := e.svc.decideAll(ctx, reqs, out); err != nil {
 		return nil, grpcError(err)
 	}
 	return toEnvoy(out)
 }
 
-// fromEnvoy turns an Envoy request into one Request per descriptor.
-func fromEnvoy(r *rlsv3.RateLimitRequest) ([]Request, error) {
+// fromEnvoy turns an Envoy request into one Request per descriptor,
+// appended to reqs.
+func fromEnvoy(r *rlsv3.RateLimitRequest, reqs []Request) ([]Request, error) {
 	ds := r.GetDescriptors()
 	switch {
 	case len(ds) == 0:
@@ -84,7 +94,7 @@ func fromEnvoy(r *rlsv3.RateLimitRequest) ([]Request, error) {
 		return nil, fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalidRequest, len(ds), MaxEnvoyDescriptors)
 	}
 	domain := r.GetDomain()
-	reqs := make([]Request, len(ds))
+	reqs = slices.Grow(reqs[:0], len(ds))[:len(ds)]
 	for i, d := range ds {
 		if d.GetLimit() != nil {
 			return nil, fmt.Errorf("%w: descriptor %d: limit overrides are not supported: limits come from the agent's rules file", ErrInvalidRequest, i)
@@ -122,14 +132,26 @@ func fromEnvoy(r *rlsv3.RateLimitRequest) ([]Request, error) {
 // toEnvoy builds the answer: per-descriptor statuses, the overall code, and
 // the RateLimit-Policy, RateLimit and (when over limit) Retry-After fields
 // for Envoy to add to the client's response.
+//
+// Its messages are allocated together (envoyAnswer, envoyStatus) and the
+// header values are sliced from one string: this answer is built once per
+// call, and built message by message it cost more allocations than the
+// decision it reports.
 func toEnvoy(out []Response) (*rlsv3.RateLimitResponse, error) {
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(out)),
+	a := new(envoyAnswer)
+	resp := &a.resp
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	sts := a.one[:]
+	resp.Statuses = a.status[:]
+	if len(out) > 1 {
+		sts = make([]envoyStatus, len(out))
+		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(out))
 	}
 	overLimit, unavailable := -1, -1
 	for i, o := range out {
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		es := &sts[i]
+		st := &es.st
+		st.Code = rlsv3.RateLimitResponse_OK
 		if !o.Allowed {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			if CheckStatus(o) == 503 {
@@ -141,10 +163,12 @@ func toEnvoy(out []Response) (*rlsv3.RateLimitResponse, error) {
 			}
 		}
 		if o.Rule != "" {
-			st.CurrentLimit = envoyLimit(o)
+			st.CurrentLimit = es.limit(o)
 			if o.Reason != ReasonUnavailable { // else no bucket was read
 				st.LimitRemaining = uint32(min(floorInt(o.Remaining), math.MaxUint32))
-				st.DurationUntilReset = durationpb.New(o.Reset)
+				es.reset.Seconds = int64(o.Reset / time.Second)
+				es.reset.Nanos = int32(o.Reset % time.Second)
+				st.DurationUntilReset = &es.reset
 			}
 		}
 		resp.Statuses[i] = st
@@ -159,61 +183,127 @@ func toEnvoy(out []Response) (*rlsv3.RateLimitResponse, error) {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		retryAfter = envoyRetryAfter(out)
 	}
-	for _, f := range header.Fields(retryAfter, envoyQuotas(out)...) {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: f.Name, Value: f.Value})
-	}
+	resp.ResponseHeadersToAdd = a.headers(retryAfter, out)
 	return resp, nil
 }
 
-// envoyLimit describes a rule the way Envoy's DescriptorStatus does: burst
-// B per window of B/r seconds (the draft's w), the closest reading of a
-// token bucket as "requests per unit". A rule of rate 0 has no window and
-// reports unit UNKNOWN.
-func envoyLimit(o Response) *rlsv3.RateLimitResponse_RateLimit {
-	q := quotaOf(o)
-	l := &rlsv3.RateLimitResponse_RateLimit{
-		Name:            o.Rule,
-		RequestsPerUnit: uint32(min(floorInt(o.Limit), math.MaxUint32)),
-	}
-	if w := q.Window(); w > 0 {
+// envoyAnswer is a response with room for one descriptor's answer (the
+// usual request) and its header fields, in one allocation.
+type envoyAnswer struct {
+	resp      rlsv3.RateLimitResponse
+	one       [1]envoyStatus
+	status    [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	fields    [3]corev3.HeaderValue
+	fieldPtrs [3]*corev3.HeaderValue
+}
+
+// envoyStatus is one descriptor's answer and the messages it points to.
+type envoyStatus struct {
+	st    rlsv3.RateLimitResponse_DescriptorStatus
+	lim   rlsv3.RateLimitResponse_RateLimit
+	reset durationpb.Duration
+	mult  wrapperspb.UInt32Value
+}
+
+// limit describes a rule the way Envoy's DescriptorStatus does: burst B per
+// window of B/r seconds (the draft's w), the closest reading of a token
+// bucket as "requests per unit". A rule of rate 0 has no window and reports
+// unit UNKNOWN.
+func (es *envoyStatus) limit(o Response) *rlsv3.RateLimitResponse_RateLimit {
+	l := &es.lim
+	l.Name = o.Rule
+	l.RequestsPerUnit = uint32(min(floorInt(o.Limit), math.MaxUint32))
+	if w := quotaOf(o).Window(); w > 0 {
 		l.Unit = rlsv3.RateLimitResponse_RateLimit_SECOND
-		l.UnitMultiplier = wrapperspb.UInt32(uint32(min(w, math.MaxUint32)))
+		es.mult.Value = uint32(min(w, math.MaxUint32))
+		l.UnitMultiplier = &es.mult
 	}
 	return l
+}
+
+// headers are the RateLimit-Policy and RateLimit fields of the deciding
+// rules' quotas (envoyQuotas), and Retry-After when retryAfter is positive
+// (header.Fields, in one string).
+func (a *envoyAnswer) headers(retryAfter time.Duration, out []Response) []*corev3.HeaderValue {
+	var qbuf [4]header.Quota
+	qs := envoyQuotas(out, qbuf[:0])
+	var buf [256]byte
+	b := buf[:0]
+	var ends [3]int
+	n := 0
+	if len(qs) > 0 {
+		for i, q := range qs {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = header.AppendPolicyItem(b, q.PolicyItem())
+		}
+		ends[n] = len(b)
+		n++
+		for i, q := range qs {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = header.AppendLimitItem(b, q.LimitItem())
+		}
+		ends[n] = len(b)
+		n++
+	}
+	if retryAfter > 0 {
+		b = strconv.AppendInt(b, header.Seconds(retryAfter), 10)
+		ends[n] = len(b)
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	all := string(b)
+	names := [3]string{header.NamePolicy, header.NameRateLimit, header.NameRetryAfter}
+	if len(qs) == 0 {
+		names[0] = header.NameRetryAfter
+	}
+	start := 0
+	for i := range n {
+		a.fields[i].Key, a.fields[i].Value = names[i], all[start:ends[i]]
+		a.fieldPtrs[i] = &a.fields[i]
+		start = ends[i]
+	}
+	return a.fieldPtrs[:n]
 }
 
 func quotaOf(o Response) header.Quota {
 	return header.Quota{Policy: o.Rule, Limit: o.Limit, Rate: o.Rate, Remaining: o.Remaining, Reset: o.Reset, RetryAfter: o.RetryAfter}
 }
 
-// envoyQuotas lists one quota per deciding rule, in descriptor order: for a
-// rule deciding several descriptors, a denying one over an admitting one,
-// else the one with the least left. Decisions made without reading a
-// bucket (reason unavailable: fail_open, fail_closed) report no quota.
-func envoyQuotas(out []Response) []header.Quota {
-	qs := make([]header.Quota, 0, len(out))
-	pick := make([]Response, 0, len(out))
-	for _, o := range out {
+// envoyQuotas lists one quota per deciding rule, in descriptor order, in
+// qs's room: for a rule deciding several descriptors, a denying one over an
+// admitting one, else the one with the least left. Decisions made without
+// reading a bucket (reason unavailable: fail_open, fail_closed) report no
+// quota.
+func envoyQuotas(out []Response, qs []header.Quota) []header.Quota {
+	var pickBuf [4]int
+	pick := pickBuf[:0] // indexes into out
+	for i, o := range out {
 		if o.Rule == "" || o.Reason == ReasonUnavailable {
 			continue
 		}
 		j := -1
-		for k := range pick {
-			if pick[k].Rule == o.Rule {
+		for k, p := range pick {
+			if out[p].Rule == o.Rule {
 				j = k
 				break
 			}
 		}
 		switch {
 		case j < 0:
-			pick = append(pick, o)
-		case pick[j].Allowed && !o.Allowed,
-			pick[j].Allowed == o.Allowed && o.Remaining < pick[j].Remaining:
-			pick[j] = o
+			pick = append(pick, i)
+		case out[pick[j]].Allowed && !o.Allowed,
+			out[pick[j]].Allowed == o.Allowed && o.Remaining < out[pick[j]].Remaining:
+			pick[j] = i
 		}
 	}
-	for _, o := range pick {
-		qs = append(qs, quotaOf(o))
+	for _, p := range pick {
+		qs = append(qs, quotaOf(out[p]))
 	}
 	return qs
 }
@@ -255,9 +345,16 @@ func (s *Service) decideAll(ctx context.Context, reqs []Request, out []Response)
 		recStart = monoNow()
 	}
 	set := s.rules.Current()
-	items := make([]item, len(reqs))
-	steps := make([]step, 0, len(reqs))
-	var matches []rules.Match
+	// One descriptor: buffers on this stack (see decideBatch).
+	var itemBuf [1]item
+	var stepBuf [2]step
+	var matchBuf [2]rules.Match
+	var errBuf [1]error
+	items, steps, errs := itemBuf[:], stepBuf[:0], errBuf[:]
+	if len(reqs) > 1 {
+		items, steps, errs = make([]item, len(reqs)), make([]step, 0, len(reqs)), make([]error, len(reqs))
+	}
+	matches := matchBuf[:0]
 	for i := range reqs {
 		items[i].first = len(steps)
 		var err error
@@ -292,6 +389,6 @@ func (s *Service) decideAll(ctx context.Context, reqs []Request, out []Response)
 	if denied {
 		s.refund(ctx, steps, final)
 	}
-	s.observe(steps, out, make([]error, len(out)), time.Since(start))
+	s.observe(steps, out, errs, time.Since(start))
 	return nil
 }

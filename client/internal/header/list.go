@@ -72,20 +72,25 @@ func FormatPolicy(items ...PolicyItem) string {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = appendString(b, it.Name)
-		b = append(b, ";q="...)
-		b = strconv.AppendInt(b, min(max(it.Quota, 0), maxInteger), 10)
-		if it.Unit != "" {
-			b = append(b, ";qu="...)
-			b = appendString(b, it.Unit)
-		}
-		if it.Window > 0 {
-			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, min(it.Window, maxInteger), 10)
-		}
-		b = appendBytes(b, it.PartitionKey)
+		b = AppendPolicyItem(b, it)
 	}
 	return string(b)
+}
+
+// AppendPolicyItem appends one RateLimit-Policy list member to b.
+func AppendPolicyItem(b []byte, it PolicyItem) []byte {
+	b = appendString(b, it.Name)
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, min(max(it.Quota, 0), maxInteger), 10)
+	if it.Unit != "" {
+		b = append(b, ";qu="...)
+		b = appendString(b, it.Unit)
+	}
+	if it.Window > 0 {
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, min(it.Window, maxInteger), 10)
+	}
+	return appendBytes(b, it.PartitionKey)
 }
 
 // FormatRateLimit serializes a RateLimit list.
@@ -95,16 +100,21 @@ func FormatRateLimit(items ...LimitItem) string {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = appendString(b, it.Name)
-		b = append(b, ";r="...)
-		b = strconv.AppendInt(b, min(max(it.Remaining, 0), maxInteger), 10)
-		if it.Reset >= 0 {
-			b = append(b, ";t="...)
-			b = strconv.AppendInt(b, min(it.Reset, maxInteger), 10)
-		}
-		b = appendBytes(b, it.PartitionKey)
+		b = AppendLimitItem(b, it)
 	}
 	return string(b)
+}
+
+// AppendLimitItem appends one RateLimit list member to b.
+func AppendLimitItem(b []byte, it LimitItem) []byte {
+	b = appendString(b, it.Name)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, min(max(it.Remaining, 0), maxInteger), 10)
+	if it.Reset >= 0 {
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, min(it.Reset, maxInteger), 10)
+	}
+	return appendBytes(b, it.PartitionKey)
 }
 
 func appendBytes(b, pk []byte) []byte {

@@ -1,0 +1,93 @@
+package agent
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/rules"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// BenchmarkHandlers measures what the agent does per call on top of the
+// store, for unary Allow and for Envoy's ShouldRateLimit carrying the same
+// one descriptor: the request decoded from its wire bytes, decided (on the
+// in-memory store, so no round trip is in the figure) and the answer
+// encoded, as the gRPC server's codec and handler do. The difference
+// between the two is what Envoy's API costs over Ration's own.
+//
+//	go test -run '^$' -bench Handlers -benchmem ./internal/agent/
+func BenchmarkHandlers(b *testing.B) {
+	set, err := rules.Parse("bench.yaml", []byte(`
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 1000000000
+    rate: 1000000000
+`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	svc, err := New(Options{Rules: StaticRules{Set: set}, Store: bucket.NewMemoryStore(nil), DecisionTimeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	const keys = 1000
+	allow := make([][]byte, keys)
+	envoy := make([][]byte, keys)
+	for i := range keys {
+		u := "u" + strconv.Itoa(i)
+		if allow[i], err = proto.Marshal(&rationv1.AllowRequest{Descriptors: map[string]string{"user": u}}); err != nil {
+			b.Fatal(err)
+		}
+		if envoy[i], err = proto.Marshal(&rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*commonrl.RateLimitDescriptor{{
+			Entries: []*commonrl.RateLimitDescriptor_Entry{{Key: "user", Value: u}},
+		}}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	g, e := &grpcServer{svc: svc}, &envoyServer{svc: svc}
+	b.Run("allow", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			r := new(rationv1.AllowRequest)
+			if err := proto.Unmarshal(allow[i%keys], r); err != nil {
+				b.Fatal(err)
+			}
+			resp, err := g.Allow(ctx, r)
+			if err != nil || !resp.GetAllowed() {
+				b.Fatalf("Allow = %v, %v", resp, err)
+			}
+			if _, err := proto.Marshal(resp); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("envoy", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			r := new(rlsv3.RateLimitRequest)
+			if err := proto.Unmarshal(envoy[i%keys], r); err != nil {
+				b.Fatal(err)
+			}
+			resp, err := e.ShouldRateLimit(ctx, r)
+			if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+				b.Fatalf("ShouldRateLimit = %v, %v", resp, err)
+			}
+			if _, err := proto.Marshal(resp); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
