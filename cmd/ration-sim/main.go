@@ -39,6 +39,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	duration := fs.Duration("duration", 0, "simulated time, instead of the configuration's (the fault schedule scales with it)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	faults := fs.Bool("faults", true, "inject the fault schedule (partitions, leader crashes, agent crashes, a region going dark, a flash crowd)")
+	nudges := fs.Bool("nudges", false, "model the regional leaders' nudges (their planner, as internal/coordinator's, and Watch streams); off: holders renew at their renew points")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -56,7 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ration-sim: -config %q: want small or reference\n", *config)
 		return 2
 	}
-	cfg.Seed, cfg.Faults = *seed, *faults
+	cfg.Seed, cfg.Faults, cfg.Nudges = *seed, *faults, *nudges
 	if *duration > 0 {
 		cfg.Duration = *duration
 	}

@@ -42,9 +42,3 @@ func (n *Node) LeasesVisited() int64 {
 	}
 	return 0
 }
-
-// The nudge planner's pacing (nudge.go).
-const (
-	PlanMin      = planMin
-	PlanPerLease = planPerLease
-)

@@ -289,22 +289,13 @@ func (n *Node) planLoop(t *term) {
 		if len(batch) > 0 {
 			n.fsm.read(func(s *lease.State) {
 				for qid, requester := range batch {
-					switch live := s.LiveLeases(qid); {
-					case live == 0, live == 1 && requester != "":
-						continue // nobody else to move; the requester was just sized
-					}
-					shares, freeCap, freeRate, pool, ok := s.Shares(qid)
-					if !ok {
-						continue
-					}
-					p.visited.Add(int64(len(shares)))
-					if d := time.Duration(len(shares)) * planPerLease; d > planMin {
+					holders, read := PlanQuota(s, qid, requester)
+					p.visited.Add(int64(read))
+					if d := time.Duration(read) * planPerLease; d > planMin {
 						next[qid] = now.Add(d)
 					}
-					for _, h := range planNudges(shares, freeCap, freeRate, pool) {
-						if h != requester {
-							out = append(out, nudge{h, qid})
-						}
+					for _, h := range holders {
+						out = append(out, nudge{h, qid})
 					}
 				}
 			})
@@ -327,6 +318,35 @@ func (n *Node) planLoop(t *term) {
 			timer.Reset(wait - planMin)
 		}
 	}
+}
+
+// PlanMin and PlanPerLease pace the nudge planner (planMin, planPerLease),
+// exported for the simulator (internal/sim), which plans as a leader does.
+const (
+	PlanMin      = planMin
+	PlanPerLease = planPerLease
+)
+
+// PlanQuota is one planning round's look at quota qid in state s: the
+// holders to nudge (planNudges, less requester, the holder of the request
+// that marked it, whose answer was sized against this state), and how many
+// live leases the plan read (0 when there was nobody else to move). It is
+// the leader's plan, exported for the simulator.
+func PlanQuota(s *lease.State, qid, requester string) (nudge []string, read int) {
+	switch live := s.LiveLeases(qid); {
+	case live == 0, live == 1 && requester != "":
+		return nil, 0 // nobody else to move; the requester was just sized
+	}
+	shares, freeCap, freeRate, pool, ok := s.Shares(qid)
+	if !ok {
+		return nil, 0
+	}
+	for _, h := range planNudges(shares, freeCap, freeRate, pool) {
+		if h != requester {
+			nudge = append(nudge, h)
+		}
+	}
+	return nudge, len(shares)
 }
 
 // planNudges returns the holders of one quota to nudge: when some holder

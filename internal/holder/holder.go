@@ -621,6 +621,11 @@ func (l *Leases) kick() {
 	}
 }
 
+// Nudge is a leader's nudge arriving as the Watch stream delivers it: the
+// quotas named are renewed at once, by the next Round. For drivers of
+// Round (the simulator); Run's own stream calls it.
+func (l *Leases) Nudge(refs []*rationv1.QuotaRef) { l.nudge(refs) }
+
 // nudge marks the quotas the leader asked to renew at once.
 func (l *Leases) nudge(refs []*rationv1.QuotaRef) {
 	n := 0

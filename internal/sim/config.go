@@ -62,6 +62,13 @@ type Config struct {
 	// Faults injects the fault schedule (Schedule); off, only loss,
 	// duplication, reordering and drift.
 	Faults bool
+	// Nudges models the regional leaders' nudge planner
+	// (coordinator.PlanQuota) and their Watch streams; off, holders renew
+	// at their renew points and when they run dry, and follow times are
+	// upper bounds. Off by default: with it, under the contention these
+	// runs have, regional groups see several times the Renew requests
+	// (docs/scale.md), and a reference run takes that much longer.
+	Nudges bool
 	// Warmup is left out of utilisation (leases being granted).
 	Warmup time.Duration
 }

@@ -19,12 +19,15 @@
 //     grants, written after internal/coordinator's leasesServer), and the
 //     regional group's upstream loop (written after
 //     internal/coordinator/upstream.go, with safe shares 0 and without
-//     nudges). The leader's nudge stream is not modelled: holders renew at
-//     their renew points, on shrinks and when their slice runs dry.
+//     nudges). With Config.Nudges, each regional leader plans nudges as
+//     internal/coordinator's planner does (coordinator.PlanQuota) and sends
+//     them over the network to the holders (holder.Leases.Nudge); without,
+//     holders renew at their renew points, on shrinks and when their slice
+//     runs dry.
 //
 // One seed is one exact run: a single goroutine owns the event queue; an
-// agent's Round runs on a goroutine of its own but only while the event
-// loop waits for it (a coroutine hand-off at each Client call), and every
+// agent's Round runs as a coroutine (iter.Pull) only while the event loop
+// waits for it (a switch at each Client call), and every
 // random draw comes from one generator seeded by Config.Seed. Holders scan
 // their quotas in a fixed order (holder.Options.SortedScans).
 package sim

@@ -53,6 +53,7 @@ type group struct {
 	isolatedSince int64
 	up            *upstream // regional groups only
 	load          *loadSeries
+	plan          planner // regional groups only
 }
 
 func (g *group) leaderNode() *cnode {
@@ -258,6 +259,7 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(*rationv1.RenewResp
 	var cmds []lease.Command
 	var renew lease.Renew
 	var renewItems, grantItems []int
+	var touched []string // quota ids proposed, for the planner
 	seq := req.Seq
 	for i, it := range req.Items {
 		grants[i] = &rationv1.Grant{Quota: it.GetQuota(), LeaseId: it.GetLeaseId()}
@@ -270,6 +272,7 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(*rationv1.RenewResp
 			grants[i].Error = msg
 			continue
 		}
+		touched = append(touched, qid)
 		if it.LeaseId == 0 {
 			c := cfg
 			cmds = append(cmds, lease.Grant{Holder: req.Holder, Seq: grantSeq, Quota: qid, Demand: it.Demand, Weight: weight, Config: &c})
@@ -338,6 +341,9 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(*rationv1.RenewResp
 				coordinator.FillGrant(grants[i], ir.Lease)
 			}
 		}
+		if !replayed {
+			g.mark(touched, req.Holder)
+		}
 		reply(&rationv1.RenewResponse{Grants: grants}, nil)
 	})
 }
@@ -356,10 +362,20 @@ func (g *group) release(req *rationv1.ReleaseRequest, reply func(*rationv1.Relea
 		reply(&rationv1.ReleaseResponse{}, nil)
 		return
 	}
+	var released []string
+	for _, it := range req.Items {
+		if l, ok := g.st.LeaseByID(it.LeaseId); ok && l.Holder == req.Holder {
+			released = append(released, l.Quota)
+		}
+	}
 	g.propose(cmds, func(results []applied) {
-		if last := results[len(results)-1]; errors.Is(last.err, lease.ErrStale) {
+		last := results[len(results)-1]
+		if errors.Is(last.err, lease.ErrStale) {
 			reply(nil, status.Error(codes.FailedPrecondition, last.err.Error()))
 			return
+		}
+		if !last.res.Replayed {
+			g.mark(released, "")
 		}
 		reply(&rationv1.ReleaseResponse{Errors: make([]string, len(req.Items))}, nil)
 	})

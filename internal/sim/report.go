@@ -265,9 +265,9 @@ func (r *Report) Text(w io.Writer) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "ration-sim %s, seed %d: %d regions x %d agents = %d agents, %v simulated, %.0f decisions/s on average\n",
 		c.Name, c.Seed, c.Regions, c.AgentsPerRegion, c.Regions*c.AgentsPerRegion, c.Duration, c.Rate)
-	fmt.Fprintf(&b, "decisions %d, admitted %d (%.4f); messages %d (lost %d, cut %d, duplicated %d); holder rounds %d; elections %d; agent crashes %d\n",
+	fmt.Fprintf(&b, "decisions %d, admitted %d (%.4f); messages %d (lost %d, cut %d, duplicated %d); holder rounds %d; nudge messages %d; elections %d; agent crashes %d\n",
 		r.Stats.decisions, r.Stats.admitted, float64(r.Stats.admitted)/math.Max(1, float64(r.Stats.decisions)),
-		r.Stats.messages, r.Stats.lost, r.Stats.cut, r.Stats.duplicated, r.Stats.rounds, r.Stats.elections, r.Stats.crashes)
+		r.Stats.messages, r.Stats.lost, r.Stats.cut, r.Stats.duplicated, r.Stats.rounds, r.Stats.nudges, r.Stats.elections, r.Stats.crashes)
 	verdict := "PASS"
 	if !r.OK() {
 		verdict = "FAIL"
@@ -303,7 +303,14 @@ func (r *Report) Text(w io.Writer) {
 			fmt.Fprintf(&b, "  %s\n", f)
 		}
 	}
-	fmt.Fprintf(&b, "\nreplay: go run ./cmd/ration-sim -config %s -seed %d\n", c.Name, c.Seed)
+	var flags string
+	if !c.Faults {
+		flags += " -faults=false"
+	}
+	if c.Nudges {
+		flags += " -nudges"
+	}
+	fmt.Fprintf(&b, "\nreplay: go run ./cmd/ration-sim -config %s -seed %d%s\n", c.Name, c.Seed, flags)
 	io.WriteString(w, b.String())
 }
 

@@ -91,7 +91,7 @@ type Sim struct {
 
 type stats struct {
 	messages, lost, cut, duplicated int64
-	rounds, elections               int64
+	rounds, nudges, elections       int64
 	decisions, admitted             int64
 	crashes                         int64
 }

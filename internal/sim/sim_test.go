@@ -83,6 +83,31 @@ func TestTinyRunHoldsBounds(t *testing.T) {
 	}
 }
 
+// With the leaders' nudges modelled, the planner nudges (over the
+// network, so some are lost or cut), the bounds still hold, and the same
+// seed is still the same run.
+func TestNudgesModelled(t *testing.T) {
+	cfg := tiny(2)
+	cfg.Nudges = true
+	rep, text := run(t, cfg)
+	if !rep.OK() {
+		t.Fatalf("bounds broken with nudges:\n%s", text)
+	}
+	if rep.Stats.nudges == 0 {
+		t.Errorf("no nudge sent:\n%s", text)
+	}
+	if !strings.Contains(text, "replay: go run ./cmd/ration-sim -config "+cfg.Name+" -seed 2 -nudges") {
+		t.Errorf("the replay command does not carry -nudges:\n%s", text)
+	}
+	if _, again := run(t, cfg); again != text {
+		t.Fatalf("seed 2 with nudges gave two reports:\n%s\n----\n%s", text, again)
+	}
+	off := tiny(2)
+	if rep, _ := run(t, off); rep.Stats.nudges != 0 {
+		t.Errorf("%d nudges sent with Nudges off", rep.Stats.nudges)
+	}
+}
+
 func TestExcess(t *testing.T) {
 	const step = 100_000 // 0.1s
 	for _, tc := range []struct {

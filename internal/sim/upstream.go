@@ -205,11 +205,15 @@ func (u *upstream) round() {
 		}
 		if len(funds) > 0 {
 			g.propose(funds, func(res []applied) {
+				var funded []string
 				for i, r := range res {
 					if r.err != nil {
 						s.fail("%s: Fund %+v refused: %v", g.name, funds[i], r.err)
+					} else {
+						funded = append(funded, funds[i].(lease.Fund).Quota)
 					}
 				}
+				g.mark(funded, "")
 			})
 		}
 	})
