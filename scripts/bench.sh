@@ -340,7 +340,7 @@ r_leased_big_ceil=$(ratio "$leased_big_rate" "$ceil16")
 elapsed=$(( $(date +%s) - script_start ))
 # All CPU one decision costs (agent, redis, coordinator, tool): when they
 # share the CPUs and keep them busy, decisions/s ratios follow these costs.
-cpu_all() { r "$1" '.cpu_total_us_per_decision + (.self_cpu.us_per_decision // 0)'; }
+cpu_all() { r "$1" '((.cpu_total_us_per_decision + (.self_cpu.us_per_decision // 0)) * 10 | round) / 10'; }
 cpu_empty=$(cpu_all empty)
 cpu_allow=$(cpu_all allow)
 cpu_leased=$(cpu_all leased)
