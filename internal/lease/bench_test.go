@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 )
@@ -93,6 +94,39 @@ func BenchmarkTick(b *testing.B) {
 			for b.Loop() {
 				tick.Now += 1000
 				if _, err := s.Apply(tick); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDecodeRenew decodes a one-item renewal, as every replica does
+// for every renewal it applies: JSON (version 1, logs written before
+// version 4) and binary (version 4, what EncodeCommand writes).
+//
+//	go test -run '^$' -bench DecodeRenew ./internal/lease/
+func BenchmarkDecodeRenew(b *testing.B) {
+	r := Renew{Now: 1_800_000_000_000_000, Holder: "agent-17/3f9c2a71d04e8b65", Seq: 123456, Items: []RenewItem{{
+		LeaseID: 4242, Quota: "per-tenant|shared", Unused: 0.75, Demand: 12.5, ConfirmedCap: 100, ConfirmedRate: 10,
+	}}}
+	js, err := json.Marshal(r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bin, err := EncodeCommand(r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		enc  []byte
+	}{{"json", append([]byte{byte(KindRenew), 1}, js...)}, {"binary", bin}} {
+		b.Run(tt.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.ReportMetric(float64(len(tt.enc)), "bytes")
+			for b.Loop() {
+				if _, err := DecodeCommand(tt.enc); err != nil {
 					b.Fatal(err)
 				}
 			}

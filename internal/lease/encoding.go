@@ -13,22 +13,37 @@ import (
 // replica would misread bumps the version of the commands that use it;
 // older replicas then stop with ErrUnknownCommand instead of diverging.
 //
-//   - 1: every kind as first released.
+//   - 1: every kind as first released (JSON).
 //   - 2: adds Grant.Config and ConfigureQuota's Rule and MaxSubjects.
 //   - 3: adds QuotaConfig.StartEmpty (in Grant.Config and ConfigureQuota).
+//   - 4: Renew in binary (binary.go), not JSON: every renewal is decoded
+//     on every replica, and JSON decoding was the largest cost of applying
+//     one. Only Renew has a version 4.
 //
-// A command is encoded at the lowest version that has every field it sets
-// (commandVersionOf), so a command that sets no new field encodes exactly
+// A JSON command is encoded at the lowest version that has every field it
+// sets (jsonVersionOf), so a command that sets no new field encodes exactly
 // as before and older replicas still apply it; only a command that needs a
-// newer field stops them.
+// newer field stops them. Renew is always encoded at version 4, so a
+// replica older than version 4 stops at the first renewal a newer leader
+// writes: upgrade a group followers first, the leader last. Renewals of
+// version 1 (JSON, in logs written before) still decode.
 const (
 	commandVersion    = 1
-	maxCommandVersion = 3
+	binaryVersion     = 4
+	maxCommandVersion = 4
 )
 
-// commandVersionOf is the version c is encoded at: the lowest one that has
-// every field c sets. v must be value(c).
+// commandVersionOf is the version c is encoded at. v must be value(c).
 func commandVersionOf(v Command) byte {
+	if v.Kind() == KindRenew {
+		return binaryVersion
+	}
+	return jsonVersionOf(v)
+}
+
+// jsonVersionOf is the version c is encoded at in JSON: the lowest one that
+// has every field c sets. v must be value(c).
+func jsonVersionOf(v Command) byte {
 	switch c := v.(type) {
 	case Grant:
 		if c.Config != nil && c.Config.StartEmpty {
@@ -49,29 +64,34 @@ func commandVersionOf(v Command) byte {
 }
 
 // EncodeCommand encodes a command for the replicated log: one type byte (its
-// Kind), one version byte (commandVersionOf), then the command as JSON. It
-// is deterministic.
+// Kind), one version byte (commandVersionOf), then the command: in binary
+// at version 4 (Renew), else as JSON. It is deterministic.
 // A command holding a NaN or infinity cannot be encoded (ErrInvalid).
 func EncodeCommand(c Command) ([]byte, error) {
 	v := value(c)
 	if v == nil {
 		return nil, fmt.Errorf("lease: encode %T: %w", c, ErrUnknownCommand)
 	}
+	if r, ok := v.(Renew); ok {
+		return appendRenew(nil, r)
+	}
 	body, err := json.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("lease: encode %s: %w: %v", v.Kind(), ErrInvalid, err)
 	}
 	out := make([]byte, 0, 2+len(body))
-	out = append(out, byte(v.Kind()), commandVersionOf(v))
+	out = append(out, byte(v.Kind()), jsonVersionOf(v))
 	return append(out, body...), nil
 }
 
-// DecodeCommand decodes what EncodeCommand produced. An unknown type byte or
-// version gives ErrUnknownCommand: the FSM must stop rather than skip an
-// entry other replicas may apply. Anything else that does not decode
-// strictly (unknown fields, trailing bytes, wrong types) gives ErrCorrupt.
-// It never panics, and DecodeCommand(EncodeCommand(c)) equals c. It does not
-// validate values: Apply does.
+// DecodeCommand decodes what EncodeCommand produced, and what it produced
+// before (JSON renewals of version 1). An unknown type byte or version gives
+// ErrUnknownCommand: the FSM must stop rather than skip an entry other
+// replicas may apply. Anything else that does not decode strictly (unknown
+// fields, trailing bytes, wrong types, a binary field not as the encoder
+// writes it) gives ErrCorrupt. It never panics, and
+// DecodeCommand(EncodeCommand(c)) equals c. It does not validate values:
+// Apply does.
 func DecodeCommand(b []byte) (Command, error) {
 	if len(b) < 2 {
 		return nil, fmt.Errorf("lease: decode command: %d bytes, need at least 2: %w", len(b), ErrCorrupt)
@@ -79,6 +99,16 @@ func DecodeCommand(b []byte) (Command, error) {
 	kind, version, body := Kind(b[0]), b[1], b[2:]
 	if version < commandVersion || version > maxCommandVersion {
 		return nil, fmt.Errorf("lease: decode %s: version %d, know %d to %d: %w", kind, version, commandVersion, maxCommandVersion, ErrUnknownCommand)
+	}
+	if version == binaryVersion {
+		if kind != KindRenew {
+			return nil, fmt.Errorf("lease: decode %s: version %d is Renew's alone: %w", kind, version, ErrUnknownCommand)
+		}
+		r, err := decodeRenew(body)
+		if err != nil {
+			return nil, fmt.Errorf("lease: decode %s: %w: %v", kind, ErrCorrupt, err)
+		}
+		return r, nil
 	}
 	var (
 		c   Command
@@ -107,9 +137,11 @@ func DecodeCommand(b []byte) (Command, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lease: decode %s: %w: %v", kind, ErrCorrupt, err)
 	}
-	// One encoding per command: a field the version does not have, or a
-	// newer version than the command needs, is not what EncodeCommand wrote.
-	if want := commandVersionOf(c); want != version {
+	// One JSON encoding per command: a field the version does not have, or
+	// a newer version than the command needs, is not what EncodeCommand
+	// wrote (a JSON Renew is version 1, as logs written before version 4
+	// hold it).
+	if want := jsonVersionOf(c); want != version {
 		return nil, fmt.Errorf("lease: decode %s: %w: version %d, but its fields are those of version %d", kind, ErrCorrupt, version, want)
 	}
 	return c, nil

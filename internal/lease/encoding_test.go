@@ -2,10 +2,13 @@ package lease
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"testing"
+	"unicode/utf8"
 
 	"pgregory.net/rapid"
 )
@@ -27,6 +30,13 @@ func sampleCommands() []Command {
 		ConfigureQuota{Now: 6, Quota: "per-tenant|acme", Burst: 5, Rate: 1, LeasePeriod: sec, Rule: "per-tenant", MaxSubjects: 1000},
 		Grant{Now: 7, Holder: "h", Seq: 4, Quota: "per-tenant|acme", Demand: 1,
 			Config: &QuotaConfig{Burst: 5, Rate: 1, LeasePeriod: sec, Funded: true, Rule: "per-tenant", MaxSubjects: 1000}},
+		Renew{Now: -1, Holder: "", Seq: math.MaxUint64, Items: []RenewItem{
+			{LeaseID: math.MaxUint64, Quota: "", Unused: math.MaxFloat64, Demand: math.SmallestNonzeroFloat64, Weight: -1,
+				Bounds: &Bounds{Period: math.MinInt64, MinSlice: math.Copysign(0, -1), MaxSlice: -math.MaxFloat64}, ConfirmedCap: 1e-300, ConfirmedRate: 5e-324},
+			{LeaseID: 0, Quota: "tenant=\xff\x00|q", Bounds: &Bounds{}},
+			{LeaseID: 1 << 63, Quota: "per-tenant|acme", Unused: 2.5, Demand: 1e12, Weight: 1e6, ConfirmedCap: 80, ConfirmedRate: 8,
+				Bounds: &Bounds{Period: 10 * sec, MinSlice: 0.5, MaxSlice: 8}},
+		}},
 	}
 }
 
@@ -120,6 +130,8 @@ func TestEncodeCommandErrors(t *testing.T) {
 		{"typed nil", (*Renew)(nil), ErrUnknownCommand},
 		{"NaN", Grant{Holder: "h", Seq: 1, Quota: "q", Demand: math.NaN()}, ErrInvalid},
 		{"infinity", Release{Holder: "h", Seq: 1, LeaseID: 1, Unused: math.Inf(1)}, ErrInvalid},
+		{"renew NaN", Renew{Holder: "h", Seq: 1, Items: []RenewItem{{LeaseID: 1, Quota: "q", Demand: math.NaN()}}}, ErrInvalid},
+		{"renew infinite bound", Renew{Holder: "h", Seq: 1, Items: []RenewItem{{LeaseID: 1, Quota: "q", Bounds: &Bounds{MaxSlice: math.Inf(-1)}}}}, ErrInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -154,6 +166,22 @@ func TestDecodeCommandErrors(t *testing.T) {
 		{"negative seq", append([]byte{byte(KindGrant), 1}, `{"seq":-1}`...), ErrCorrupt},
 		{"huge float", append([]byte{byte(KindGrant), 1}, `{"demand":1e400}`...), ErrCorrupt},
 		{"truncated", append([]byte{byte(KindRenew), 1}, `{"items":[{"lease_id":1`...), ErrCorrupt},
+		{"renew version 2", append([]byte{byte(KindRenew), 2}, `{"holder":"h","seq":1,"items":null}`...), ErrCorrupt},
+		{"renew version 3", append([]byte{byte(KindRenew), 3}, `{"holder":"h","seq":1,"items":null}`...), ErrCorrupt},
+		{"version 4 of a JSON kind", append([]byte{byte(KindTick), 4}, 0x02), ErrUnknownCommand},
+		{"version 4 of grant", append([]byte{byte(KindGrant), 4}, `{}`...), ErrUnknownCommand},
+		{"binary renew, JSON body", append([]byte{byte(KindRenew), 4}, `{"holder":"h","seq":1}`...), ErrCorrupt},
+		{"binary renew, no body", []byte{byte(KindRenew), 4}, ErrCorrupt},
+		{"binary renew, trailing byte", append(binaryRenew(), 0), ErrCorrupt},
+		{"binary renew, truncated", binaryRenew()[:len(binaryRenew())-1], ErrCorrupt},
+		{"binary renew, now not shortest", []byte{byte(KindRenew), 4, 0x80, 0x00, 0, 1, 0}, ErrCorrupt},
+		{"binary renew, seq not shortest", []byte{byte(KindRenew), 4, 0, 0, 0x81, 0x00, 0}, ErrCorrupt},
+		{"binary renew, seq too long", []byte{byte(KindRenew), 4, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0}, ErrCorrupt},
+		{"binary renew, holder past the end", []byte{byte(KindRenew), 4, 0, 5, 'h', 1, 0}, ErrCorrupt},
+		{"binary renew, more items than bytes", []byte{byte(KindRenew), 4, 0, 0, 1, 0xff, 0xff, 0xff, 0xff, 0x0f}, ErrCorrupt},
+		{"binary renew, NaN", binaryRenewWith(func(b []byte) { copy(b[len(b)-8:], []byte{0, 0, 0, 0, 0, 0, 0xf8, 0x7f}) }), ErrCorrupt},
+		{"binary renew, infinity", binaryRenewWith(func(b []byte) { copy(b[len(b)-8:], []byte{0, 0, 0, 0, 0, 0, 0xf0, 0x7f}) }), ErrCorrupt},
+		{"binary renew, bounds marker 2", binaryRenewWith(func(b []byte) { b[len(b)-17] = 2 }), ErrCorrupt},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -163,6 +191,104 @@ func TestDecodeCommandErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// binaryRenew is a version 4 Renew of one item without bounds: its bounds
+// marker is the 17th byte from the end, its last 8 bytes confirmed_rate.
+func binaryRenew() []byte {
+	b, err := EncodeCommand(Renew{Now: 1, Holder: "h", Seq: 2, Items: []RenewItem{{LeaseID: 3, Quota: "q", Demand: 1, ConfirmedRate: 1}}})
+	if err != nil || b[1] != binaryVersion {
+		panic(fmt.Sprint(b, err))
+	}
+	return b
+}
+
+func binaryRenewWith(change func([]byte)) []byte {
+	b := binaryRenew()
+	change(b)
+	return b
+}
+
+// TestRenewVersions: a renewal is written in binary (version 4); renewals
+// of version 1 (JSON), as logs written before version 4 hold them, still
+// decode to the same command, which re-encodes in binary.
+func TestRenewVersions(t *testing.T) {
+	r := Renew{Now: 3, Holder: "agent-7/boot-3", Seq: 2, Items: []RenewItem{
+		{LeaseID: 1, Quota: "q", Unused: 0.1, Demand: 3, Weight: 1, ConfirmedCap: 1.0 / 3, ConfirmedRate: 2e-7},
+		{LeaseID: 2, Quota: "ü", Bounds: &Bounds{Period: sec, MinSlice: 0.5, MaxSlice: 4}},
+	}}
+	b, err := EncodeCommand(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b[0] != byte(KindRenew) || b[1] != 4 {
+		t.Fatalf("header %v, want [%d 4]", b[:2], KindRenew)
+	}
+	v1 := `{"now":3,"holder":"agent-7/boot-3","seq":2,"items":[` +
+		`{"lease_id":1,"quota":"q","unused":0.1,"demand":3,"weight":1,"confirmed_cap":0.3333333333333333,"confirmed_rate":2e-7},` +
+		`{"lease_id":2,"quota":"ü","unused":0,"demand":0,"bounds":{"period":1000000,"min_slice":0.5,"max_slice":4},"confirmed_cap":0,"confirmed_rate":0}]}`
+	c, err := DecodeCommand(append([]byte{byte(KindRenew), 1}, v1...))
+	if err != nil || !reflect.DeepEqual(c, r) {
+		t.Fatalf("DecodeCommand(version 1 %s) = %+v, %v; want %+v", v1, c, err, r)
+	}
+	again, err := EncodeCommand(c)
+	if err != nil || !bytes.Equal(again, b) {
+		t.Errorf("version 1 renewal re-encoded as %q, %v; want %q", again, err, b)
+	}
+	// Smaller: the log, the disk and the followers carry less per renewal.
+	if len(b) >= 2+len(v1) {
+		t.Errorf("binary %d bytes, JSON %d", len(b), 2+len(v1))
+	}
+}
+
+// FuzzDecodeRenew: the binary Renew decoder never panics, fails only with
+// ErrCorrupt, and whatever it decodes re-encodes to the very same bytes (one
+// encoding per command) and to a JSON renewal of version 1 that decodes to
+// the same command (both decoders agree).
+func FuzzDecodeRenew(f *testing.F) {
+	for _, c := range sampleCommands() {
+		if r, ok := c.(Renew); ok {
+			b, err := EncodeCommand(r)
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Add(b[2:])
+		}
+	}
+	f.Add(binaryRenew()[2:])
+	f.Add([]byte{})
+	f.Add([]byte{0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		b := append([]byte{byte(KindRenew), binaryVersion}, body...)
+		c, err := DecodeCommand(b)
+		if err != nil {
+			if c != nil || !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("DecodeCommand = %v, %v; want nil, ErrCorrupt", c, err)
+			}
+			return
+		}
+		enc, err := EncodeCommand(c)
+		if err != nil || !bytes.Equal(enc, b) {
+			t.Fatalf("EncodeCommand(DecodeCommand(%q)) = %q, %v", b, enc, err)
+		}
+		js, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := c.(Renew)
+		for _, it := range r.Items {
+			if !utf8.ValidString(it.Quota) {
+				return // JSON would replace the invalid bytes
+			}
+		}
+		if !utf8.ValidString(r.Holder) {
+			return
+		}
+		back, err := DecodeCommand(append([]byte{byte(KindRenew), 1}, js...))
+		if err != nil || !reflect.DeepEqual(back, c) {
+			t.Fatalf("JSON version 1 of %+v decodes to %+v, %v", c, back, err)
+		}
+	})
 }
 
 // FuzzDecodeCommand: decoding never panics, and whatever decodes re-encodes
@@ -192,6 +318,9 @@ func FuzzDecodeCommand(f *testing.F) {
 		enc, err := EncodeCommand(c)
 		if err != nil {
 			t.Fatalf("EncodeCommand(DecodeCommand(%q)) = %v", b, err)
+		}
+		if b[1] == binaryVersion && !bytes.Equal(enc, b) {
+			t.Fatalf("binary %q re-encodes as %q", b, enc)
 		}
 		back, err := DecodeCommand(enc)
 		if err != nil || !reflect.DeepEqual(back, c) {
@@ -243,8 +372,12 @@ func TestEncodeRoundTripProperty(t *testing.T) {
 			r := Renew{Now: i64.Draw(t, "now"), Holder: str.Draw(t, "holder"), Seq: u64.Draw(t, "seq")}
 			if rapid.Bool().Draw(t, "items") {
 				r.Items = rapid.SliceOfN(rapid.Custom(func(t *rapid.T) RenewItem {
-					return RenewItem{LeaseID: u64.Draw(t, "id"), Quota: str.Draw(t, "quota"), Unused: num.Draw(t, "u"),
+					it := RenewItem{LeaseID: u64.Draw(t, "id"), Quota: str.Draw(t, "quota"), Unused: num.Draw(t, "u"),
 						Demand: num.Draw(t, "d"), Weight: num.Draw(t, "w"), ConfirmedCap: num.Draw(t, "cc"), ConfirmedRate: num.Draw(t, "cr")}
+					if rapid.Bool().Draw(t, "bounds") {
+						it.Bounds = &Bounds{Period: i64.Draw(t, "period"), MinSlice: num.Draw(t, "lo"), MaxSlice: num.Draw(t, "hi")}
+					}
+					return it
 				}), 0, 5).Draw(t, "items")
 			}
 			c = r
