@@ -308,8 +308,15 @@ func (q *quota) fillDel(l *lease) {
 	l.inFill = false
 }
 
-// fillSync puts l in the fair share as it is now (demand, expiry).
+// fillSync puts l in the fair share as it is now (demand, expiry). When
+// that is where it is already (a renewal that reports the same demand,
+// weight and bounds), the trees stay as they are: taking the same nodes
+// out and putting them back would leave the same trees and the same sums,
+// since a treap's shape and sums depend only on what it holds.
 func (q *quota) fillSync(l *lease) {
+	if l.inFill && l.nodes[nLive].k == float64(l.Expiry) && q.limitsOf(l) == l.lim {
+		return
+	}
 	q.fillDel(l)
 	q.fillAdd(l)
 }

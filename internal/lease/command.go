@@ -675,24 +675,47 @@ func (c Renew) validate() error {
 	case len(c.Items) > MaxItems:
 		p.addf("%d items, at most %d", len(c.Items), MaxItems)
 	}
-	seen := make(map[uint64]bool, len(c.Items))
+	var seen map[uint64]bool
+	if len(c.Items) > 1 {
+		seen = make(map[uint64]bool, len(c.Items))
+	}
 	for i, it := range c.Items {
+		if it.LeaseID != 0 && !seen[it.LeaseID] {
+			// The usual case, a good item, without naming its fields: the
+			// same checks into a scratch list, named only if they fail.
+			var scratch problems
+			it.check(&scratch, func(string) string { return "" })
+			if len(scratch) == 0 {
+				if seen != nil {
+					seen[it.LeaseID] = true
+				}
+				continue
+			}
+		}
 		f := func(name string) string { return fmt.Sprintf("items[%d].%s", i, name) }
 		if it.LeaseID == 0 {
 			p.addf("%s must be > 0", f("lease_id"))
 		} else if seen[it.LeaseID] {
 			p.addf("%s %d appears twice", f("lease_id"), it.LeaseID)
 		}
-		seen[it.LeaseID] = true
-		p.name(f("quota"), it.Quota)
-		p.amount(f("unused"), it.Unused)
-		p.amount(f("demand"), it.Demand)
-		p.weight(f("weight"), it.Weight)
-		it.Bounds.check(&p, f(""))
-		p.amount(f("confirmed_cap"), it.ConfirmedCap)
-		p.amount(f("confirmed_rate"), it.ConfirmedRate)
+		if seen != nil {
+			seen[it.LeaseID] = true
+		}
+		it.check(&p, f)
 	}
 	return p.err(fmt.Sprintf("renew by %q", c.Holder))
+}
+
+// check adds the problems of one item's values (not of its lease id), each
+// field named by f.
+func (it RenewItem) check(p *problems, f func(string) string) {
+	p.name(f("quota"), it.Quota)
+	p.amount(f("unused"), it.Unused)
+	p.amount(f("demand"), it.Demand)
+	p.weight(f("weight"), it.Weight)
+	it.Bounds.check(p, f(""))
+	p.amount(f("confirmed_cap"), it.ConfirmedCap)
+	p.amount(f("confirmed_rate"), it.ConfirmedRate)
 }
 
 func (c Release) validate() error {
