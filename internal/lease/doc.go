@@ -176,9 +176,15 @@
 // # Encoding
 //
 // EncodeCommand and DecodeCommand frame a command as a type byte, a version
-// byte and strict JSON; an unknown type or version is ErrUnknownCommand, on
-// which the FSM must stop. A command is written at the lowest version that
-// has its fields (version 2 adds Grant.Config and ConfigureQuota's Rule and
-// MaxSubjects), so entries without them read as before on every replica. MarshalBinary and UnmarshalBinary encode the
-// whole state deterministically, for Raft snapshots; Clone is a deep copy.
+// byte and the command, decoded strictly: Renew in binary (version 4,
+// binary.go: every replica decodes every renewal, and JSON was the largest
+// cost of applying one), every other kind as JSON; an unknown type or
+// version is ErrUnknownCommand, on which the FSM must stop. A JSON command
+// is written at the lowest version that has its fields (version 2 adds
+// Grant.Config and ConfigureQuota's Rule and MaxSubjects, version 3
+// QuotaConfig.StartEmpty), so entries without them read as before on every
+// replica; JSON renewals of version 1, as older logs hold them, still
+// decode (testdata/log-04749d6.bin). MarshalBinary and UnmarshalBinary
+// encode the whole state deterministically, for Raft snapshots; Clone is a
+// deep copy.
 package lease
