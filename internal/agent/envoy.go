@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -221,54 +220,16 @@ func (es *envoyStatus) limit(o Response) *rlsv3.RateLimitResponse_RateLimit {
 	return l
 }
 
-// headers are the RateLimit-Policy and RateLimit fields of the deciding
-// rules' quotas (envoyQuotas), and Retry-After when retryAfter is positive
-// (header.Fields, in one string).
+// headers are header.Fields for the deciding rules' quotas (envoyQuotas),
+// as Envoy's header values, in the answer's own allocation.
 func (a *envoyAnswer) headers(retryAfter time.Duration, out []Response) []*corev3.HeaderValue {
 	var qbuf [4]header.Quota
-	qs := envoyQuotas(out, qbuf[:0])
-	var buf [256]byte
-	b := buf[:0]
-	var ends [3]int
-	n := 0
-	if len(qs) > 0 {
-		for i, q := range qs {
-			if i > 0 {
-				b = append(b, ", "...)
-			}
-			b = header.AppendPolicyItem(b, q.PolicyItem())
-		}
-		ends[n] = len(b)
-		n++
-		for i, q := range qs {
-			if i > 0 {
-				b = append(b, ", "...)
-			}
-			b = header.AppendLimitItem(b, q.LimitItem())
-		}
-		ends[n] = len(b)
-		n++
-	}
-	if retryAfter > 0 {
-		b = strconv.AppendInt(b, header.Seconds(retryAfter), 10)
-		ends[n] = len(b)
-		n++
-	}
-	if n == 0 {
-		return nil
-	}
-	all := string(b)
-	names := [3]string{header.NamePolicy, header.NameRateLimit, header.NameRetryAfter}
-	if len(qs) == 0 {
-		names[0] = header.NameRetryAfter
-	}
-	start := 0
-	for i := range n {
-		a.fields[i].Key, a.fields[i].Value = names[i], all[start:ends[i]]
+	fs := header.Fields(retryAfter, envoyQuotas(out, qbuf[:0])...)
+	for i, f := range fs {
+		a.fields[i].Key, a.fields[i].Value = f.Name, f.Value
 		a.fieldPtrs[i] = &a.fields[i]
-		start = ends[i]
 	}
-	return a.fieldPtrs[:n]
+	return a.fieldPtrs[:len(fs)]
 }
 
 func quotaOf(o Response) header.Quota {

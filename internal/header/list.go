@@ -72,13 +72,13 @@ func FormatPolicy(items ...PolicyItem) string {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = AppendPolicyItem(b, it)
+		b = appendPolicyItem(b, it)
 	}
 	return string(b)
 }
 
-// AppendPolicyItem appends one RateLimit-Policy list member to b.
-func AppendPolicyItem(b []byte, it PolicyItem) []byte {
+// appendPolicyItem appends one RateLimit-Policy list member to b.
+func appendPolicyItem(b []byte, it PolicyItem) []byte {
 	b = appendString(b, it.Name)
 	b = append(b, ";q="...)
 	b = strconv.AppendInt(b, min(max(it.Quota, 0), maxInteger), 10)
@@ -100,13 +100,13 @@ func FormatRateLimit(items ...LimitItem) string {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = AppendLimitItem(b, it)
+		b = appendLimitItem(b, it)
 	}
 	return string(b)
 }
 
-// AppendLimitItem appends one RateLimit list member to b.
-func AppendLimitItem(b []byte, it LimitItem) []byte {
+// appendLimitItem appends one RateLimit list member to b.
+func appendLimitItem(b []byte, it LimitItem) []byte {
 	b = appendString(b, it.Name)
 	b = append(b, ";r="...)
 	b = strconv.AppendInt(b, min(max(it.Remaining, 0), maxInteger), 10)
@@ -134,19 +134,47 @@ type Field struct {
 
 // Fields returns the fields reporting quotas qs, one list member each in
 // the order given, then Retry-After when retryAfter is positive. It is the
-// multi-quota form of Set.
+// multi-quota form of Set. The values are slices of one string: a surface
+// that answers every request with them (Envoy's response_headers_to_add)
+// pays one allocation for the text, not one per field.
 func Fields(retryAfter time.Duration, qs ...Quota) []Field {
-	out := make([]Field, 0, 3)
+	var buf [256]byte
+	b := buf[:0]
+	var names [3]string
+	var ends [3]int
+	n := 0
 	if len(qs) > 0 {
-		pol := make([]PolicyItem, len(qs))
-		lim := make([]LimitItem, len(qs))
 		for i, q := range qs {
-			pol[i], lim[i] = q.PolicyItem(), q.LimitItem()
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendPolicyItem(b, q.PolicyItem())
 		}
-		out = append(out, Field{NamePolicy, FormatPolicy(pol...)}, Field{NameRateLimit, FormatRateLimit(lim...)})
+		names[n], ends[n] = NamePolicy, len(b)
+		n++
+		for i, q := range qs {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendLimitItem(b, q.LimitItem())
+		}
+		names[n], ends[n] = NameRateLimit, len(b)
+		n++
 	}
-	if ra := RetryAfter(retryAfter); ra != "" {
-		out = append(out, Field{NameRetryAfter, ra})
+	if retryAfter > 0 {
+		b = strconv.AppendInt(b, Seconds(retryAfter), 10)
+		names[n], ends[n] = NameRetryAfter, len(b)
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	all := string(b)
+	out := make([]Field, n)
+	start := 0
+	for i := range out {
+		out[i] = Field{Name: names[i], Value: all[start:ends[i]]}
+		start = ends[i]
 	}
 	return out
 }
