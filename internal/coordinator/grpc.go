@@ -126,6 +126,7 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	if len(p.ops) == 0 {
 		return &rationv1.RenewResponse{Grants: grants}, nil
 	}
+	p.touched, p.requester = touched, req.Holder
 	results, err := n.propose(ctx, p)
 	if err != nil {
 		return nil, n.rpcError(ctx, err)
@@ -181,9 +182,6 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	if id, isRegion := region.FromHolder(req.Holder); isRegion && n.cfg.Upstream == "" {
 		n.settleSafe(ctx, set, id, req.Items, grants)
 	}
-	if !replayed {
-		n.rebalance(touched, req.Holder)
-	}
 	return &rationv1.RenewResponse{Grants: grants}, nil
 }
 
@@ -215,11 +213,12 @@ func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest
 	if len(p.ops) == 0 {
 		return resp, nil
 	}
-	var released []string
+	// What the releases free may be wanted at once by the other holders
+	// of those quotas: the responder marks them once applied.
 	n.fsm.read(func(s *lease.State) {
 		for _, o := range p.ops {
 			if l, ok := s.LeaseByID(o.cmd.(lease.Release).LeaseID); ok && l.Holder == req.Holder {
-				released = append(released, l.Quota)
+				p.touched = append(p.touched, l.Quota)
 			}
 		}
 	})
@@ -232,10 +231,6 @@ func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest
 	// stale request (older than the holder's last) is reported.
 	if last := results[len(results)-1]; errors.Is(last.Err, lease.ErrStale) {
 		return nil, n.rpcError(ctx, last.Err)
-	} else if !last.Result.Replayed {
-		// What the releases freed may be wanted at once by the other
-		// holders of those quotas.
-		n.rebalance(released, "")
 	}
 	return resp, nil
 }

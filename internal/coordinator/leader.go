@@ -59,6 +59,15 @@ type proposal struct {
 	configs []lease.ConfigureQuota
 	done    chan proposalResult // buffered: the responder never blocks
 	kind    proposalKind
+	// touched are the quotas to mark for the nudge planner once the
+	// proposal applies (unless it was a replay or stale), and requester
+	// the holder whose request it is ("" for none). The responder marks
+	// them in apply order: the planner leaves out the last requester of a
+	// quota because that request's answer was sized against the latest
+	// state, which holds only if no later request's mark came first (see
+	// rebalance).
+	touched   []string
+	requester string
 }
 
 type proposalKind uint8
@@ -568,7 +577,11 @@ func (n *Node) respond(t *term) {
 				n.m.releases.Inc()
 			}
 			start := fl.offsets[i]
-			p.done <- proposalResult{results: res.Ops[start : start+len(p.ops)]}
+			ops := res.Ops[start : start+len(p.ops)]
+			if last := ops[len(ops)-1]; len(p.touched) > 0 && !last.Result.Replayed && !errors.Is(last.Err, lease.ErrStale) {
+				n.rebalance(p.touched, p.requester)
+			}
+			p.done <- proposalResult{results: ops}
 		}
 	}
 }

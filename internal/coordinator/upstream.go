@@ -45,6 +45,10 @@ const (
 	// upstreamWant is how far the subleases' demand must exceed the quota's
 	// capacity before the region asks for more ahead of its renew point.
 	upstreamWant = 1.1
+	// upstreamHelped is the growth of an upstream lease that counts as an
+	// ask having helped (resetting earlyGap); a contended quota's share
+	// wanders by a few percent with every demand report.
+	upstreamHelped = 1.5
 )
 
 // upQuota is one funded quota's upstream lease.
@@ -341,8 +345,14 @@ func (u *upstream) round() {
 		switch e := g.GetError(); {
 		case e == "":
 			l := lease.Lease{ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs}
+			oldCap, oldRate := q.h.Lease.Cap, q.h.Lease.Rate
 			if !q.h.Adopt(recv, seqs[i], l) {
 				continue
+			}
+			if q.h.Lease.Rate > upstreamHelped*oldRate || q.h.Lease.Cap > upstreamHelped*oldCap {
+				// Asking helped: the next want asks again soon, not after
+				// the backoff of the asks that brought nothing before.
+				q.earlyGap, q.earlyAt = 0, q.sentAt+upstreamEarly.Microseconds()
 			}
 			q.failedAt = 0
 			if q.h.Valid(recv) {

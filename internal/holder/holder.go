@@ -208,9 +208,11 @@ type quota struct {
 	// of which ended at sampledAt (created: when the quota was).
 	recent             float64
 	sampledAt, created int64
-	// demand is the last reported demand (tokens/s) and reportedAt when.
-	demand     float64
-	reportedAt int64
+	// demand is the last reported demand (tokens/s) and reportedAt when;
+	// sinceReport the tokens asked for since then (admitted or not).
+	demand      float64
+	reportedAt  int64
+	sinceReport float64
 	// Reasons to renew before the renew point: the leader nudged it, the
 	// last answer shrank it (confirm at once, giving back the excess), or
 	// a request found the slice dry.
@@ -315,8 +317,40 @@ func (q *quota) sample(now int64) {
 // report takes the demand to send at now.
 func (q *quota) report(now int64) float64 {
 	d := q.demandAt(now)
-	q.demand, q.reportedAt = d, now
+	q.demand, q.reportedAt, q.sinceReport = d, now, 0
 	return d
+}
+
+// fellZ is how many standard deviations (of a Poisson count at the
+// reported rate) the tokens asked for since a report must fall short by
+// before the demand counts as fallen: an agent that reported 32/s and saw
+// nothing for 250ms (8 expected, 0 seen), or one that reported 29/s and saw
+// 10/s for half a second, has a new demand; a subject of a few requests a
+// second has to be quiet for longer. Steady Poisson arrivals fall that
+// short about once in 160 looks.
+const fellZ = 2.5
+
+// fell reports whether the demand fell to less than half of what was last
+// reported, judged on the tokens asked for since that report (see fellZ;
+// not on one window's count: a demand of 20/s brings 5 per window, and
+// requiring 8 per window left such a fall unreported until the renew
+// point). A fall
+// restarts the estimate from what arrived since the report, so that the
+// early renewal reports the new demand rather than a smoothed mix that
+// keeps most of the old one for several windows (and would not look like
+// a fall to the region's leader, which passes the sum upstream). q.mu held.
+func (q *quota) fell(now int64) bool {
+	el := now - q.reportedAt
+	if q.isDefault || el < demandWindow.Microseconds() {
+		return false
+	}
+	expected := q.demand * float64(el) / 1e6
+	if miss := expected - q.sinceReport; q.sinceReport >= expected/2 || miss*miss < fellZ*fellZ*expected {
+		return false
+	}
+	q.recent = q.sinceReport / (float64(el) / 1e6)
+	q.requested, q.sampledAt = 0, now
+	return true
 }
 
 // Leases is the agent's set of leases. It implements agent.Leases.
@@ -418,6 +452,7 @@ func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost 
 	now = l.waitFirst(ctx, q, now, math.MaxInt64)
 	q.mu.Lock()
 	q.requested += cost
+	q.sinceReport += cost
 	q.lastUsed = now
 	res, ok, flag := l.spendOwn(q, cost, now)
 	q.mu.Unlock()
@@ -832,10 +867,7 @@ func (l *Leases) look(qs []*quota, full bool, now, next int64) (pick, int64) {
 			// A demand that fell to half of what was reported is worth
 			// telling at once: another holder may want what this one no
 			// longer does (a rise shows up as a dry slice instead).
-			// Only a demand that would have made a few requests per window
-			// counts: a slow subject's quiet window is noise.
-			w := demandWindow.Seconds()
-			fell := now-q.reportedAt >= demandWindow.Microseconds() && q.demand*w >= 8 && q.demandAt(now) < q.demand/2
+			fell := q.fell(now)
 			// A shrink is confirmed at once; a nudge or a fallen demand
 			// at most every EarlyGap; a dry slice asks with a backoff of
 			// its own (dryAt), so that asking in vain never delays the

@@ -115,6 +115,7 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		}
 	}
 	q.requested += cost
+	q.sinceReport += cost
 	q.lastUsed = now
 	if q.cp.Spend(now, cost) {
 		res := result(q.cp, true, cost)

@@ -38,7 +38,10 @@ const (
 	upstreamDrift = 0.001
 	upstreamEarly = 50_000 // µs
 	upstreamWant  = 1.1
-	renewAtFrac   = 0.5
+	// upstreamHelped: an ask that grew the lease this much resets the
+	// backoff of the asks (as the coordinator's upstream does).
+	upstreamHelped = 1.5
+	renewAtFrac    = 0.5
 )
 
 func newUpstream(g *group) *upstream {
@@ -189,8 +192,12 @@ func (u *upstream) round() {
 			switch e := gr.GetError(); {
 			case e == "":
 				l := lease.Lease{ID: gr.LeaseId, Quota: q.id, Balance: gr.Balance, Cap: gr.Cap, Rate: gr.Rate, Term: gr.DurationUs}
+				oldCap, oldRate := q.h.Lease.Cap, q.h.Lease.Rate
 				if !q.h.Adopt(recv, seqs[i], l) {
 					continue
+				}
+				if q.h.Lease.Rate > upstreamHelped*oldRate || q.h.Lease.Cap > upstreamHelped*oldCap {
+					q.earlyGap, q.earlyAt = 0, q.sentAt+upstreamEarly
 				}
 				if q.h.Valid(recv) {
 					rate := gr.Rate
