@@ -37,7 +37,9 @@ if [ ! -e "$policy" ]; then
   printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && own_policy=1
 fi
 trap '[ "$own_policy" = 1 ] && rm -f "$policy"' EXIT
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# Wait for another apt-get or dpkg (an unattended upgrade, a second make)
+# rather than fail on its lock.
+apt-get -o DPkg::Lock::Timeout=600 update -qq
+apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 # Debian's packages may start services (redis on 6379, nginx on 80); the
 # tests do not use them.
