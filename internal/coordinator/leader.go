@@ -578,8 +578,10 @@ func (n *Node) respond(t *term) {
 			}
 			start := fl.offsets[i]
 			ops := res.Ops[start : start+len(p.ops)]
-			if last := ops[len(ops)-1]; len(p.touched) > 0 && !last.Result.Replayed && !errors.Is(last.Err, lease.ErrStale) {
-				n.rebalance(p.touched, p.requester)
+			if len(p.touched) > 0 {
+				if last := ops[len(ops)-1]; !last.Result.Replayed && !errors.Is(last.Err, lease.ErrStale) {
+					n.rebalance(p.touched, p.requester)
+				}
 			}
 			p.done <- proposalResult{results: ops}
 		}

@@ -185,8 +185,8 @@ func (s *leasesServer) Watch(req *rationv1.WatchRequest, stream rationv1.Leases_
 // goroutines may run in any order): the planner leaves out a quota's last
 // requester, and under load a handler marking late made an earlier request
 // look like the last one, so the holder it should have nudged (sized
-// before a later request freed rate) waited for its renew point. It costs O(1) per
-// quota, whatever the number of the quota's holders: the plan itself
+// before a later request freed rate) waited for its renew point. It costs
+// O(1) per quota, whatever the number of the quota's holders: the plan itself
 // (planNudges, which reads every live lease of the quota) runs in the
 // term's planner (planLoop), once per quota per planning round, not once
 // per renewal.

@@ -334,11 +334,11 @@ const fellZ = 2.5
 // reported, judged on the tokens asked for since that report (see fellZ;
 // not on one window's count: a demand of 20/s brings 5 per window, and
 // requiring 8 per window left such a fall unreported until the renew
-// point). A fall
-// restarts the estimate from what arrived since the report, so that the
-// early renewal reports the new demand rather than a smoothed mix that
-// keeps most of the old one for several windows (and would not look like
-// a fall to the region's leader, which passes the sum upstream). q.mu held.
+// point). A fall restarts the estimate from what arrived since the
+// report, so that the early renewal reports the new demand rather than a
+// smoothed mix that keeps most of the old one for several windows (and
+// would not look like a fall to the region's leader, which passes the sum
+// upstream). q.mu held.
 func (q *quota) fell(now int64) bool {
 	el := now - q.reportedAt
 	if q.isDefault || el < demandWindow.Microseconds() {

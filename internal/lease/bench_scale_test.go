@@ -27,13 +27,7 @@ func BenchmarkRenewHolders(b *testing.B) {
 
 func renewHolders(b *testing.B, n int, steady bool) {
 	s := New()
-	must := func(c Command) Result {
-		r, err := s.Apply(c)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return r
-	}
+	must := func(c Command) Result { return applyOK(b, s, c) }
 	must(ConfigureQuota{Quota: "q", Burst: 1e6, Rate: 1e5, LeasePeriod: MaxPeriod, SafetyMargin: sec})
 	rate := 1e5 / float64(n)
 	items := make([]RenewItem, n)

@@ -12,13 +12,7 @@ func BenchmarkRenew(b *testing.B) {
 	for _, others := range []int{1, 100} {
 		b.Run(fmt.Sprintf("items=100/others=%d", others), func(b *testing.B) {
 			s := New()
-			must := func(c Command) Result {
-				r, err := s.Apply(c)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return r
-			}
+			must := func(c Command) Result { return applyOK(b, s, c) }
 			renew := Renew{Holder: "agent", Seq: 1}
 			for q := range 100 {
 				name := fmt.Sprintf("q%d", q)
@@ -132,4 +126,14 @@ func BenchmarkDecodeRenew(b *testing.B) {
 			}
 		})
 	}
+}
+
+// applyOK applies c to s, failing the benchmark on an error.
+func applyOK(b *testing.B, s *State, c Command) Result {
+	b.Helper()
+	r, err := s.Apply(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
 }
