@@ -321,8 +321,9 @@ func TestHierarchySharesFollowDemand(t *testing.T) {
 	const phase = 6 * time.Second
 	var switched atomic.Int64 // rec clock of the switch, ns
 	type sample struct {
-		at     time.Duration
-		eu, us float64
+		at                 time.Duration
+		eu, us             float64 // the regions' rates
+		euDemand, usDemand float64 // the demands they reported
 	}
 	var samples []sample
 	_, leader := hr.global.Leader(t)
@@ -335,7 +336,9 @@ func TestHierarchySharesFollowDemand(t *testing.T) {
 				return
 			case <-time.After(50 * time.Millisecond):
 			}
-			samples = append(samples, sample{hr.rec.Now(), regionRate(leader, "eu"), regionRate(leader, "us")})
+			eu, _ := regionLease(leader, "eu")
+			us, _ := regionLease(leader, "us")
+			samples = append(samples, sample{hr.rec.Now(), eu.Rate, us.Rate, eu.Demand, us.Demand})
 		}
 	}()
 	hr.drive("g", "x", 2*phase, func(a *regionAgent, at time.Duration) float64 {
@@ -370,6 +373,17 @@ func TestHierarchySharesFollowDemand(t *testing.T) {
 	t.Logf("before the switch: eu %.1f, us %.1f; shares followed after %v", before.eu, before.us, followed)
 	if before.eu < 40 || before.us > 20 {
 		t.Errorf("before the switch eu %.1f, us %.1f: want about 50 and 10 (demand 80 vs 10)", before.eu, before.us)
+	}
+	if followed < 0 || followed > limit {
+		// Which side stalled: a region that did not tell its fallen
+		// demand, one that did not ask for more, or the global group.
+		var last time.Duration
+		for _, s := range samples {
+			if s.at >= sw && (last == 0 || s.at-last >= 250*time.Millisecond) {
+				last = s.at
+				t.Logf("%v after the switch: eu rate %.1f (reported demand %.1f), us rate %.1f (demand %.1f)", s.at-sw, s.eu, s.euDemand, s.us, s.usDemand)
+			}
+		}
 	}
 	if followed < 0 {
 		t.Fatalf("shares never followed the demand to us within %v", phase)

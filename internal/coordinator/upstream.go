@@ -49,7 +49,21 @@ const (
 	// ask having helped (resetting earlyGap); a contended quota's share
 	// wanders by a few percent with every demand report.
 	upstreamHelped = 1.5
+	// upstreamFell is the fall of the subleases' summed demand, against the
+	// demand last reported, that is told at once. Not a half, as an
+	// agent's own fall must be: a region's sum moves in the steps its
+	// agents report (an agent's estimate decays towards a new rate over
+	// several renewals, some of them nudged), and a region that reported a
+	// step of the way down (80 -> 25/s) would never see the rest (25 -> 14)
+	// as a halving: the global group kept its share at 25 until the renew
+	// point, 5s later, while another region wanted it.
+	upstreamFell = 0.75
 )
+
+// DemandFell reports whether a region's summed demand fell far enough
+// below the demand it last reported upstream (sent) to tell the global
+// group ahead of its renew point; exported for the simulator.
+func DemandFell(demand, sent float64) bool { return demand < upstreamFell*sent }
 
 // upQuota is one funded quota's upstream lease.
 type upQuota struct {
@@ -234,9 +248,9 @@ func (u *upstream) round() {
 			anyDue = true
 		}
 		wants := fi.demand > upstreamWant*(fi.info.Rate+q.h.Lease.Rate)
-		// Demand that fell to half of what was reported is worth telling
+		// Demand that fell well below what was reported is worth telling
 		// at once: another region may want what this one no longer does.
-		fell := fi.demand < q.sentDemand/2
+		fell := DemandFell(fi.demand, q.sentDemand)
 		// A nudge or a fallen demand goes at most every upstreamEarly; a
 		// want of more backs off on its own (earlyAt), so that asking in
 		// vain never delays the others.

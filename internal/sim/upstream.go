@@ -123,7 +123,7 @@ func (u *upstream) round() {
 			anyDue = true
 		}
 		wants := fi.demand > upstreamWant*(fi.q.Rate+q.h.Lease.Rate)
-		fell := fi.demand < q.sentDemand/2
+		fell := coordinator.DemandFell(fi.demand, q.sentDemand)
 		soon := now >= q.sentAt+upstreamEarly
 		switch {
 		case fell && soon:
