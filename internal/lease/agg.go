@@ -282,43 +282,72 @@ func (q *quota) fillAdd(l *lease) {
 	l.ensure()
 	m := q.limitsOf(l)
 	l.lim, l.inFill = m, true
-	x := l.nodes[nLive]
-	x.k, x.v = float64(l.Expiry), [3]float64{m.lo, m.hiD, m.mx}
-	q.live = insert(q.live, x)
-	event := func(root **node, i int, at, dw, dc float64) {
-		x := l.nodes[i]
-		x.k, x.v = at, [3]float64{dw, dc, 0}
+	at := fillEntries(m, l.Expiry)
+	for i, root := range q.fillRoots() {
+		x := l.nodes[nLive+i]
+		x.k, x.v = at[i].k, at[i].v
 		*root = insert(*root, x)
 	}
-	event(&q.evB, nB0, m.lo/m.w, m.w, -m.lo)
-	event(&q.evB, nB1, m.hiD/m.w, -m.w, m.hiD)
-	event(&q.evC, nC0, m.hiD/m.w, m.w, -m.hiD)
-	event(&q.evC, nC1, m.mx/m.w, -m.w, m.mx)
+}
+
+// fillEntry is where one of a lease's fair-share nodes sits and what it
+// adds to its tree's sums.
+type fillEntry struct {
+	k float64
+	v [3]float64
+}
+
+// fillEntries are a lease's nodes nLive..nC1 for limits m and expiry: its
+// place by expiry among the live leases, and the events that start and stop
+// its rise in the two water-fillings.
+func fillEntries(m limits, expiry int64) [nNodes - nLive]fillEntry {
+	return [nNodes - nLive]fillEntry{
+		{float64(expiry), [3]float64{m.lo, m.hiD, m.mx}},
+		{m.lo / m.w, [3]float64{m.w, -m.lo, 0}},
+		{m.hiD / m.w, [3]float64{-m.w, m.hiD, 0}},
+		{m.hiD / m.w, [3]float64{m.w, -m.hiD, 0}},
+		{m.mx / m.w, [3]float64{-m.w, m.mx, 0}},
+	}
+}
+
+// fillRoots are the trees of nodes nLive..nC1, in that order.
+func (q *quota) fillRoots() [nNodes - nLive]**node {
+	return [nNodes - nLive]**node{&q.live, &q.evB, &q.evB, &q.evC, &q.evC}
 }
 
 func (q *quota) fillDel(l *lease) {
 	if !l.inFill {
 		return
 	}
-	q.live = remove(q.live, l.nodes[nLive])
-	q.evB = remove(q.evB, l.nodes[nB0])
-	q.evB = remove(q.evB, l.nodes[nB1])
-	q.evC = remove(q.evC, l.nodes[nC0])
-	q.evC = remove(q.evC, l.nodes[nC1])
+	for i, root := range q.fillRoots() {
+		*root = remove(*root, l.nodes[nLive+i])
+	}
 	l.inFill = false
 }
 
-// fillSync puts l in the fair share as it is now (demand, expiry). When
-// that is where it is already (a renewal that reports the same demand,
-// weight and bounds), the trees stay as they are: taking the same nodes
-// out and putting them back would leave the same trees and the same sums,
-// since a treap's shape and sums depend only on what it holds.
+// fillSync puts l in the fair share as it is now (demand, expiry), moving
+// only the nodes whose place or values changed: a renewal moves its expiry
+// and usually its demand (three nodes), rarely its weight or bounds (the
+// other two). The trees come out as a full take-out and put-back would
+// leave them, since a treap's shape and sums depend only on what it holds;
+// a node left where it was holds what it would have been put back with.
 func (q *quota) fillSync(l *lease) {
-	if l.inFill && l.nodes[nLive].k == float64(l.Expiry) && q.limitsOf(l) == l.lim {
+	if !l.inFill {
+		q.fillAdd(l)
 		return
 	}
-	q.fillDel(l)
-	q.fillAdd(l)
+	m := q.limitsOf(l)
+	at := fillEntries(m, l.Expiry)
+	for i, root := range q.fillRoots() {
+		x := l.nodes[nLive+i]
+		if x.k == at[i].k && x.v == at[i].v {
+			continue
+		}
+		*root = remove(*root, x)
+		x.k, x.v = at[i].k, at[i].v
+		*root = insert(*root, x)
+	}
+	l.lim = m
 }
 
 // expirySync follows a change of l's expiry alone.
