@@ -13,7 +13,8 @@ import (
 // internal/coordinator's planLoop: a committed Renew marks its quotas
 // (with its holder), a Release or a Fund marks theirs; a round at most
 // every PlanMin plans each marked quota with coordinator.PlanQuota (a quota
-// read n live leases ago waits n * PlanPerLease first) and sends each
+// read n live leases ago waits n * PlanPerLease first), damps the plan as
+// the leader does (coordinator.Damper) and sends each
 // nudged agent one message over the network (a Watch stream: lost, cut or
 // late like any other). The global group's holders are the regions'
 // upstream loops, whose nudges are not modelled: they renew at their renew
@@ -24,6 +25,7 @@ type planner struct {
 	roundAt int64             // the next round, 0: none set
 	lastAt  int64             // the last round
 	term    int
+	damp    coordinator.Damper // the leader's damping of nudge storms
 }
 
 // mark queues quotas for the leader's next planning round.
@@ -83,9 +85,18 @@ func (g *group) planNow() {
 		}
 		requester := p.dirty[q]
 		delete(p.dirty, q)
-		holders, read := coordinator.PlanQuota(g.st, q, requester)
+		holders, urgent, read := coordinator.PlanQuota(g.st, q, requester)
 		if d := us(coordinator.PlanPerLease) * int64(read); d > us(coordinator.PlanMin) {
 			p.next[q] = s.now + d
+		}
+		holders, retryAt := p.damp.Filter(q, holders, urgent, s.now)
+		if retryAt != 0 {
+			// Held back: planned again when the cooldown ends.
+			p.dirty[q] = ""
+			p.next[q] = max(p.next[q], retryAt)
+			if soonest == 0 || p.next[q] < soonest {
+				soonest = p.next[q]
+			}
 		}
 		rule, subject, _ := strings.Cut(q, "|")
 		for _, h := range holders {
