@@ -30,9 +30,12 @@ type metrics struct {
 	// upstreamRenewals counts a regional leader's renewals of its upstream
 	// leases, by result (ok, error).
 	upstreamRenewals *prometheus.CounterVec
-	// nudges counts quotas this leader told holders to renew at once;
-	// duplicateHolders pairs of live agent processes seen with one id.
+	// nudges counts quotas this leader told holders to renew at once,
+	// nudgesHeld the nudges its damping held back (planned again after the
+	// cooldown); duplicateHolders pairs of live agent processes seen with
+	// one id.
 	nudges           prometheus.Counter
+	nudgesHeld       prometheus.Counter
 	duplicateHolders prometheus.Counter
 	state            *stateCollector
 
@@ -96,6 +99,10 @@ func newMetrics(n *Node) *metrics {
 			Name: "ration_coordinator_nudges_total",
 			Help: "Quotas this node, as leader, told their holders to renew at once over their Watch streams (a share to shrink or to take).",
 		}),
+		nudgesHeld: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_nudges_held_total",
+			Help: "Nudges this node, as leader, held back because it had nudged the same holder for the same quota within the cooldown (250ms) and the plan was not urgent; the quota is planned again when the cooldown ends. High next to ration_coordinator_nudges_total: shares of contended quotas churning.",
+		}),
 		duplicateHolders: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_coordinator_duplicate_agent_ids_total",
 			Help: "Times this leader saw two live agent processes (incarnations) with the same configured agent id; each is still its own holder.",
@@ -105,7 +112,7 @@ func newMetrics(n *Node) *metrics {
 	m.all = []prometheus.Collector{
 		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.grpcPanics, m.leaderChanges,
 		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals,
-		m.nudges, m.duplicateHolders, m.state,
+		m.nudges, m.nudgesHeld, m.duplicateHolders, m.state,
 	}
 	return m
 }

@@ -325,7 +325,11 @@ func (n *Node) planLoop(t *term) {
 					if d := time.Duration(read) * planPerLease; d > planMin {
 						next[qid] = now.Add(d)
 					}
+					planned := len(holders)
 					holders, retryAt := damp.Filter(qid, holders, urgent, at)
+					if held := planned - len(holders); held > 0 {
+						n.m.nudgesHeld.Add(float64(held))
+					}
 					if retryAt != 0 {
 						// Held back: planned again once the cooldown ends,
 						// against the state then.
