@@ -2,8 +2,9 @@
 # make sim-mutations: every patch in internal/sim/testdata/mutations breaks
 # internal/lease or internal/holder on purpose; the simulator must catch
 # each one (ration-sim exits 1 with "verdict: FAIL") at every seed its
-# header names. Each runs on a copy of this work tree; nothing here is
-# changed. A report that passes is printed in full.
+# header names ("seeds: 1 2 3"), with the ration-sim flags its header
+# gives ("flags: -nudges", optional). Each runs on a copy of this work
+# tree; nothing here is changed. A report that passes is printed in full.
 #
 #   scripts/sim-mutations.sh                  # all of them
 #   scripts/sim-mutations.sh 03-holder-double-validity
@@ -29,14 +30,15 @@ for p in "${patches[@]}"; do
     continue
   fi
   (cd "$src" && go build -o "$tmp/$name.bin" ./cmd/ration-sim)
+  read -r -a flags <<<"$(sed -n 's/^flags: //p' "$p")"
   for seed in $(sed -n 's/^seeds: //p' "$p"); do
     out="$tmp/$name-$seed.txt"
-    if "$tmp/$name.bin" -config small -seed "$seed" >"$out" 2>&1; then
+    if "$tmp/$name.bin" -config small -seed "$seed" "${flags[@]}" >"$out" 2>&1; then
       echo "sim-mutations: $name seed $seed NOT caught:"
       cat "$out"
       bad=1
     elif grep -q '^verdict: FAIL' "$out"; then
-      echo "sim-mutations: $name seed $seed caught: $(grep '^verdict' "$out")"
+      echo "sim-mutations: $name seed $seed${flags[*]:+ ${flags[*]}} caught: $(grep '^verdict' "$out")"
     else
       echo "sim-mutations: $name seed $seed failed without a verdict:"
       cat "$out"
