@@ -404,10 +404,11 @@ func PlanQuota(s *lease.State, qid, requester string) (nudge []string, urgent bo
 // capacity fell below what is reserved: a region's upstream lease shrank),
 // the holders above their targets (the largest excess first, until their
 // excess covers the deficit; an unconfirmed shrink counts as excess), and,
-// when rate or room is free, the holders below (to take it). urgent: some
-// holder is below urgentShare of its target, or the quota is
-// over-committed; the Damper lets an urgent plan through at once. Pure,
-// for tests.
+// when rate or room is free, the holders below (to take it). urgent (the
+// Damper lets the plan through at once): the quota is over-committed, or
+// a holder is below urgentShare of its target and lacks urgentShare of an
+// even share, or freeShare of an even share is free while a holder is
+// below its own. Pure, for tests.
 func planNudges(shares []lease.Share, freeCap, freeRate, pool float64) (out []string, urgent bool) {
 	deficitRate, deficitCap := max(0, -freeRate), max(0, -freeCap)
 	urgent = deficitRate > 0 || deficitCap > 0
@@ -466,19 +467,16 @@ func planNudges(shares []lease.Share, freeCap, freeRate, pool float64) (out []st
 	return out, urgent
 }
 
-// NudgeCooldown is nudgeCooldown, exported for the simulator.
-const NudgeCooldown = nudgeCooldown
-
 // Damper damps nudge storms. Under contention every renewal moves the
 // shares a little (each holder's demand report is noisy), some holder
 // drifts below underShare of its target, the plan nudges the holders
 // above theirs, their renewals move the shares again: measured on the
 // simulator, about 8 times the renewals of a quota without nudges, for
 // half a percent of utilisation. So a holder is nudged for a quota at most
-// once per NudgeCooldown, unless the plan is urgent (a holder below
-// urgentShare of its target: a newcomer, a demand that jumped; or the
-// quota over-committed), which goes at once as before. A nudge held back
-// is not lost: the quota is planned again when the cooldown ends.
+// once per nudgeCooldown, unless the plan is urgent (see planNudges: a
+// newcomer, a tenfold jump of demand, a holder that left, the quota
+// over-committed), which goes at once as before. A nudge held back is not
+// lost: the quota is planned again when the cooldown ends.
 //
 // Times are microseconds on any clock that only moves forward. The zero
 // value is ready; it is not safe for concurrent use (one planner owns it).
