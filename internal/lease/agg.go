@@ -145,6 +145,23 @@ func remove(t, x *node) *node {
 	return t
 }
 
+// refresh recomputes the sums on the path from t down to x, after x's own
+// values changed (its key did not): the shape stays, and every sum is
+// computed as a rebuild would, left + own + right.
+func refresh(t, x *node) {
+	if t == nil {
+		return
+	}
+	if t != x {
+		if x.less(t) {
+			refresh(t.l, x)
+		} else {
+			refresh(t.r, x)
+		}
+	}
+	t.pull()
+}
+
 func sums(t *node) [3]float64 {
 	if t == nil {
 		return [3]float64{}
@@ -271,8 +288,9 @@ func (q *quota) resDel(l *lease) {
 
 func (q *quota) resSync(l *lease) {
 	if x := l.nodes[nRes]; x.v[0] != l.ResCap || x.v[1] != l.ResRate {
-		q.resDel(l)
-		q.resAdd(l)
+		x.v = [3]float64{l.ResCap, l.ResRate, 0}
+		refresh(q.res, x)
+		q.resSum = sums(q.res)
 	}
 }
 
@@ -326,11 +344,12 @@ func (q *quota) fillDel(l *lease) {
 }
 
 // fillSync puts l in the fair share as it is now (demand, expiry), moving
-// only the nodes whose place or values changed: a renewal moves its expiry
-// and usually its demand (three nodes), rarely its weight or bounds (the
-// other two). The trees come out as a full take-out and put-back would
-// leave them, since a treap's shape and sums depend only on what it holds;
-// a node left where it was holds what it would have been put back with.
+// only the nodes whose place changed and refreshing the sums above those
+// whose values alone did: a renewal's new demand moves its two demand
+// events and changes its live entry's values (its expiry moves later, in
+// resize); weight and bounds, which move the other two, rarely change.
+// The trees come out as a full take-out and put-back would leave them,
+// since a treap's shape and sums depend only on what it holds.
 func (q *quota) fillSync(l *lease) {
 	if !l.inFill {
 		q.fillAdd(l)
@@ -340,7 +359,11 @@ func (q *quota) fillSync(l *lease) {
 	at := fillEntries(m, l.Expiry)
 	for i, root := range q.fillRoots() {
 		x := l.nodes[nLive+i]
-		if x.k == at[i].k && x.v == at[i].v {
+		if x.k == at[i].k {
+			if x.v != at[i].v {
+				x.v = at[i].v
+				refresh(*root, x)
+			}
 			continue
 		}
 		*root = remove(*root, x)
