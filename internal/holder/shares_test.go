@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
@@ -422,8 +420,8 @@ rules:
 	}
 	wg.Wait()
 	leader, _ := c.Leader(t)
-	sent := counter(t, c.Registry(leader), "ration_coordinator_nudges_total")
-	held := counter(t, c.Registry(leader), "ration_coordinator_nudges_held_total")
+	sent := harness.Counter(t, c.Registry(leader), "ration_coordinator_nudges_total")
+	held := harness.Counter(t, c.Registry(leader), "ration_coordinator_nudges_held_total")
 	perHolder := sent / float64(len(offers)) / run.Seconds()
 	t.Logf("nudges sent %v (%.1f per holder per second), held back %v", sent, perHolder, held)
 	if held == 0 {
@@ -456,20 +454,4 @@ func drivePoisson(h *holder.Leases, rec *admission.Recorder, id string, r *rules
 			}
 		}
 	}
-}
-
-// counter reads a counter without labels from reg.
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no counter %s", name)
-	return 0
 }

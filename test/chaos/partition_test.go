@@ -7,29 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
 )
-
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			var sum float64
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-			return sum
-		}
-	}
-	return 0
-}
 
 // S2: the leader is cut from its followers (every Raft link to and from
 // it blackholed; a per-link proxy tells senders apart) but stays
@@ -63,7 +43,7 @@ func TestS2DeposedLeader(t *testing.T) {
 	time.Sleep(2*time.Second + time.Duration(r.Int64N(int64(500*time.Millisecond))))
 	old, _ := coords.Leader(t)
 	reg := coords.Registry(old)
-	before := counter(t, reg, "ration_coordinator_renewals_committed_total")
+	before := harness.Counter(t, reg, "ration_coordinator_renewals_committed_total")
 	cut := mono()
 	proxies[0].Isolate(ids[old])
 	waitFor(t, 10*time.Second, "a new leader among the majority", func() bool {
@@ -76,7 +56,7 @@ func TestS2DeposedLeader(t *testing.T) {
 	})
 	elected := mono()
 	time.Sleep(3 * time.Second)
-	during := counter(t, reg, "ration_coordinator_renewals_committed_total") - before
+	during := harness.Counter(t, reg, "ration_coordinator_renewals_committed_total") - before
 	stillLeader := coords.Node(old).Ready()
 	for _, p := range proxies {
 		p.Heal()
