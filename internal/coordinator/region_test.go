@@ -166,21 +166,6 @@ func (hr *hierarchy) admittedIn(recs []admission.Record, region string, from, to
 	return n
 }
 
-// regionRate returns the rate the global leader gives region id.
-func regionRate(leader *coordinator.Node, id string) float64 {
-	var rate float64
-	leader.ReadState(func(s *lease.State) {
-		for _, q := range s.Quotas() {
-			for _, l := range s.Leases(q) {
-				if l.Holder == "region/"+id {
-					rate += l.Rate
-				}
-			}
-		}
-	})
-	return rate
-}
-
 // proxy forwards TCP to one address until cut: a network partition between
 // a regional group and one global node.
 type proxy struct {
