@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -549,6 +550,89 @@ func TestReloadKeepsOldRulesOnBadFile(t *testing.T) {
 		resp := a.allow(t, &rationv1.AllowRequest{Rule: "hot", Subject: "y"})
 		return resp.Limit == 7
 	})
+}
+
+// TestAllowBatchAnswersAsUnary: the server reads AllowBatch's requests with
+// its own decoder, Allow's with protobuf's; every form of request gets the
+// same answer either way (rule, reason, error), and a batch over MaxBatch
+// is refused whole.
+func TestAllowBatchAnswersAsUnary(t *testing.T) {
+	a := startAgent(t, `
+rules:
+  - name: by-user
+    match: {user: "*"}
+    burst: 1000000000
+    rate: 0 # remaining counts exactly what was taken
+  - name: search
+    match: {user: "*", endpoint: search}
+    burst: 1000000000
+    rate: 0 # remaining counts exactly what was taken
+`)
+	many := map[string]string{}
+	for i := range rules.MaxDescriptors + 1 {
+		many[fmt.Sprintf("k%d", i)] = "v"
+	}
+	reqs := []*rationv1.AllowRequest{
+		{Descriptors: map[string]string{"user": "ann"}},
+		{Descriptors: map[string]string{"user": "bob", "endpoint": "search"}, Cost: 3},
+		{Descriptors: map[string]string{"user": "ann", "other": "x"}},
+		{Descriptors: map[string]string{"endpoint": "search"}}, // no rule matches
+		{Rule: "by-user", Subject: "carol", RequestId: "batch-1"},
+		{Rule: "nope", Subject: "x"},
+		{Descriptors: map[string]string{"user": "x"}, Rule: "by-user", Subject: "x"},
+		{Descriptors: many},
+		{Descriptors: map[string]string{"": "empty key"}},
+		{Descriptors: map[string]string{"user": strings.Repeat("u", 300)}},
+		{},
+		{Descriptors: map[string]string{"user": "dan"}, Cost: -1},
+	}
+	ctx := context.Background()
+	batch, err := a.rl.AllowBatch(ctx, &rationv1.AllowBatchRequest{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(batch.Responses) != len(reqs) {
+		t.Fatalf("%d answers to %d requests", len(batch.Responses), len(reqs))
+	}
+	for i, r := range reqs {
+		got := batch.Responses[i]
+		if r.RequestId != "" {
+			r.RequestId += "-unary" // a fresh id: the batch's would replay
+		}
+		want, err := a.rl.Allow(ctx, r)
+		if err != nil {
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("request %d: unary Allow: %v", i, err)
+			}
+			if got.Reason != rationv1.Reason_REASON_INVALID || got.Error != status.Convert(err).Message() {
+				t.Errorf("request %d: batch answered %v, unary refused it: %q", i, got, status.Convert(err).Message())
+			}
+			continue
+		}
+		if got.Allowed != want.Allowed || got.Reason != want.Reason || got.Rule != want.Rule || got.Limit != want.Limit || got.Error != "" {
+			t.Errorf("request %d: batch answered %v, unary %v", i, got, want)
+		}
+	}
+
+	over := make([]*rationv1.AllowRequest, agent.MaxBatch+1)
+	for i := range over {
+		over[i] = &rationv1.AllowRequest{Descriptors: map[string]string{"user": "eve"}}
+	}
+	full, err := a.rl.AllowBatch(ctx, &rationv1.AllowBatchRequest{Requests: over[:agent.MaxBatch]})
+	if err != nil {
+		t.Fatalf("batch of MaxBatch: %v", err)
+	}
+	if n, last := len(full.Responses), full.Responses[len(full.Responses)-1]; n != agent.MaxBatch || !last.Allowed || last.Rule != "by-user" ||
+		last.Remaining != 1000000000-agent.MaxBatch {
+		t.Fatalf("batch of MaxBatch: %d answers, the last %v", n, last)
+	}
+	if _, err := a.rl.AllowBatch(ctx, &rationv1.AllowBatchRequest{Requests: over}); status.Code(err) != codes.InvalidArgument ||
+		!strings.Contains(err.Error(), fmt.Sprintf("batch of %d requests", agent.MaxBatch+1)) {
+		t.Fatalf("batch of MaxBatch+1: %v, want InvalidArgument naming its size", err)
+	}
+	if resp := a.allow(t, &rationv1.AllowRequest{Descriptors: map[string]string{"user": "eve"}}); resp.Remaining != 1000000000-agent.MaxBatch-1 {
+		t.Fatalf("eve's bucket after the refused batch: remaining %d, want MaxBatch+1 taken (the full batch and this call)", resp.Remaining)
+	}
 }
 
 func TestAllowBatchAndStream(t *testing.T) {

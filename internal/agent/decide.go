@@ -50,6 +50,9 @@ type Request struct {
 	Cost float64
 	// RequestID makes retries safe: a repeated id charges nothing again.
 	RequestID string
+	// pairs are the descriptors as the gRPC batch decoder read them (wire.go),
+	// in place of Descriptors, which is then nil.
+	pairs rules.Pairs
 }
 
 // Response is the decision.
@@ -285,7 +288,7 @@ func (s *Service) match(set *rules.Set, req *Request, buf []rules.Match) ([]rule
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	if req.Rule != "" || req.Subject != "" {
-		if len(req.Descriptors) > 0 {
+		if len(req.Descriptors) > 0 || len(req.pairs) > 0 {
 			return nil, fmt.Errorf("%w: give descriptors or rule and subject, not both", ErrInvalidRequest)
 		}
 		if req.Rule == "" {
@@ -299,6 +302,12 @@ func (s *Service) match(set *rules.Set, req *Request, buf []rules.Match) ([]rule
 			return nil, fmt.Errorf("%w: %w %q", ErrInvalidRequest, ErrUnknownRule, truncate(req.Rule))
 		}
 		return append(buf, rules.Match{Rule: r, Subject: req.Subject}), nil
+	}
+	if req.pairs != nil {
+		if err := rules.ValidatePairs(req.pairs); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		return set.MatchPairs(req.pairs, buf), nil
 	}
 	if err := rules.ValidateDescriptors(req.Descriptors); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)

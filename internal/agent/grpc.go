@@ -67,11 +67,24 @@ func (g *grpcServer) Allow(ctx context.Context, r *rationv1.AllowRequest) (*rati
 func (g *grpcServer) AllowBatch(ctx context.Context, r *rationv1.AllowBatchRequest) (*rationv1.AllowBatchResponse, error) {
 	n := len(r.GetRequests())
 	if n > MaxBatch {
-		return nil, status.Errorf(codes.InvalidArgument, "batch of %d requests: at most %d", n, MaxBatch)
+		return g.allowBatch(ctx, nil, n)
 	}
 	reqs := make([]Request, n)
 	for i, pr := range r.GetRequests() {
 		reqs[i] = fromProto(pr)
+	}
+	return g.allowBatch(ctx, reqs, n)
+}
+
+// allowBatch answers AllowBatch's requests, however they were decoded (the
+// server reads them with decodeBatch, wire.go); n counts them all, reqs
+// may hold only the first MaxBatch.
+func (g *grpcServer) allowBatch(ctx context.Context, reqs []Request, n int) (*rationv1.AllowBatchResponse, error) {
+	if n > MaxBatch {
+		return nil, status.Errorf(codes.InvalidArgument, "batch of %d requests: at most %d", n, MaxBatch)
+	}
+	if len(reqs) != n {
+		return nil, status.Errorf(codes.Internal, "agent: %d of the batch's %d requests decoded", len(reqs), n)
 	}
 	resps := make([]Response, n)
 	errs := make([]error, n)

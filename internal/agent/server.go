@@ -20,7 +20,6 @@ import (
 	"github.com/ration-dev/ration/examples"
 	"github.com/ration-dev/ration/internal/grpcsafe"
 	"github.com/ration-dev/ration/internal/httpsafe"
-	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
 // DevRules returns the sample rules -dev runs with: examples/rules.yaml,
@@ -99,8 +98,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		s.metrics = &http.Server{Handler: httpsafe.Recover(s.metricsHandler(), logger), ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	}
+	// The codec is protobuf's but for AllowBatch's request (wire.go).
+	grpcOpts = append(grpcOpts, grpc.ForceServerCodecV2(newCodec()))
 	s.grpc = grpc.NewServer(grpcOpts...)
-	rationv1.RegisterRateLimiterServer(s.grpc, &grpcServer{svc: svc})
+	s.grpc.RegisterService(serviceDesc(), &grpcServer{svc: svc})
 	registerEnvoy(s.grpc, svc) // envoy.service.ratelimit.v3.RateLimitService (envoy.go)
 	// The standard health service lets gRPC load balancers and probes check
 	// the agent, and its Check is the cheapest unary call there is: the

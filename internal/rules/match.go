@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"maps"
 	"math/bits"
 	"slices"
 	"strings"
@@ -34,10 +35,79 @@ type Match struct {
 // and out's growth, so callers on the hot
 // path pass a reused out[:0]. d should have passed ValidateDescriptors.
 func (s *Set) Match(d map[string]string, out []Match) []Match {
+	return match(s, descMap(d), out)
+}
+
+// MatchPairs is Match for descriptors decoded as Pairs; p should have
+// passed ValidatePairs.
+func (s *Set) MatchPairs(p Pairs, out []Match) []Match {
+	return match(s, p, out)
+}
+
+// descriptors is what matching and validation read of a request's
+// descriptors, whichever form they came in: a map (the public APIs, JSON,
+// query strings) or Pairs (the gRPC batch decoder, which builds no map).
+type descriptors interface {
+	get(key string) (string, bool)
+	len() int
+	// bad reports whether any descriptor has a problem (descriptorProblem);
+	// keys lists the keys, for the error path.
+	bad() bool
+	keys() []string
+}
+
+type descMap map[string]string
+
+func (d descMap) get(k string) (string, bool) { v, ok := d[k]; return v, ok }
+func (d descMap) len() int                    { return len(d) }
+func (d descMap) bad() bool {
+	for k, v := range d {
+		if descriptorProblem(k, v) != "" {
+			return true
+		}
+	}
+	return false
+}
+func (d descMap) keys() []string { return slices.Collect(maps.Keys(d)) }
+
+// Pair is one descriptor.
+type Pair struct{ Key, Value string }
+
+// Pairs are descriptors with distinct keys, in any order: what a map
+// holds, without building one. Lookups scan them, which for the handful
+// of descriptors a request carries is faster than hashing.
+type Pairs []Pair
+
+func (p Pairs) get(k string) (string, bool) {
+	for i := range p {
+		if p[i].Key == k {
+			return p[i].Value, true
+		}
+	}
+	return "", false
+}
+func (p Pairs) len() int { return len(p) }
+func (p Pairs) bad() bool {
+	for i := range p {
+		if descriptorProblem(p[i].Key, p[i].Value) != "" {
+			return true
+		}
+	}
+	return false
+}
+func (p Pairs) keys() []string {
+	keys := make([]string, len(p))
+	for i := range p {
+		keys[i] = p[i].Key
+	}
+	return keys
+}
+
+func match[D descriptors](s *Set, d D, out []Match) []Match {
 	var cand [maxWords]uint64
 	for i := range s.index {
 		ki := &s.index[i]
-		v, ok := d[ki.key]
+		v, ok := d.get(ki.key)
 		if !ok {
 			continue
 		}
@@ -51,7 +121,7 @@ func (s *Set) Match(d map[string]string, out []Match) []Match {
 	for w := 0; w*64 < len(s.rules); w++ {
 		for word := cand[w]; word != 0; word &= word - 1 {
 			r := s.rules[w*64+bits.TrailingZeros64(word)]
-			if subject, key, ok := r.match(d); ok {
+			if subject, key, ok := matchRule(r, d); ok {
 				out = append(out, Match{Rule: r, Subject: subject, Key: key})
 			}
 		}
@@ -63,11 +133,11 @@ func (s *Set) Match(d map[string]string, out []Match) []Match {
 // with a single allocation: the key is written around the subject, which
 // is the part of it between the head and the tail. A rule that was not
 // compiled (no key head) gets its subject alone, and no key.
-func (r *Rule) match(d map[string]string) (subject, key string, ok bool) {
+func matchRule[D descriptors](r *Rule, d D) (subject, key string, ok bool) {
 	var vals [MaxMatchKeys]string // the wildcard keys' values, in key order
 	n, size := 0, r.subjLen
 	for j, k := range r.keys {
-		v, ok := d[k]
+		v, ok := d.get(k)
 		switch {
 		case !ok:
 			return "", "", false
@@ -147,31 +217,27 @@ func writeEscaped(b *strings.Builder, s string) {
 // value, and a "*" rule gives it its own bucket. The error wraps
 // ErrInvalidDescriptors and names the first bad key in sorted order, so the
 // same request always gets the same answer.
-func ValidateDescriptors(d map[string]string) error {
-	switch {
-	case len(d) == 0:
+func ValidateDescriptors(d map[string]string) error { return validate(descMap(d)) }
+
+// ValidatePairs is ValidateDescriptors for Pairs (whose keys are distinct).
+func ValidatePairs(p Pairs) error { return validate(p) }
+
+func validate[D descriptors](d D) error {
+	switch n := d.len(); {
+	case n == 0:
 		return fmt.Errorf("%w: no descriptors", ErrInvalidDescriptors)
-	case len(d) > MaxDescriptors:
-		return fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalidDescriptors, len(d), MaxDescriptors)
+	case n > MaxDescriptors:
+		return fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalidDescriptors, n, MaxDescriptors)
 	}
-	bad := false
-	for k, v := range d {
-		if descriptorProblem(k, v) != "" {
-			bad = true
-			break
-		}
-	}
-	if !bad {
+	if !d.bad() {
 		return nil
 	}
 	// Only the error path pays for sorting.
-	keys := make([]string, 0, len(d))
-	for k := range d {
-		keys = append(keys, k)
-	}
+	keys := d.keys()
 	slices.Sort(keys)
 	for _, k := range keys {
-		if msg := descriptorProblem(k, d[k]); msg != "" {
+		v, _ := d.get(k)
+		if msg := descriptorProblem(k, v); msg != "" {
 			shown := k
 			if len(shown) > 64 {
 				shown = shown[:64] + "..."

@@ -1,0 +1,183 @@
+package agent
+
+import (
+	"bytes"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ration-dev/ration/internal/rules"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// FuzzDecodeBatch holds decodeBatch to proto.Unmarshal: for any bytes, both
+// refuse them or both read the same requests (descriptors compared as
+// maps, costs bit for bit).
+func FuzzDecodeBatch(f *testing.F) {
+	for _, m := range wireSeeds(f) {
+		f.Add(m)
+	}
+	f.Fuzz(func(t *testing.T, wire []byte) {
+		checkDecodeBatch(t, wire)
+	})
+}
+
+// TestDecodeBatchSeeds runs the fuzz seeds on every `go test`, and names
+// what each is for.
+func TestDecodeBatchSeeds(t *testing.T) {
+	for i, m := range wireSeeds(t) {
+		t.Run(strconv.Itoa(i), func(t *testing.T) { checkDecodeBatch(t, m) })
+	}
+}
+
+func checkDecodeBatch(t *testing.T, wire []byte) {
+	t.Helper()
+	var want rationv1.AllowBatchRequest
+	werr := proto.Unmarshal(wire, &want)
+	got, gerr := decodeBatch(append([]byte(nil), wire...))
+	if (werr == nil) != (gerr == nil) {
+		t.Fatalf("% x: proto.Unmarshal error %v, decodeBatch error %v", wire, werr, gerr)
+	}
+	if werr != nil {
+		return
+	}
+	if got.n != len(want.Requests) {
+		t.Fatalf("% x: %d requests, proto.Unmarshal read %d", wire, got.n, len(want.Requests))
+	}
+	for i, pr := range want.Requests {
+		if i >= MaxBatch {
+			break
+		}
+		w, g := fromProto(pr), got.reqs[i]
+		gd := g.Descriptors
+		if g.pairs != nil {
+			if gd != nil {
+				t.Fatalf("request %d has both pairs and a map", i)
+			}
+			gd = map[string]string{}
+			for _, p := range g.pairs {
+				if _, dup := gd[p.Key]; dup {
+					t.Fatalf("request %d: key %q twice in its pairs", i, p.Key)
+				}
+				gd[p.Key] = p.Value
+			}
+			if len(g.pairs) > rules.MaxDescriptors {
+				t.Fatalf("request %d: %d pairs, more than %d", i, len(g.pairs), rules.MaxDescriptors)
+			}
+		}
+		if !maps.Equal(gd, w.Descriptors) || g.Rule != w.Rule || g.Subject != w.Subject || g.RequestID != w.RequestID ||
+			math.Float64bits(g.Cost) != math.Float64bits(w.Cost) {
+			t.Fatalf("% x: request %d decoded as %+v, proto.Unmarshal read %+v", wire, i, g, w)
+		}
+	}
+}
+
+// wireSeeds are AllowBatchRequests as a client writes them, and as one
+// might not: fields repeated, unknown, of another wire type, groups,
+// strings that are not UTF-8, more distinct keys than a request may have.
+func wireSeeds(tb testing.TB) [][]byte {
+	tb.Helper()
+	marshal := func(m proto.Message) []byte {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return b
+	}
+	many := map[string]string{}
+	for i := range rules.MaxDescriptors + 3 {
+		many["k"+strconv.Itoa(i)] = "v"
+	}
+	req := func(fields ...[]byte) []byte { // an AllowRequest's bytes
+		var b []byte
+		for _, f := range fields {
+			b = append(b, f...)
+		}
+		return b
+	}
+	str := func(num protowire.Number, s string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), s)
+	}
+	entry := func(k, v string) []byte { return str(1, string(append(str(1, k), str(2, v)...))) }
+	batch := func(reqs ...[]byte) []byte {
+		var b []byte
+		for _, r := range reqs {
+			b = protowire.AppendBytes(protowire.AppendTag(b, 1, protowire.BytesType), r)
+		}
+		return b
+	}
+	varint := func(num protowire.Number, v uint64) []byte {
+		return protowire.AppendVarint(protowire.AppendTag(nil, num, protowire.VarintType), v)
+	}
+	return [][]byte{
+		{},
+		marshal(&rationv1.AllowBatchRequest{Requests: []*rationv1.AllowRequest{
+			{Descriptors: map[string]string{"user": "u1", "endpoint": "search"}},
+			{Rule: "r", Subject: "s", Cost: 2.5, RequestId: "id-1"},
+			{},
+			{Descriptors: many},
+			{Descriptors: map[string]string{"": ""}, Cost: math.Inf(1)},
+		}}),
+		batch(req(entry("a", "1"), entry("b", "2"), entry("a", "3"))),    // the last "a" wins
+		batch(req(str(2, "r1"), str(2, "r2"), str(3, "s"))),              // so does the last rule
+		batch(req(varint(1, 7), varint(2, 1), str(9, "unknown"))),        // known fields of another type are skipped
+		batch(req(str(1, string(append(varint(1, 3), str(2, "v")...))))), // an entry whose key is a varint
+		batch(req(str(2, "\xff"))),                                       // not UTF-8
+		batch(req(entry("k", "\xfe"))),
+		batch(req(protowire.AppendTag(nil, 7, protowire.StartGroupType), protowire.AppendTag(nil, 7, protowire.EndGroupType))),
+		batch(req(protowire.AppendTag(nil, 7, protowire.EndGroupType))),
+		append(batch(req(entry("x", "y"))), varint(2, 5)...), // an unknown batch field
+		append(batch(req(entry("x", "y"))), 0x0a, 0x05, 'a'), // truncated
+		protowire.AppendTag(nil, protowire.MaxValidNumber+1, protowire.VarintType),
+		{0x08},
+		{0x00},
+	}
+}
+
+// TestBatchResponseEncoding: the codec writes AllowBatch's answers byte for
+// byte as proto.Marshal does, for values of every size and sign.
+func TestBatchResponseEncoding(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ints := []int64{0, 1, -1, 127, 128, 1 << 20, math.MaxInt64, math.MinInt64, math.MaxInt64 / 2}
+	floats := []float64{0, math.Copysign(0, -1), 1, 0.5, math.Inf(1), math.NaN(), 1e300}
+	strs := []string{"", "r", strings.Repeat("x", 127), strings.Repeat("y", 128), strings.Repeat("z", 20000), "ünï"}
+	pick := func(v []int64) int64 {
+		if rng.IntN(3) == 0 {
+			return rng.Int64() - rng.Int64()
+		}
+		return v[rng.IntN(len(v))]
+	}
+	c := newCodec()
+	for round := range 300 {
+		r := &rationv1.AllowBatchResponse{}
+		for range rng.IntN(20) {
+			r.Responses = append(r.Responses, &rationv1.AllowResponse{
+				Allowed: rng.IntN(2) == 0, RetryAfterMs: pick(ints), Remaining: pick(ints), Limit: pick(ints),
+				ResetMs: pick(ints), Rule: strs[rng.IntN(len(strs))], Reason: rationv1.Reason(rng.IntN(9) - 1),
+				Error: strs[rng.IntN(len(strs))], Rate: floats[rng.IntN(len(floats))],
+			})
+		}
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs, err := c.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := bs.Materialize()
+		bs.Free()
+		if !bytes.Equal(got, want) {
+			t.Fatalf("round %d: codec wrote\n% x\nproto.Marshal\n% x", round, got, want)
+		}
+		if size := batchResponseSize(r); size != len(want) {
+			t.Fatalf("round %d: size %d, written %d", round, size, len(want))
+		}
+	}
+}
