@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -199,7 +200,11 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 	if len(reqs) == 1 {
 		items, steps = itemBuf[:], stepBuf[:0]
 	} else {
-		items, steps = make([]item, len(reqs)), make([]step, 0, len(reqs))
+		// A batch's buffers are reused: made for each batch, a thousand
+		// steps were a quarter of a megabyte to zero and for the GC to scan.
+		bb := getBatchBufs(len(reqs))
+		items, steps = bb.items, bb.steps
+		defer func() { putBatchBufs(bb, steps) }()
 	}
 	matches := matchBuf[:0]
 	withID := false
@@ -274,6 +279,45 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 	if cs != nil && cs.waiting > 0 {
 		s.resolveWaiting(ctx, cs, reqs, items, steps, out, errs, round)
 	}
+}
+
+// batchBufs are decideBatch's buffers for a batch of more than one request.
+type batchBufs struct {
+	items []item
+	steps []step
+}
+
+var batchPool sync.Pool // of *batchBufs
+
+// getBatchBufs returns n zeroed items and room for n steps. The steps are
+// not zeroed: prepare appends each as a zero step before filling it.
+func getBatchBufs(n int) *batchBufs {
+	bb, _ := batchPool.Get().(*batchBufs)
+	if bb == nil {
+		bb = &batchBufs{}
+	}
+	if cap(bb.items) < n {
+		bb.items = make([]item, n)
+	}
+	bb.items = bb.items[:n]
+	clear(bb.items)
+	if cap(bb.steps) < n {
+		bb.steps = make([]step, 0, n)
+	}
+	bb.steps = bb.steps[:0]
+	return bb
+}
+
+// putBatchBufs keeps bb (with steps, which may have outgrown it) for the
+// next batch, unless it is far larger than batches are. What the steps
+// point to stays reachable until they are written over or the pool drops
+// them at a garbage collection.
+func putBatchBufs(bb *batchBufs, steps []step) {
+	if cap(steps) > 4*MaxBatch {
+		return
+	}
+	bb.steps = steps[:0]
+	batchPool.Put(bb)
 }
 
 // match finds the rules a request is subject to, validating it first.

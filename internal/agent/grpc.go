@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -86,8 +87,9 @@ func (g *grpcServer) allowBatch(ctx context.Context, reqs []Request, n int) (*ra
 	if len(reqs) != n {
 		return nil, status.Errorf(codes.Internal, "agent: %d of the batch's %d requests decoded", len(reqs), n)
 	}
-	resps := make([]Response, n)
-	errs := make([]error, n)
+	sc := getDecided(n)
+	defer decidedPool.Put(sc)
+	resps, errs := sc.resps, sc.errs
 	g.svc.DecideBatch(ctx, reqs, resps, errs)
 	out := &rationv1.AllowBatchResponse{Responses: make([]*rationv1.AllowResponse, n)}
 	backing := make([]rationv1.AllowResponse, n)
@@ -102,6 +104,27 @@ func (g *grpcServer) allowBatch(ctx context.Context, reqs []Request, n int) (*ra
 		out.Responses[i] = pr
 	}
 	return out, nil
+}
+
+// decided holds a batch's answers until they are written into its reply.
+type decided struct {
+	resps []Response
+	errs  []error
+}
+
+var decidedPool sync.Pool // of *decided
+
+// getDecided returns room for n answers; DecideBatch sets every one.
+func getDecided(n int) *decided {
+	d, _ := decidedPool.Get().(*decided)
+	if d == nil {
+		d = &decided{}
+	}
+	if cap(d.resps) < n {
+		d.resps, d.errs = make([]Response, n), make([]error, n)
+	}
+	d.resps, d.errs = d.resps[:n], d.errs[:n]
+	return d
 }
 
 // AllowStream answers each request in order. Requests are decided one at a

@@ -130,11 +130,15 @@ rules:
 		// As the server does it: its codec (wire.go) reads the request.
 		c := newCodec()
 		for b.Loop() {
-			bw := new(batchWire)
+			bw, _ := wirePool.Get().(*batchWire)
+			if bw == nil {
+				bw = new(batchWire)
+			}
 			if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, bw); err != nil {
 				b.Fatal(err)
 			}
 			resp, err := lg.allowBatch(ctx, bw.reqs, bw.n)
+			bw.release()
 			if err != nil || !resp.GetResponses()[999].GetAllowed() {
 				b.Fatalf("AllowBatch = %v", err)
 			}

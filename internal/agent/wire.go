@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"strings"
+	"sync"
 	"unicode/utf8"
 	"unsafe"
 
@@ -43,35 +44,60 @@ type batchWire struct {
 	// n counts every request in the message, also those past MaxBatch,
 	// which are checked but not kept: the handler refuses the batch.
 	n int
+	// pairs backs the requests' descriptors.
+	pairs rules.Pairs
 }
 
-// decodeBatch reads an AllowBatchRequest. buf must not change afterwards:
-// descriptor keys and values point into it (they are read while deciding
-// and never kept: subjects and bucket keys are new strings), while a
-// request's rule, subject and request id, which the agent keeps (a leased
-// quota's name, the record of request ids), are copied out of it.
-func decodeBatch(buf []byte) (batchWire, error) {
-	var bw batchWire
+var wirePool sync.Pool // of *batchWire
+
+// release returns bw to wirePool once its batch is answered. Its slices are
+// cleared: their strings point into the message, which is not kept.
+func (bw *batchWire) release() {
+	if cap(bw.reqs) > MaxBatch || cap(bw.pairs) > 4*MaxBatch {
+		return
+	}
+	bw.reset()
+	wirePool.Put(bw)
+}
+
+func (bw *batchWire) reset() {
+	clear(bw.reqs)
+	clear(bw.pairs)
+	*bw = batchWire{reqs: bw.reqs[:0], pairs: bw.pairs[:0]}
+}
+
+// decodeBatch reads an AllowBatchRequest into bw (whose slices it reuses).
+// buf must not change afterwards: descriptor keys and values point into
+// it (they are read while deciding and never kept: subjects and bucket
+// keys are new strings), while a request's rule, subject and request id,
+// which the agent keeps (a leased quota's name, the record of request
+// ids), are copied out of it.
+func decodeBatch(buf []byte, bw *batchWire) error {
+	bw.reqs, bw.n = bw.reqs[:0], 0
 	if len(buf) == 0 {
-		return bw, nil
+		return nil
 	}
 	s := unsafe.String(&buf[0], len(buf))
-	// Counted first so that the requests are allocated once; a request
-	// usually has a descriptor or two.
-	if k := countRequests(buf); k > 0 {
-		bw.reqs = make([]Request, 0, min(k, MaxBatch))
+	// Counted first so that the requests are allocated at most once; a
+	// request usually has a descriptor or two.
+	if k := min(countRequests(buf), MaxBatch); cap(bw.reqs) < k {
+		bw.reqs = make([]Request, 0, k)
 	}
-	pairs := make(rules.Pairs, 0, min(len(buf)/4, 2*cap(bw.reqs))) // one backing array for the batch's descriptors
+	pairs := bw.pairs[:0] // one backing array for the batch's descriptors
+	if want := min(len(buf)/4, 2*cap(bw.reqs)); cap(pairs) < want {
+		pairs = make(rules.Pairs, 0, want)
+	}
+	defer func() { bw.pairs = pairs }() // also on an error, for release to clear
 	for off := 0; off < len(s); {
 		num, typ, n := protowire.ConsumeTag(buf[off:])
 		if n < 0 {
-			return bw, errWire
+			return errWire
 		}
 		off += n
 		if num == 1 && typ == protowire.BytesType {
 			v, n := protowire.ConsumeBytes(buf[off:])
 			if n < 0 {
-				return bw, errWire
+				return errWire
 			}
 			start := off + n - len(v)
 			off += n
@@ -80,7 +106,7 @@ func decodeBatch(buf []byte) (batchWire, error) {
 			before := len(pairs)
 			req, pairs, err = decodeRequest(s[start:off], pairs)
 			if err != nil {
-				return bw, err
+				return err
 			}
 			if bw.n < MaxBatch {
 				bw.reqs = append(bw.reqs, req)
@@ -91,7 +117,7 @@ func decodeBatch(buf []byte) (batchWire, error) {
 			continue
 		}
 		if n, err := skipField(num, typ, buf[off:]); err != nil {
-			return bw, err
+			return err
 		} else {
 			off += n
 		}
@@ -105,7 +131,7 @@ func decodeBatch(buf []byte) (batchWire, error) {
 			at += k
 		}
 	}
-	return bw, nil
+	return nil
 }
 
 // countRequests counts the requests field's occurrences in a batch,
@@ -292,11 +318,32 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	if !ok {
 		return c.CodecV2.Marshal(v)
 	}
-	size := batchResponseSize(r)
-	pool := mem.DefaultBufferPool()
-	bp := pool.Get(size)
+	bp := answerBufs.Get(batchResponseSize(r))
 	*bp = appendBatchResponse((*bp)[:0], r)
-	return mem.BufferSlice{mem.NewBuffer(bp, pool)}, nil
+	return mem.BufferSlice{mem.NewBuffer(bp, answerBufs)}, nil
+}
+
+// answerBufs holds the buffers AllowBatch's answers are written in. gRPC's
+// own pool zeroes every buffer it hands out, which for an answer written
+// over in full was a tenth of a leased batch's CPU.
+var answerBufs = &bytePool{}
+
+// bytePool is a mem.BufferPool whose buffers come back as they were left.
+type bytePool struct{ p sync.Pool }
+
+func (bp *bytePool) Get(n int) *[]byte {
+	if b, _ := bp.p.Get().(*[]byte); b != nil && cap(*b) >= n {
+		*b = (*b)[:n]
+		return b
+	}
+	b := make([]byte, n)
+	return &b
+}
+
+func (bp *bytePool) Put(b *[]byte) {
+	if cap(*b) <= 4<<20 { // an answer of MaxBatch items fits
+		bp.p.Put(b)
+	}
 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
@@ -306,9 +353,7 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	}
 	// A copy the requests' descriptors may point into: the buffers go
 	// back to gRPC's pool when this returns.
-	var err error
-	*bw, err = decodeBatch(data.Materialize())
-	return err
+	return decodeBatch(data.Materialize(), bw)
 }
 
 // serviceDesc is rationv1.RateLimiter_ServiceDesc with AllowBatch's request
@@ -325,7 +370,11 @@ func serviceDesc() *grpc.ServiceDesc {
 }
 
 func allowBatchHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-	in := new(batchWire)
+	in, _ := wirePool.Get().(*batchWire)
+	if in == nil {
+		in = new(batchWire)
+	}
+	defer in.release()
 	if err := dec(in); err != nil {
 		return nil, err
 	}

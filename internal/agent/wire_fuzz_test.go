@@ -40,7 +40,14 @@ func checkDecodeBatch(t *testing.T, wire []byte) {
 	t.Helper()
 	var want rationv1.AllowBatchRequest
 	werr := proto.Unmarshal(wire, &want)
-	got, gerr := decodeBatch(append([]byte(nil), wire...))
+	// Decoded twice into one batchWire: what a pooled one held before
+	// must not show.
+	var got batchWire
+	if err := decodeBatch(wireSeeds(t)[1], &got); err != nil {
+		t.Fatal(err)
+	}
+	got.reset()
+	gerr := decodeBatch(append([]byte(nil), wire...), &got)
 	if (werr == nil) != (gerr == nil) {
 		t.Fatalf("% x: proto.Unmarshal error %v, decodeBatch error %v", wire, werr, gerr)
 	}
