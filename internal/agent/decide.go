@@ -197,14 +197,14 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 	var matchBuf [2]rules.Match
 	var items []item
 	var steps []step
+	var bb *batchBufs // a batch's pooled buffers, given back at the end
 	if len(reqs) == 1 {
 		items, steps = itemBuf[:], stepBuf[:0]
 	} else {
 		// A batch's buffers are reused: made for each batch, a thousand
 		// steps were a quarter of a megabyte to zero and for the GC to scan.
-		bb := getBatchBufs(len(reqs))
+		bb = getBatchBufs(len(reqs))
 		items, steps = bb.items, bb.steps
-		defer func() { putBatchBufs(bb, steps) }()
 	}
 	matches := matchBuf[:0]
 	withID := false
@@ -279,6 +279,13 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 	if cs != nil && cs.waiting > 0 {
 		s.resolveWaiting(ctx, cs, reqs, items, steps, out, errs, round)
 	}
+	// Not deferred, and steps not kept (bb keeps the array it gave, even if
+	// steps outgrew it): a closure over steps, or steps stored in bb, would
+	// move a lone request's stack buffers to the heap (two allocations
+	// and 528 bytes per unary decision).
+	if bb != nil {
+		putBatchBufs(bb)
+	}
 }
 
 // batchBufs are decideBatch's buffers for a batch of more than one request.
@@ -308,15 +315,13 @@ func getBatchBufs(n int) *batchBufs {
 	return bb
 }
 
-// putBatchBufs keeps bb (with steps, which may have outgrown it) for the
-// next batch, unless it is far larger than batches are. What the steps
-// point to stays reachable until they are written over or the pool drops
-// them at a garbage collection.
-func putBatchBufs(bb *batchBufs, steps []step) {
-	if cap(steps) > 4*MaxBatch {
+// putBatchBufs keeps bb for the next batch. What its steps point to stays
+// reachable until they are written over or the pool drops them at a
+// garbage collection.
+func putBatchBufs(bb *batchBufs) {
+	if cap(bb.steps) > 4*MaxBatch {
 		return
 	}
-	bb.steps = steps[:0]
 	batchPool.Put(bb)
 }
 

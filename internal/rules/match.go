@@ -34,12 +34,21 @@ type Match struct {
 // written inside its bucket key (one per matched rule with a wildcard key),
 // and out's growth, so callers on the hot
 // path pass a reused out[:0]. d should have passed ValidateDescriptors.
+//
+// Match and MatchPairs are not inlined: inlined, the caller sees the call
+// of the generic match, whose escape summary it does not have, and moves
+// its out buffer to the heap (an allocation per decision); called, they
+// carry their own summary, in which out does not escape.
+//
+//go:noinline
 func (s *Set) Match(d map[string]string, out []Match) []Match {
 	return match(s, descMap(d), out)
 }
 
 // MatchPairs is Match for descriptors decoded as Pairs; p should have
 // passed ValidatePairs.
+//
+//go:noinline
 func (s *Set) MatchPairs(p Pairs, out []Match) []Match {
 	return match(s, p, out)
 }
