@@ -631,9 +631,16 @@ func (s *Service) prepareLeases(steps []step) {
 	if n < 2 {
 		return
 	}
+	var last *step
 	for i := range steps {
 		if st := &steps[i]; st.rule.Mode == rules.ModeLeased && !st.replayed && !st.skip {
+			// A batch often holds runs of one hot subject: Prepare is a
+			// lookup that changes nothing for a quota already prepared.
+			if last != nil && last.rule == st.rule && last.subject == st.subject {
+				continue
+			}
 			p.Prepare(st.rule, st.subject)
+			last = st
 		}
 	}
 }
