@@ -34,17 +34,27 @@ rules:
     lease: {period: 2s}
 `
 
-func BenchmarkAllowLeased(b *testing.B) {
-	coords := harness.StartCoordinators(b, 1, benchLeasedYAML)
-	l := open(b, limiter.Config{
-		RulesFile: writeRules(b, benchLeasedYAML), Coordinators: coords.GRPCAddrs(), Insecure: true,
-		AgentID: "bench", DecisionTimeout: time.Second,
+// openLeased opens a limiter on benchLeasedYAML, its leases from a real
+// one-node coordinator.
+func openLeased(tb testing.TB, agentID string) *limiter.Limiter {
+	tb.Helper()
+	coords := harness.StartCoordinators(tb, 1, benchLeasedYAML)
+	return open(tb, limiter.Config{
+		RulesFile: writeRules(tb, benchLeasedYAML), Coordinators: coords.GRPCAddrs(), Insecure: true,
+		AgentID: agentID, DecisionTimeout: time.Second,
 	})
+}
+
+// leasedRequests are the two ways to name benchLeasedYAML's leased rule.
+var leasedRequests = map[string]limiter.Request{
+	"rule+subject": {Rule: "hot", Subject: "x"},
+	"descriptors":  {Descriptors: map[string]string{"endpoint": "hot"}},
+}
+
+func BenchmarkAllowLeased(b *testing.B) {
+	l := openLeased(b, "bench")
 	ctx := context.Background()
-	for name, req := range map[string]limiter.Request{
-		"rule+subject": {Rule: "hot", Subject: "x"},
-		"descriptors":  {Descriptors: map[string]string{"endpoint": "hot"}},
-	} {
+	for name, req := range leasedRequests {
 		b.Run(name, func(b *testing.B) {
 			waitLeased(b, l, req)
 			b.ReportAllocs()
@@ -160,16 +170,9 @@ func BenchmarkAllowRedis(b *testing.B) {
 // decision's stack buffers to the heap fails here, not only in a
 // benchmark nobody reads.
 func TestLeasedDecisionAllocatesNothing(t *testing.T) {
-	coords := harness.StartCoordinators(t, 1, benchLeasedYAML)
-	l := open(t, limiter.Config{
-		RulesFile: writeRules(t, benchLeasedYAML), Coordinators: coords.GRPCAddrs(), Insecure: true,
-		AgentID: "allocs", DecisionTimeout: time.Second,
-	})
+	l := openLeased(t, "allocs")
 	ctx := context.Background()
-	for name, req := range map[string]limiter.Request{
-		"rule+subject": {Rule: "hot", Subject: "x"},
-		"descriptors":  {Descriptors: map[string]string{"endpoint": "hot"}},
-	} {
+	for name, req := range leasedRequests {
 		waitLeased(t, l, req)
 		// Averaged over 1000 calls and rounded down, so the background
 		// renewals' few allocations do not count.

@@ -303,16 +303,19 @@ func getBatchBufs(n int) *batchBufs {
 	if bb == nil {
 		bb = &batchBufs{}
 	}
-	if cap(bb.items) < n {
-		bb.items = make([]item, n)
-	}
-	bb.items = bb.items[:n]
+	bb.items = room(bb.items, n)[:n]
 	clear(bb.items)
-	if cap(bb.steps) < n {
-		bb.steps = make([]step, 0, n)
-	}
-	bb.steps = bb.steps[:0]
+	bb.steps = room(bb.steps, n)
 	return bb
+}
+
+// room returns s emptied, with room for n elements: s's own array when it
+// has it (the pooled buffers of a batch), a new one otherwise.
+func room[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, 0, n)
+	}
+	return s[:0]
 }
 
 // putBatchBufs keeps bb for the next batch. What its steps point to stays

@@ -120,10 +120,7 @@ func getDecided(n int) *decided {
 	if d == nil {
 		d = &decided{}
 	}
-	if cap(d.resps) < n {
-		d.resps, d.errs = make([]Response, n), make([]error, n)
-	}
-	d.resps, d.errs = d.resps[:n], d.errs[:n]
+	d.resps, d.errs = room(d.resps, n)[:n], room(d.errs, n)[:n]
 	return d
 }
 

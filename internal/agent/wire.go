@@ -53,7 +53,7 @@ var wirePool sync.Pool // of *batchWire
 // release returns bw to wirePool once its batch is answered. Its slices are
 // cleared: their strings point into the message, which is not kept.
 func (bw *batchWire) release() {
-	if cap(bw.reqs) > MaxBatch || cap(bw.pairs) > 4*MaxBatch {
+	if cap(bw.pairs) > 4*MaxBatch { // a batch of many descriptors each: not kept
 		return
 	}
 	bw.reset()
@@ -80,13 +80,9 @@ func decodeBatch(buf []byte, bw *batchWire) error {
 	s := unsafe.String(&buf[0], len(buf))
 	// Counted first so that the requests are allocated at most once; a
 	// request usually has a descriptor or two.
-	if k := min(countRequests(buf), MaxBatch); cap(bw.reqs) < k {
-		bw.reqs = make([]Request, 0, k)
-	}
-	pairs := bw.pairs[:0] // one backing array for the batch's descriptors
-	if want := min(len(buf)/4, 2*cap(bw.reqs)); cap(pairs) < want {
-		pairs = make(rules.Pairs, 0, want)
-	}
+	bw.reqs = room(bw.reqs, min(countRequests(buf), MaxBatch))
+	// One backing array for the batch's descriptors.
+	pairs := rules.Pairs(room(bw.pairs, min(len(buf)/4, 2*cap(bw.reqs))))
 	defer func() { bw.pairs = pairs }() // also on an error, for release to clear
 	for off := 0; off < len(s); {
 		num, typ, n := protowire.ConsumeTag(buf[off:])
