@@ -53,16 +53,18 @@ func benchRenewOn(b *testing.B, rulesYAML string, holders int, shared bool, para
 	}
 	quotas := benchQuotas(holders, shared)
 	hs := startHolders(b, ctx, clients, quotas, parallel)
-	renewLoop(b, ctx, c.Registry(leader), clients, hs, quotas, setup.cpu)
+	renewLoop(b, ctx, c.Registry(leader), clients, hs, quotas, setup.cpu, setup.rate)
 }
 
 // benchSetup adjusts benchRenewOn: the nodes' configuration (group, as
-// harness.StartCoordinators' opts), the clients' options, and the CPU
-// clock renewLoop reports CPU per renewal with (nil: none).
+// harness.StartCoordinators' opts), the clients' options, the CPU
+// clock renewLoop reports CPU per renewal with (nil: none), and the
+// renewals per second the holders offer together (0: a closed loop).
 type benchSetup struct {
 	group  []func(*coordinator.Config)
 	client coordinator.ClientOptions
 	cpu    func(*testing.B) time.Duration
+	rate   float64
 }
 
 // benchHolderName is holder i's agent id (and its certificate's).
@@ -120,17 +122,28 @@ func startHolders(b testing.TB, ctx context.Context, clients []*coordinator.Clie
 
 // renewLoop is the timed part of the renewal benchmarks: every holder
 // hs[i] renews its lease of quotas[i] (see startHolders) through
-// clients[i%len(clients)] in a closed loop, one goroutine each, until
-// they have made b.N renewals in all. It reports renewals/s, p50 and p99
-// latency in ms, requests per Raft entry on the leader whose registry reg
-// is, and, given cpu (the CPU time the process has used), the CPU time
-// per renewal.
-func renewLoop(b *testing.B, ctx context.Context, reg *prometheus.Registry, clients []*coordinator.Client, hs []*holder, quotas [][]*rationv1.QuotaRef, cpu func(*testing.B) time.Duration) {
+// clients[i%len(clients)], one goroutine each, until they have made b.N
+// renewals in all. With rate 0 each holder renews again as soon as it has
+// its answer (a closed loop: the group's saturation, where a renewal's wait
+// is about len(hs) / (renewals/s) by Little's law). With rate > 0 the
+// holders offer rate renewals/s together (an open loop, the way holders
+// renew at their renew points): holder i's renewals are due every
+// len(hs)/rate seconds, the holders' due times spread evenly over that
+// interval, and a renewal's latency counts from its due time, so a group
+// that falls behind shows it as latency rather than as fewer requests
+// (coordinated omission). It reports renewals/s, p50 and p99 latency in
+// ms, requests per Raft entry on the leader whose registry reg is, and,
+// given cpu (the CPU time the process has used), the CPU time per renewal.
+func renewLoop(b *testing.B, ctx context.Context, reg *prometheus.Registry, clients []*coordinator.Client, hs []*holder, quotas [][]*rationv1.QuotaRef, cpu func(*testing.B) time.Duration, rate float64) {
 	req0, ent0 := batchStats(b, reg)
 	lat := make([][]time.Duration, len(hs))
 	var next, failed atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
+	var interval time.Duration
+	if rate > 0 {
+		interval = time.Duration(float64(len(hs)) / rate * float64(time.Second))
+	}
 	b.ResetTimer()
 	var cpu0, cpuUsed time.Duration
 	if cpu != nil {
@@ -142,9 +155,17 @@ func renewLoop(b *testing.B, ctx context.Context, reg *prometheus.Registry, clie
 		go func() {
 			defer wg.Done()
 			cl := clients[i%len(clients)]
+			due := start.Add(interval * time.Duration(i) / time.Duration(len(hs)))
 			for next.Add(1) <= int64(b.N) {
 				req := hs[i].request(quotas[i], 1)
 				t0 := time.Now()
+				if interval > 0 {
+					if wait := time.Until(due); wait > 0 {
+						time.Sleep(wait)
+					}
+					t0 = due
+					due = due.Add(interval)
+				}
 				resp, err := cl.Renew(ctx, req)
 				lat[i] = append(lat[i], time.Since(t0))
 				if err == nil {

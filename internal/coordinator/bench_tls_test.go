@@ -74,7 +74,7 @@ func benchRenewLinks(b *testing.B, holders int, mtls bool) {
 	defer cancel()
 	quotas := benchQuotas(holders, false)
 	hs := startHolders(b, ctx, clients, quotas, 1)
-	renewLoop(b, ctx, c.Registry(leader), clients, hs, quotas, processCPU)
+	renewLoop(b, ctx, c.Registry(leader), clients, hs, quotas, processCPU, 0)
 }
 
 // processCPU is the user and system CPU time this process has used.
