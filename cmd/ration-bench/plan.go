@@ -41,7 +41,8 @@ type Plan struct {
 	RenewRPS    float64 `json:"renew_rps"`     // Renew requests/s one group commits (one lease each)
 	RenewItemUS float64 `json:"renew_item_us"` // µs per further lease in a Renew (quota with 2 holders)
 	// RenewHolderUS is what each further holder of a quota adds to renewing
-	// one lease of it: the fair share is recomputed over all its holders.
+	// one lease of it, taken as linear: the fair share is read from the
+	// quota's aggregates in O(log n) of its holders, so it is small.
 	RenewHolderUS float64 `json:"renew_holder_us"`
 
 	// Latency parts at a light load, µs.
@@ -53,24 +54,24 @@ type Plan struct {
 }
 
 // measured holds the defaults of the per-decision costs: the figures of the
-// scripts/bench.sh run recorded in docs/performance.md (2026-11-30 09:58 UTC, code
-// e417a21, 2 shared CPUs, load average 1.68 at the start and 2.36 at the
+// scripts/bench.sh run recorded in docs/performance.md (2026-12-01 06:43 UTC, code
+// c3c17d3, 2 shared CPUs, load average 0.92 at the start and 2.73 at the
 // end), whose section "Per-decision costs for the capacity plan" names the
 // row or benchmark each one comes from. Re-measure on the target hardware
 // and pass the flags that section prints.
 var measured = Plan{
-	RedisUS:       29.1,  // redis-server CPU per script, redis-benchmark P1, 64 clients
-	AgentUS:       160.4, // agent CPU per decision, unary Allow at -agent-rate
-	AgentLeasedUS: 153.2, // agent CPU per decision, leased unary Allow at -agent-rate
+	RedisUS:       30.9,  // redis-server CPU per script, redis-benchmark P1, 64 clients
+	AgentUS:       156.8, // agent CPU per decision, unary Allow at -agent-rate
+	AgentLeasedUS: 153.6, // agent CPU per decision, leased unary Allow at -agent-rate
 	AgentRate:     5000,  // open-loop rate of the two rows above
-	RenewRPS:      7444,  // coordinator BenchmarkRenew/holders=128, 3 nodes
-	RenewItemUS:   1.53,  // lease BenchmarkRenew/items=100/others=1, ns/op / 100
-	RenewHolderUS: 0.311, // lease BenchmarkRenew others=100 less others=1, ns/op / 100 / 99
-	GRPCP99US:     2986,  // empty unary at 1000/s
-	RedisRTTP99US: 239,   // redis-benchmark -c 1 -P 1
-	ScriptUS:      17.97, // INFO commandstats usec_per_call of evalsha
-	AllowP99US:    5399,  // unary Allow (Redis path) at 1000/s
-	LeasedP99US:   2783,  // unary Allow (leased) at 1000/s
+	RenewRPS:      7144,  // coordinator BenchmarkRenew/holders=128, 3 nodes
+	RenewItemUS:   1.16,  // lease BenchmarkRenew/items=100/others=1, ns/op / 100
+	RenewHolderUS: 0.013, // lease BenchmarkRenew others=100 less others=1, ns/op / 100 / 99
+	GRPCP99US:     2077,  // empty unary at 1000/s
+	RedisRTTP99US: 135,   // redis-benchmark -c 1 -P 1
+	ScriptUS:      18.88, // INFO commandstats usec_per_call of evalsha
+	AllowP99US:    3660,  // unary Allow (Redis path) at 1000/s
+	LeasedP99US:   2013,  // unary Allow (leased) at 1000/s
 }
 
 // DefaultPlan is the question of issue 5: one million decisions per second,
