@@ -100,7 +100,10 @@ type Options struct {
 	// ColdStart bounds how long the first decision for a quota waits for its
 	// first grant (default 100ms). Later decisions never wait.
 	ColdStart time.Duration
-	// RequestTimeout bounds one Renew or Release call (default 2s).
+	// RequestTimeout bounds one Renew or Release call (default 2s). A
+	// Client that bounds its calls itself may be given a negative one: no
+	// call then sets a deadline of its own (internal/sim, where a timer per
+	// round was a twentieth of a run's time).
 	RequestTimeout time.Duration
 	// IdleAfter releases a quota unused for this long (default 1m).
 	IdleAfter time.Duration
@@ -776,7 +779,7 @@ func (l *Leases) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.o.RequestTimeout)
+			rctx, cancel := l.callCtx(context.WithoutCancel(ctx))
 			l.release(rctx, l.snapshot())
 			cancel()
 			return
@@ -785,6 +788,15 @@ func (l *Leases) Run(ctx context.Context) {
 		}
 		l.round(ctx)
 	}
+}
+
+// callCtx is ctx bounded by RequestTimeout for one Renew or Release call,
+// or ctx itself when the Client bounds its calls (RequestTimeout < 0).
+func (l *Leases) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if l.o.RequestTimeout < 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, l.o.RequestTimeout)
 }
 
 // Round runs one round of the renewal loop, what Run does at each tick,
@@ -938,7 +950,7 @@ func (l *Leases) round(ctx context.Context) {
 		}
 	}
 	if len(p.idle) > 0 {
-		rctx, cancel := context.WithTimeout(ctx, l.o.RequestTimeout)
+		rctx, cancel := l.callCtx(ctx)
 		l.release(rctx, p.idle)
 		cancel()
 		l.remove(p.idle)
@@ -995,7 +1007,7 @@ func (l *Leases) round(ctx context.Context) {
 // that needed its own lease again meanwhile keeps asking: its released
 // lease is renewed, refused as expired, and granted afresh.
 func (l *Leases) demote(ctx context.Context, qs []*quota, now int64) {
-	rctx, cancel := context.WithTimeout(ctx, l.o.RequestTimeout)
+	rctx, cancel := l.callCtx(ctx)
 	l.release(rctx, qs)
 	cancel()
 	n := 0
@@ -1103,16 +1115,21 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 			l.o.Logger.Debug("lease renewal", "rule", it.Quota.GetRule(), "lease_id", it.LeaseId, "demand", it.Demand, "unused", it.Unused)
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, l.o.RequestTimeout)
-	start := time.Now()
-	resp, err := l.o.Client.Renew(rctx, req)
+	// The holder's clock times the call: one reading fewer than time.Now
+	// and time.Since, and the answer's receive time (recv) besides.
+	start := l.Now()
+	var resp *rationv1.RenewResponse
+	var err error
+	rctx, cancel := l.callCtx(ctx)
+	resp, err = l.o.Client.Renew(rctx, req)
 	cancel()
-	l.m.renewDuration.Observe(time.Since(start).Seconds())
+	recv := l.Now()
+	l.m.renewDuration.Observe(float64(recv-start) / 1e6)
 	if err != nil || len(resp.GetGrants()) != len(req.Items) {
 		if err == nil {
 			err = fmt.Errorf("coordinator answered %d grants for %d items", len(resp.GetGrants()), len(req.Items))
 		}
-		l.m.renewals.WithLabelValues("error").Inc()
+		l.m.renewed("error").Inc()
 		if status.Code(err) == codes.InvalidArgument && len(req.Items) > 1 {
 			// Refused whole: most likely more items than this coordinator
 			// takes (its -max-items is below ours). Split finer.
@@ -1131,12 +1148,11 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 		}
 		return false, false
 	}
-	l.m.renewals.WithLabelValues("ok").Inc()
+	l.m.renewed("ok").Inc()
 	l.backoff, l.retryAt = 0, 0
 	if d := l.down.Swap(0); d != 0 {
 		l.o.Logger.Info("lease renewals succeeding again", "failed_for", time.Since(time.Unix(0, d)).Round(time.Millisecond))
 	}
-	recv := l.Now()
 	for i, q := range append(grants, renews...) {
 		l.adopt(q, seqs[i], resp.Grants[i], recv)
 		q.mu.Lock()

@@ -4,6 +4,8 @@ import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	renewals      *prometheus.CounterVec
+	renewalsOK    prometheus.Counter // renewals{result="ok"}, once it exists
+	renewalsErr   prometheus.Counter // renewals{result="error"}, once it exists
 	renewDuration prometheus.Histogram
 	granted       prometheus.Counter
 	returned      prometheus.Counter
@@ -51,4 +53,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas, m.nudges, m.demoted)
 	return m
+}
+
+// renewed is renewals' counter for result ("ok" or "error"), looked up once:
+// a label lookup hashes the value at every call. The series is created at
+// its first count, not before, so that a scrape shows result="error" only
+// once a renewal has failed. Only the round (one at a time) calls it.
+func (m *metrics) renewed(result string) prometheus.Counter {
+	c := &m.renewalsOK
+	if result != "ok" {
+		c = &m.renewalsErr
+	}
+	if *c == nil {
+		*c = m.renewals.WithLabelValues(result)
+	}
+	return *c
 }

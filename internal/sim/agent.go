@@ -134,9 +134,12 @@ func (a *agent) start() error {
 		// Decisions cannot wait here (the loop is single-threaded): a
 		// quota's decisions before its first grant take the failure
 		// policy, and Prepare asks for every quota at start.
-		ColdStart:   1,
-		Clock:       func() int64 { return a.clock.at(s.now) },
-		SortedScans: true,
+		ColdStart: 1,
+		// The loop bounds every call itself (requestTimeout in call): a
+		// real timer per Round would only cost time.
+		RequestTimeout: -1,
+		Clock:          func() int64 { return a.clock.at(s.now) },
+		SortedScans:    true,
 	})
 	if err != nil {
 		return err

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -15,23 +14,62 @@ type event struct {
 	fn  func()
 }
 
+// eventQueue is a binary min-heap of events by (at, seq). It is typed
+// rather than a container/heap.Interface: that boxed every pushed event
+// into an interface (an allocation each) and called Less and Swap through
+// it, a twentieth of a reference run. seq is unique, so the order events
+// come out in is total: any correct heap pops the same sequence.
 type eventQueue []event
 
-func (q eventQueue) Len() int { return len(q) }
-func (q eventQueue) Less(i, j int) bool {
-	if q[i].at != q[j].at {
-		return q[i].at < q[j].at
+func (e *event) before(f *event) bool {
+	if e.at != f.at {
+		return e.at < f.at
 	}
-	return q[i].seq < q[j].seq
+	return e.seq < f.seq
 }
-func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
-func (q *eventQueue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	old[len(old)-1] = event{}
-	*q = old[:len(old)-1]
-	return e
+
+func (q eventQueue) Len() int { return len(q) }
+
+func (q *eventQueue) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h[i].before(&h[p]) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+}
+
+// pop takes the earliest event out; the queue must not be empty.
+func (q *eventQueue) pop() event {
+	h := *q
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = event{} // let the closure go
+	h = h[:n]
+	*q = h
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && h[r].before(&h[l]) {
+			m = r
+		}
+		if !h[m].before(&h[i]) {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	return top
 }
 
 // clock is a host's clock: offset plus true time scaled by 1+drift.
@@ -82,7 +120,7 @@ func poisson(r *rand.Rand, lambda float64) int {
 
 func (s *Sim) at(t int64, fn func()) {
 	s.seq++
-	heap.Push(&s.queue, event{at: max(t, s.now), seq: s.seq, fn: fn})
+	s.queue.push(event{at: max(t, s.now), seq: s.seq, fn: fn})
 }
 
 func (s *Sim) after(d int64, fn func()) { s.at(s.now+d, fn) }

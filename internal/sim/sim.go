@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"context"
 	"fmt"
 	"io"
@@ -431,7 +430,7 @@ func (s *Sim) Run() (*Report, error) {
 		})
 	}
 	for s.queue.Len() > 0 {
-		e := heap.Pop(&s.queue).(event)
+		e := s.queue.pop()
 		if e.at > s.end {
 			break
 		}
