@@ -43,20 +43,29 @@ func (s *Sim) call(x endpoint, g *group, renew *rationv1.RenewRequest, release *
 		if !target.alive {
 			return
 		}
-		back := func(rr *rationv1.RenewResponse, rl *rationv1.ReleaseResponse, err error) {
+		// The answer is a function: a renewal's is built where the agent
+		// receives it (see applier), the rest are ready.
+		back := func(answer func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error)) {
 			if !target.alive {
 				return
 			}
-			s.send(target.ep(), x, func() { finish(rr, rl, err) })
+			s.send(target.ep(), x, func() { finish(answer()) })
 		}
 		if g.leaderNode() != target {
-			back(nil, nil, errNotLeader)
+			back(func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error) { return nil, nil, errNotLeader })
 			return
 		}
 		if renew != nil {
-			g.renew(renew, func(r *rationv1.RenewResponse, err error) { back(r, nil, err) })
+			g.renew(renew, func(answer func() (*rationv1.RenewResponse, error)) {
+				back(func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error) {
+					r, err := answer()
+					return r, nil, err
+				})
+			})
 		} else {
-			g.release(release, func(r *rationv1.ReleaseResponse, err error) { back(nil, r, err) })
+			g.release(release, func(r *rationv1.ReleaseResponse, err error) {
+				back(func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error) { return nil, r, err })
+			})
 		}
 	})
 }

@@ -29,5 +29,10 @@
 // agent's Round runs as a coroutine (iter.Pull) only while the event loop
 // waits for it (a switch at each Client call), and every
 // random draw comes from one generator seeded by Config.Seed. Holders scan
-// their quotas in a fixed order (holder.Options.SortedScans).
+// their quotas in a fixed order (holder.Options.SortedScans). Two kinds of
+// work leave the loop's goroutine without changing what it computes: each
+// step's decisions, region by region on a few goroutines (a region's
+// decisions touch only its agents), and the groups' committed entries,
+// applied in commit order by one applier goroutine whose results the loop
+// waits for where it reads them (apply.go).
 package sim

@@ -89,11 +89,11 @@ type applied struct {
 	err error
 }
 
-// propose appends cmds as one entry; done gets their results when it
-// commits. An entry that does not commit (the leader cannot reach a
-// majority, or loses leadership first) is never answered, as a real
-// proposal times out.
-func (g *group) propose(cmds []lease.Command, done func([]applied)) {
+// propose appends cmds as one entry; done gets the commit when it
+// commits, whose wait gives the results (see applier). An entry that does
+// not commit (the leader cannot reach a majority, or loses leadership
+// first) is never answered, as a real proposal times out.
+func (g *group) propose(cmds []lease.Command, done func(*commit)) {
 	s := g.s
 	l := g.leaderNode()
 	if l == nil || !l.alive {
@@ -124,16 +124,10 @@ func (g *group) propose(cmds []lease.Command, done func([]applied)) {
 		if g.term != term || g.leader < 0 {
 			return // lost with the leader's term
 		}
-		out := make([]applied, len(cmds))
-		bytes := 0
-		for i, c := range cmds {
-			if data, err := lease.EncodeCommand(c); err == nil {
-				bytes += len(data)
-			}
-			out[i].res, out[i].err = g.st.Apply(c)
-		}
-		g.load.entry(s, len(cmds), bytes)
-		done(out)
+		c := &commit{g: g, cmds: cmds, out: make([]applied, len(cmds)), sec: g.load.sec(s)}
+		g.load.entries[c.sec]++
+		s.apply.submit(c)
+		done(c)
 	})
 }
 
@@ -173,10 +167,12 @@ func (g *group) elect() {
 	g.term++
 	g.isolatedSince = -1
 	// A new term's clock starts at no less than the state's.
+	s.apply.drain()
 	g.lastStamp = max(g.lastStamp, g.st.Now())
 	s.stats.elections++
 	term := g.term
-	g.propose([]lease.Command{lease.LeaderElected{}}, func(res []applied) {
+	g.propose([]lease.Command{lease.LeaderElected{}}, func(c *commit) {
+		res := c.wait()
 		if res[0].err != nil {
 			s.fail("%s: LeaderElected refused: %v", g.name, res[0].err)
 			return
@@ -212,7 +208,7 @@ func (g *group) watch() {
 
 func (g *group) tick() {
 	if g.ready {
-		g.propose([]lease.Command{lease.Tick{}}, func([]applied) {})
+		g.propose([]lease.Command{lease.Tick{}}, func(*commit) {})
 	}
 }
 
@@ -248,10 +244,15 @@ func (g *group) quotaFor(ref *rationv1.QuotaRef, holder string) (string, lease.Q
 
 // renew answers a RenewRequest as internal/coordinator's leasesServer
 // does: a Grant per item with lease_id 0 numbered seq, seq+1, ..., then
-// one Renew for the rest numbered after them, all in one entry.
-func (g *group) renew(req *rationv1.RenewRequest, reply func(*rationv1.RenewResponse, error)) {
+// one Renew for the rest numbered after them, all in one entry. reply gets
+// the answer as a function, called where it is needed (the applier may
+// still be applying the entry when reply is called).
+func (g *group) renew(req *rationv1.RenewRequest, reply func(func() (*rationv1.RenewResponse, error))) {
+	now := func(r *rationv1.RenewResponse, err error) {
+		reply(func() (*rationv1.RenewResponse, error) { return r, err })
+	}
 	if !g.ready {
-		reply(nil, errNotLeader)
+		now(nil, errNotLeader)
 		return
 	}
 	g.load.request(g.s, len(req.Items))
@@ -290,62 +291,74 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(*rationv1.RenewResp
 		cmds = append(cmds, renew)
 	}
 	if len(cmds) == 0 {
-		reply(&rationv1.RenewResponse{Grants: grants}, nil)
+		now(&rationv1.RenewResponse{Grants: grants}, nil)
 		return
 	}
-	g.propose(cmds, func(results []applied) {
-		last := results[len(results)-1]
-		replayed := last.res.Replayed
-		if errors.Is(last.err, lease.ErrStale) {
-			reply(nil, status.Error(codes.FailedPrecondition, last.err.Error()))
+	g.propose(cmds, func(c *commit) {
+		at := g.s.now
+		build := func(results []applied) (*rationv1.RenewResponse, error) {
+			return g.answerRenew(at, req, cmds, grants, renew, grantItems, renewItems, touched, results)
+		}
+		if g.s.cfg.Nudges {
+			// The answer marks quotas for the leader's planner now.
+			now(build(c.wait()))
 			return
 		}
-		for j, i := range grantItems {
-			r := results[j]
-			switch {
-			case r.err == nil:
-				if r.res.Lease == nil || r.res.Lease.Quota != cmds[j].(lease.Grant).Quota {
-					reply(nil, status.Error(codes.FailedPrecondition, "seq reused"))
-					return
-				}
-				coordinator.FillGrant(grants[i], r.res.Lease)
-			case errors.Is(r.err, lease.ErrStale) && replayed:
-				grants[i].Error = itemErrRetryGrant
-			default:
-				msg := coordinator.ItemError(r.err)
-				if msg == "" {
-					g.s.fail("%s: grant for %s failed: %v", g.name, req.Holder, r.err)
-					reply(nil, status.Error(codes.Internal, r.err.Error()))
-					return
-				}
-				grants[i].Error = msg
-			}
-		}
-		if len(renewItems) > 0 {
-			r := results[len(results)-1]
-			if r.err != nil {
-				g.s.fail("%s: renew for %s failed: %v", g.name, req.Holder, r.err)
-				reply(nil, status.Error(codes.Internal, r.err.Error()))
-				return
-			}
-			if len(r.res.Items) != len(renew.Items) {
-				reply(nil, status.Error(codes.FailedPrecondition, "seq reused"))
-				return
-			}
-			for j, i := range renewItems {
-				ir := r.res.Items[j]
-				if ir.Err != nil {
-					grants[i].Error = coordinator.ItemError(ir.Err)
-					continue
-				}
-				coordinator.FillGrant(grants[i], ir.Lease)
-			}
-		}
-		if !replayed {
-			g.mark(touched, req.Holder)
-		}
-		reply(&rationv1.RenewResponse{Grants: grants}, nil)
+		l := &lazyAnswer{c: c, build: build}
+		g.s.apply.lazies = append(g.s.apply.lazies, l)
+		reply(l.get)
 	})
+}
+
+// answerRenew builds the answer to req from its entry's results, as the
+// leasesServer does; at is when the entry committed.
+func (g *group) answerRenew(at int64, req *rationv1.RenewRequest, cmds []lease.Command, grants []*rationv1.Grant, renew lease.Renew, grantItems, renewItems []int, touched []string, results []applied) (*rationv1.RenewResponse, error) {
+	last := results[len(results)-1]
+	replayed := last.res.Replayed
+	if errors.Is(last.err, lease.ErrStale) {
+		return nil, status.Error(codes.FailedPrecondition, last.err.Error())
+	}
+	for j, i := range grantItems {
+		r := results[j]
+		switch {
+		case r.err == nil:
+			if r.res.Lease == nil || r.res.Lease.Quota != cmds[j].(lease.Grant).Quota {
+				return nil, status.Error(codes.FailedPrecondition, "seq reused")
+			}
+			coordinator.FillGrant(grants[i], r.res.Lease)
+		case errors.Is(r.err, lease.ErrStale) && replayed:
+			grants[i].Error = itemErrRetryGrant
+		default:
+			msg := coordinator.ItemError(r.err)
+			if msg == "" {
+				g.s.failAt(at, "%s: grant for %s failed: %v", g.name, req.Holder, r.err)
+				return nil, status.Error(codes.Internal, r.err.Error())
+			}
+			grants[i].Error = msg
+		}
+	}
+	if len(renewItems) > 0 {
+		r := results[len(results)-1]
+		if r.err != nil {
+			g.s.failAt(at, "%s: renew for %s failed: %v", g.name, req.Holder, r.err)
+			return nil, status.Error(codes.Internal, r.err.Error())
+		}
+		if len(r.res.Items) != len(renew.Items) {
+			return nil, status.Error(codes.FailedPrecondition, "seq reused")
+		}
+		for j, i := range renewItems {
+			ir := r.res.Items[j]
+			if ir.Err != nil {
+				grants[i].Error = coordinator.ItemError(ir.Err)
+				continue
+			}
+			coordinator.FillGrant(grants[i], ir.Lease)
+		}
+	}
+	if !replayed {
+		g.mark(touched, req.Holder)
+	}
+	return &rationv1.RenewResponse{Grants: grants}, nil
 }
 
 func (g *group) release(req *rationv1.ReleaseRequest, reply func(*rationv1.ReleaseResponse, error)) {
@@ -363,12 +376,14 @@ func (g *group) release(req *rationv1.ReleaseRequest, reply func(*rationv1.Relea
 		return
 	}
 	var released []string
+	g.s.apply.drain()
 	for _, it := range req.Items {
 		if l, ok := g.st.LeaseByID(it.LeaseId); ok && l.Holder == req.Holder {
 			released = append(released, l.Quota)
 		}
 	}
-	g.propose(cmds, func(results []applied) {
+	g.propose(cmds, func(c *commit) {
+		results := c.wait()
 		last := results[len(results)-1]
 		if errors.Is(last.err, lease.ErrStale) {
 			reply(nil, status.Error(codes.FailedPrecondition, last.err.Error()))

@@ -22,7 +22,8 @@ func newRecorder(keys, steps int) *recorder {
 	return r
 }
 
-// loadSeries is one group's load per second of simulated time.
+// loadSeries is one group's load per second of simulated time. bytes is
+// the applier's (it encodes the commands it applies); the rest the loop's.
 type loadSeries struct {
 	requests, items, entries, bytes []int64
 }
@@ -37,12 +38,6 @@ func (l *loadSeries) request(s *Sim, items int) {
 	i := l.sec(s)
 	l.requests[i]++
 	l.items[i] += int64(items)
-}
-
-func (l *loadSeries) entry(s *Sim, cmds, bytes int) {
-	i := l.sec(s)
-	l.entries[i]++
-	l.bytes[i] += int64(bytes)
 }
 
 // QuotaResult is one quota's judgement.

@@ -82,6 +82,7 @@ type Sim struct {
 	nfails  int
 	started time.Time
 	workers int
+	apply   *applier // while Run runs
 
 	// Progress, when set, gets a line per simulated minute (wall-clock
 	// figures, so never part of the report).
@@ -373,6 +374,7 @@ func (s *Sim) decide() {
 // rule as the global group holds it.
 func (s *Sim) sampleShares() {
 	i := min(int(s.now/1e6), len(s.upRates[0])-1)
+	s.apply.drain()
 	for _, l := range s.global.st.Leases(ruleGlobal + "|") {
 		if id, ok := region.FromHolder(l.Holder); ok {
 			for r := range s.upRates {
@@ -389,16 +391,21 @@ func (s *Sim) logf(format string, args ...any) {
 }
 
 // fail records a broken invariant; the run goes on, and fails.
-func (s *Sim) fail(format string, args ...any) {
+func (s *Sim) fail(format string, args ...any) { s.failAt(s.now, format, args...) }
+
+// failAt is fail for what broke at time at.
+func (s *Sim) failAt(at int64, format string, args ...any) {
 	s.nfails++
 	if len(s.fails) < 20 {
-		s.fails = append(s.fails, fmt.Sprintf("%9.3fs  ", float64(s.now)/1e6)+fmt.Sprintf(format, args...))
+		s.fails = append(s.fails, fmt.Sprintf("%9.3fs  ", float64(at)/1e6)+fmt.Sprintf(format, args...))
 	}
 }
 
 // Run runs the simulation to its end and returns its report.
 func (s *Sim) Run() (*Report, error) {
 	s.started = time.Now()
+	s.apply = newApplier()
+	defer s.apply.stop() // on an error return; after the loop it is stopped already
 	for _, a := range s.agents {
 		if err := a.start(); err != nil {
 			return nil, err
@@ -412,6 +419,7 @@ func (s *Sim) Run() (*Report, error) {
 			s.every(us(s.cfg.UpstreamTick), us(s.cfg.UpstreamTick), g.up.round)
 		}
 		s.every(5_000_000, 5_000_000, func() {
+			s.apply.drain()
 			if err := g.st.CheckInvariants(); err != nil {
 				s.fail("%s: state invariants: %v", g.name, err)
 			}
@@ -440,5 +448,6 @@ func (s *Sim) Run() (*Report, error) {
 	for _, a := range s.agents {
 		a.crash()
 	}
+	s.apply.stop()
 	return s.report(), nil
 }

@@ -73,6 +73,7 @@ func (u *upstream) round() {
 	}
 	state := map[string]info{}
 	var ids []string
+	s.apply.drain()
 	stNow := g.st.Now()
 	for _, id := range s.fundedIDs {
 		q, ok := g.st.Quota(id)
@@ -211,7 +212,8 @@ func (u *upstream) round() {
 			}
 		}
 		if len(funds) > 0 {
-			g.propose(funds, func(res []applied) {
+			g.propose(funds, func(c *commit) {
+				res := c.wait()
 				var funded []string
 				for i, r := range res {
 					if r.err != nil {
