@@ -17,9 +17,9 @@ import (
 // either way: every answer and every state the loop reads is what the
 // loop would have computed itself, so a seed's report is unchanged.
 //
-// The loop reads a state only after drain (every commit submitted so far
-// applied, the applier idle), and an entry's answer only through
-// commit.wait. A renewal's answer, the bulk of the commits, is built
+// The loop reads a group's state only after drain(g) (every commit of g
+// submitted so far applied: the applier touches g's state only through
+// them), and an entry's answer only through commit.wait. A renewal's answer, the bulk of the commits, is built
 // lazily (lazyAnswer): when its reply reaches the agent, or at the next
 // drain, whichever is first; nothing the loop does in between depends on
 // it, since sending the reply draws the same randomness whatever it says.
@@ -34,12 +34,11 @@ type applier struct {
 
 // commit is one committed entry of group g.
 type commit struct {
-	g       *group
-	cmds    []lease.Command
-	out     []applied
-	sec     int // the second it committed in, for the load series
-	n       uint64
-	applied atomic.Bool
+	g    *group
+	cmds []lease.Command
+	out  []applied
+	sec  int // the second it committed in, for the load series
+	n    uint64
 }
 
 func newApplier() *applier {
@@ -62,7 +61,6 @@ func (a *applier) run() {
 		// The loop counts entries; bytes are the applier's alone, read
 		// after the last drain.
 		c.g.load.bytes[c.sec] += int64(bytes)
-		c.applied.Store(true)
 		a.completed.Store(c.n)
 	}
 }
@@ -71,39 +69,58 @@ func (a *applier) run() {
 func (a *applier) submit(c *commit) {
 	a.submitted++
 	c.n = a.submitted
+	c.g.submitted = c.n
 	a.jobs <- c
 }
 
-// wait returns c's answers once applied. The applier is seldom far
-// behind, so the loop yields its processor rather than parking.
-func (c *commit) wait() []applied {
-	for !c.applied.Load() {
-		runtime.Gosched()
+// until waits for the applier to have applied commit n. The applier is
+// seldom far behind: the loop spins, and yields its processor now and
+// then (with GOMAXPROCS=1 the applier runs only then).
+func (a *applier) until(n uint64) {
+	for i := 1; a.completed.Load() < n; i++ {
+		if i%64 == 0 {
+			runtime.Gosched()
+		}
 	}
+}
+
+// wait returns c's answers once applied.
+func (a *applier) wait(c *commit) []applied {
+	a.until(c.n)
 	return c.out
 }
 
-// drain waits until every commit submitted so far is applied, so that the
-// loop may read any group's state, and builds the lazy answers still
-// unbuilt (loop only).
-func (a *applier) drain() {
-	for n := a.submitted; a.completed.Load() < n; {
-		runtime.Gosched()
-	}
-	for _, l := range a.lazies {
-		l.get()
-	}
-	clear(a.lazies)
-	a.lazies = a.lazies[:0]
+// drain waits until g's commits submitted so far are applied, so that the
+// loop may read g's state, and builds the lazy answers whose entries are
+// applied (loop only).
+func (a *applier) drain(g *group) {
+	a.until(g.submitted)
+	a.settle(a.completed.Load())
 }
 
-// stop drains and ends the applier; once stopped, stop does nothing.
+// settle builds the lazy answers of the commits up to n.
+func (a *applier) settle(n uint64) {
+	kept := a.lazies[:0]
+	for _, l := range a.lazies {
+		if l.c.n <= n {
+			l.get()
+		} else {
+			kept = append(kept, l)
+		}
+	}
+	clear(a.lazies[len(kept):])
+	a.lazies = kept
+}
+
+// stop applies everything, builds every answer and ends the applier;
+// once stopped, stop does nothing.
 func (a *applier) stop() {
 	if a.stopped {
 		return
 	}
 	a.stopped = true
-	a.drain()
+	a.until(a.submitted)
+	a.settle(a.submitted)
 	close(a.jobs)
 	a.done.Wait()
 }
@@ -111,6 +128,7 @@ func (a *applier) stop() {
 // lazyAnswer is a renewal's answer, built once from its commit's results
 // by build, which may record failures (stamped with the commit's time).
 type lazyAnswer struct {
+	a     *applier
 	c     *commit
 	build func([]applied) (*rationv1.RenewResponse, error)
 	built bool
@@ -122,8 +140,8 @@ type lazyAnswer struct {
 func (l *lazyAnswer) get() (*rationv1.RenewResponse, error) {
 	if !l.built {
 		l.built = true
-		l.r, l.err = l.build(l.c.wait())
-		l.c, l.build = nil, nil
+		l.r, l.err = l.build(l.a.wait(l.c))
+		l.build = nil
 	}
 	return l.r, l.err
 }

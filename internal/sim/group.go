@@ -52,6 +52,7 @@ type group struct {
 	// one).
 	isolatedSince int64
 	up            *upstream // regional groups only
+	submitted     uint64    // the applier's number of this group's last commit
 	load          *loadSeries
 	plan          planner // regional groups only
 }
@@ -167,12 +168,12 @@ func (g *group) elect() {
 	g.term++
 	g.isolatedSince = -1
 	// A new term's clock starts at no less than the state's.
-	s.apply.drain()
+	s.apply.drain(g)
 	g.lastStamp = max(g.lastStamp, g.st.Now())
 	s.stats.elections++
 	term := g.term
 	g.propose([]lease.Command{lease.LeaderElected{}}, func(c *commit) {
-		res := c.wait()
+		res := g.s.apply.wait(c)
 		if res[0].err != nil {
 			s.fail("%s: LeaderElected refused: %v", g.name, res[0].err)
 			return
@@ -301,10 +302,10 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(func() (*rationv1.R
 		}
 		if g.s.cfg.Nudges {
 			// The answer marks quotas for the leader's planner now.
-			now(build(c.wait()))
+			now(build(g.s.apply.wait(c)))
 			return
 		}
-		l := &lazyAnswer{c: c, build: build}
+		l := &lazyAnswer{a: g.s.apply, c: c, build: build}
 		g.s.apply.lazies = append(g.s.apply.lazies, l)
 		reply(l.get)
 	})
@@ -376,14 +377,14 @@ func (g *group) release(req *rationv1.ReleaseRequest, reply func(*rationv1.Relea
 		return
 	}
 	var released []string
-	g.s.apply.drain()
+	g.s.apply.drain(g)
 	for _, it := range req.Items {
 		if l, ok := g.st.LeaseByID(it.LeaseId); ok && l.Holder == req.Holder {
 			released = append(released, l.Quota)
 		}
 	}
 	g.propose(cmds, func(c *commit) {
-		results := c.wait()
+		results := g.s.apply.wait(c)
 		last := results[len(results)-1]
 		if errors.Is(last.err, lease.ErrStale) {
 			reply(nil, status.Error(codes.FailedPrecondition, last.err.Error()))

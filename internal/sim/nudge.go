@@ -74,7 +74,7 @@ func (g *group) planNow() {
 		quotas = append(quotas, q)
 	}
 	slices.Sort(quotas) // map order is random; a run is not
-	s.apply.drain()     // the planner reads the state
+	s.apply.drain(g)    // the planner reads the state
 	nudges := map[int][]*rationv1.QuotaRef{}
 	var soonest int64
 	for _, q := range quotas {

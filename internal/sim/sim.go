@@ -374,7 +374,7 @@ func (s *Sim) decide() {
 // rule as the global group holds it.
 func (s *Sim) sampleShares() {
 	i := min(int(s.now/1e6), len(s.upRates[0])-1)
-	s.apply.drain()
+	s.apply.drain(s.global)
 	for _, l := range s.global.st.Leases(ruleGlobal + "|") {
 		if id, ok := region.FromHolder(l.Holder); ok {
 			for r := range s.upRates {
@@ -419,7 +419,7 @@ func (s *Sim) Run() (*Report, error) {
 			s.every(us(s.cfg.UpstreamTick), us(s.cfg.UpstreamTick), g.up.round)
 		}
 		s.every(5_000_000, 5_000_000, func() {
-			s.apply.drain()
+			s.apply.drain(g)
 			if err := g.st.CheckInvariants(); err != nil {
 				s.fail("%s: state invariants: %v", g.name, err)
 			}

@@ -73,7 +73,7 @@ func (u *upstream) round() {
 	}
 	state := map[string]info{}
 	var ids []string
-	s.apply.drain()
+	s.apply.drain(g)
 	stNow := g.st.Now()
 	for _, id := range s.fundedIDs {
 		q, ok := g.st.Quota(id)
@@ -213,7 +213,7 @@ func (u *upstream) round() {
 		}
 		if len(funds) > 0 {
 			g.propose(funds, func(c *commit) {
-				res := c.wait()
+				res := g.s.apply.wait(c)
 				var funded []string
 				for i, r := range res {
 					if r.err != nil {
