@@ -19,10 +19,11 @@ import (
 //
 // The loop reads a group's state only after drain(g) (every commit of g
 // submitted so far applied: the applier touches g's state only through
-// them), and an entry's answer only through commit.wait. A renewal's answer, the bulk of the commits, is built
-// lazily (lazyAnswer): when its reply reaches the agent, or at the next
-// drain, whichever is first; nothing the loop does in between depends on
-// it, since sending the reply draws the same randomness whatever it says.
+// them), and an entry's results only through wait. A renewal's answer,
+// the bulk of the commits, is built lazily (lazyAnswer): when its reply
+// reaches the agent, or at the next drain, whichever is first; nothing the
+// loop does in between depends on it, since sending the reply draws the
+// same randomness whatever it says.
 type applier struct {
 	jobs      chan *commit
 	submitted uint64        // loop only

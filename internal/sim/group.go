@@ -249,11 +249,11 @@ func (g *group) quotaFor(ref *rationv1.QuotaRef, holder string) (string, lease.Q
 // the answer as a function, called where it is needed (the applier may
 // still be applying the entry when reply is called).
 func (g *group) renew(req *rationv1.RenewRequest, reply func(func() (*rationv1.RenewResponse, error))) {
-	now := func(r *rationv1.RenewResponse, err error) {
+	replyNow := func(r *rationv1.RenewResponse, err error) {
 		reply(func() (*rationv1.RenewResponse, error) { return r, err })
 	}
 	if !g.ready {
-		now(nil, errNotLeader)
+		replyNow(nil, errNotLeader)
 		return
 	}
 	g.load.request(g.s, len(req.Items))
@@ -292,7 +292,7 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(func() (*rationv1.R
 		cmds = append(cmds, renew)
 	}
 	if len(cmds) == 0 {
-		now(&rationv1.RenewResponse{Grants: grants}, nil)
+		replyNow(&rationv1.RenewResponse{Grants: grants}, nil)
 		return
 	}
 	g.propose(cmds, func(c *commit) {
@@ -302,7 +302,7 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(func() (*rationv1.R
 		}
 		if g.s.cfg.Nudges {
 			// The answer marks quotas for the leader's planner now.
-			now(build(g.s.apply.wait(c)))
+			replyNow(build(g.s.apply.wait(c)))
 			return
 		}
 		l := &lazyAnswer{a: g.s.apply, c: c, build: build}
