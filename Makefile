@@ -77,7 +77,7 @@ chaos-breaks: deps ## every chaos scenario with its protection removed (RATION_C
 # make sim SEED=n: one seed is one exact run; the report is printed and
 # written with its plots to docs/images/sim (SIM_OUT).
 SIM_OUT ?= docs/images/sim
-sim: ## the deterministic simulation's reference run: 20 regions x 500 agents, 1,000,000 decisions/s, 10 min simulated (about 9 min of wall time here); SEED=n; writes report and plots to SIM_OUT
+sim: ## the deterministic simulation's reference run: 20 regions x 500 agents, 1,000,000 decisions/s, 10 min simulated (9-10 min of wall time here); SEED=n; writes report and plots to SIM_OUT
 	$(GO) run ./cmd/ration-sim -config reference -seed $${SEED:-1} -out $(SIM_OUT)
 
 sim-small: ## the same simulation at 4 regions x 25 agents, 2 min simulated (seconds); SEED=n
