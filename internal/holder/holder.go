@@ -1118,10 +1118,8 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 	// The holder's clock times the call: one reading fewer than time.Now
 	// and time.Since, and the answer's receive time (recv) besides.
 	start := l.Now()
-	var resp *rationv1.RenewResponse
-	var err error
 	rctx, cancel := l.callCtx(ctx)
-	resp, err = l.o.Client.Renew(rctx, req)
+	resp, err := l.o.Client.Renew(rctx, req)
 	cancel()
 	recv := l.Now()
 	l.m.renewDuration.Observe(float64(recv-start) / 1e6)
