@@ -19,6 +19,14 @@ var errTimeout = status.Error(codes.DeadlineExceeded, "no answer in time (simula
 
 type replyFn func(*rationv1.RenewResponse, *rationv1.ReleaseResponse, error)
 
+// answer is a coordinator's reply to a call, built when it is called: a
+// renewal's where the agent receives it (see applier), the rest ready.
+type answer func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error)
+
+func ready(rr *rationv1.RenewResponse, rl *rationv1.ReleaseResponse, err error) answer {
+	return func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error) { return rr, rl, err }
+}
+
 // call sends a Renew (or a Release) from x to g's leader as x knows it now
 // and calls back once: with the answer, an error, or a timeout.
 func (s *Sim) call(x endpoint, g *group, renew *rationv1.RenewRequest, release *rationv1.ReleaseRequest, cb replyFn) {
@@ -43,29 +51,20 @@ func (s *Sim) call(x endpoint, g *group, renew *rationv1.RenewRequest, release *
 		if !target.alive {
 			return
 		}
-		// The answer is a function: a renewal's is built where the agent
-		// receives it (see applier), the rest are ready.
-		back := func(answer func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error)) {
+		back := func(a answer) {
 			if !target.alive {
 				return
 			}
-			s.send(target.ep(), x, func() { finish(answer()) })
+			s.send(target.ep(), x, func() { finish(a()) })
 		}
 		if g.leaderNode() != target {
-			back(func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error) { return nil, nil, errNotLeader })
+			back(ready(nil, nil, errNotLeader))
 			return
 		}
 		if renew != nil {
-			g.renew(renew, func(answer func() (*rationv1.RenewResponse, error)) {
-				back(func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error) {
-					r, err := answer()
-					return r, nil, err
-				})
-			})
+			g.renew(renew, back)
 		} else {
-			g.release(release, func(r *rationv1.ReleaseResponse, err error) {
-				back(func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error) { return nil, r, err })
-			})
+			g.release(release, func(r *rationv1.ReleaseResponse, err error) { back(ready(nil, r, err)) })
 		}
 	})
 }

@@ -246,12 +246,10 @@ func (g *group) quotaFor(ref *rationv1.QuotaRef, holder string) (string, lease.Q
 // renew answers a RenewRequest as internal/coordinator's leasesServer
 // does: a Grant per item with lease_id 0 numbered seq, seq+1, ..., then
 // one Renew for the rest numbered after them, all in one entry. reply gets
-// the answer as a function, called where it is needed (the applier may
-// still be applying the entry when reply is called).
-func (g *group) renew(req *rationv1.RenewRequest, reply func(func() (*rationv1.RenewResponse, error))) {
-	replyNow := func(r *rationv1.RenewResponse, err error) {
-		reply(func() (*rationv1.RenewResponse, error) { return r, err })
-	}
+// the answer, built where it is called (the applier may still be applying
+// the entry when reply is called).
+func (g *group) renew(req *rationv1.RenewRequest, reply func(answer)) {
+	replyNow := func(r *rationv1.RenewResponse, err error) { reply(ready(r, nil, err)) }
 	if !g.ready {
 		replyNow(nil, errNotLeader)
 		return
@@ -307,7 +305,10 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(func() (*rationv1.R
 		}
 		l := &lazyAnswer{a: g.s.apply, c: c, build: build}
 		g.s.apply.lazies = append(g.s.apply.lazies, l)
-		reply(l.get)
+		reply(func() (*rationv1.RenewResponse, *rationv1.ReleaseResponse, error) {
+			r, err := l.get()
+			return r, nil, err
+		})
 	})
 }
 
