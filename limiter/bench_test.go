@@ -185,3 +185,47 @@ func TestLeasedDecisionAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkKeyAllowLeased is BenchmarkAllowLeased through a Key: the rule
+// and subject checked once, the quota found once.
+func BenchmarkKeyAllowLeased(b *testing.B) {
+	l := openLeased(b, "bench")
+	ctx := context.Background()
+	req := limiter.Request{Rule: "hot", Subject: "x"}
+	waitLeased(b, l, req)
+	k, err := l.Key(req.Rule, req.Subject)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if d, err := k.Allow(ctx, 1); err != nil || !d.Allowed {
+				b.Fatal(d, err)
+			}
+		}
+	})
+	// The floor: the one monotonic clock read a leased decision makes
+	// (Go's time.Since), on the same machine in the same run.
+	b.Run("clock", func(b *testing.B) {
+		start := time.Now()
+		var sum time.Duration
+		for b.Loop() {
+			sum += time.Since(start)
+		}
+		if sum <= 0 {
+			b.Fatal("the monotonic clock did not advance")
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := k.Allow(ctx, 1); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}

@@ -467,6 +467,73 @@ func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost 
 	return res, false, ok
 }
 
+// Ref is a quota of this holder found once, for a caller that decides the
+// same (rule, subject) often: its Spend skips the lookup, the first-grant
+// wait and the default-share branch of Leases.Spend. The zero Ref finds
+// nothing.
+type Ref struct {
+	l *Leases
+	q *quota
+}
+
+// Ref finds the quota of (r, subject) if this holder has added it (a
+// first Spend adds it). A rule with lease.default_share has none: its
+// subjects spend their copy of the default lease first (Spend).
+func (l *Leases) Ref(r *rules.Rule, subject string) Ref {
+	if r.Lease.DefaultShare > 0 {
+		return Ref{}
+	}
+	q := l.lookup(r.Name, subject)
+	if q == nil {
+		return Ref{}
+	}
+	return Ref{l: l, q: q}
+}
+
+// Spend is Leases.Spend of ref's quota, now (Leases.Now, read here), when
+// it can be decided on the quota's lease at once, with bucket.Result's fields a lease sets as
+// results of their own (a Result is too large to return cheaply). ok is
+// false, and nothing was spent or counted, when ref finds nothing, the
+// first answer has not arrived, or the lease is not valid at now
+// (expired, refused, or given back when the quota was forgotten for
+// idleness). The caller then calls Leases.Spend, which waits for a first
+// grant, adds the quota again, or reports that the rule's failure policy
+// decides; and takes a new Ref.
+func (ref Ref) Spend(cost float64) (allowed bool, remaining float64, reset, retryAfter time.Duration, ok bool) {
+	q := ref.q
+	if q == nil || !q.answered() {
+		return false, 0, 0, 0, false
+	}
+	now := ref.l.Now()
+	q.mu.Lock()
+	h := &q.h
+	if !h.Valid(now) {
+		q.mu.Unlock()
+		return false, 0, 0, 0, false
+	}
+	q.requested += cost
+	q.sinceReport += cost
+	q.lastUsed = now
+	allowed = h.Spend(now, cost)
+	flag := !allowed && !q.dry
+	if flag {
+		q.dry = true
+	}
+	remaining = h.Balance
+	if rate := h.Lease.Rate; rate > 0 {
+		reset = micros((h.Lease.Cap - remaining) / rate)
+		if !allowed {
+			retryAfter = micros((cost - remaining) / rate)
+		}
+	}
+	q.mu.Unlock()
+	if flag {
+		// As in spendOwn: the loop decides whether to ask for more now.
+		ref.l.flag(q)
+	}
+	return allowed, remaining, reset, retryAfter, true
+}
+
 // waitFirst waits, if q's first answer has not arrived, until it does or
 // its cold start ends (or limit passes, or ctx is done), and returns the
 // time then.
@@ -583,8 +650,21 @@ func micros(sec float64) time.Duration {
 	if !(sec > 0) {
 		return 0
 	}
-	return time.Duration(math.Ceil(sec*1e6)) * time.Microsecond
+	// math.Ceil is a call; on this hot path the comparison is cheaper.
+	// Past maxMicros the conversion would overflow: the longest duration.
+	us := sec * 1e6
+	if us >= maxMicros {
+		return math.MaxInt64
+	}
+	n := int64(us)
+	if float64(n) < us {
+		n++
+	}
+	return time.Duration(n) * time.Microsecond
 }
+
+// maxMicros is the most microseconds a time.Duration holds, as a float.
+const maxMicros = float64(math.MaxInt64 / int64(time.Microsecond))
 
 func (l *Leases) lookup(rule, subject string) *quota {
 	byRule := (*l.quotas.Load())[rule]
