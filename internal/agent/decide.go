@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/lease"
 	"github.com/ration-dev/ration/internal/rules"
 )
@@ -54,6 +55,10 @@ type Request struct {
 	// pairs are the descriptors as the gRPC batch decoder read them (wire.go),
 	// in place of Descriptors, which is then nil.
 	pairs rules.Pairs
+	// repeat: the batch decoder read this request from the same bytes as
+	// the one before it (a batch of one hot key), and made it a copy of
+	// that one; decideBatch then copies its steps instead of matching.
+	repeat bool
 }
 
 // Response is the decision.
@@ -210,6 +215,15 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 	withID := false
 	for i := range reqs {
 		items[i].first = len(steps)
+		if i > 0 && sameQuestion(&reqs[i], &reqs[i-1]) {
+			// The previous request's answer to match and prepare, without
+			// asking again: a batch of one hot key is mostly this.
+			if reqs[i].Cost == 0 {
+				reqs[i].Cost = 1 // as match does
+			}
+			steps = s.repeatSteps(steps, &items[i-1], &items[i], i)
+			continue
+		}
 		var err error
 		matches, err = s.match(set, &reqs[i], matches[:0])
 		if err == nil {
@@ -286,6 +300,36 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 	if bb != nil {
 		putBatchBufs(bb)
 	}
+}
+
+// sameQuestion reports whether r asks what prev (the request before it in
+// its batch, already matched) asked, so that prev's steps are r's: the
+// same bytes on the wire, or the same rule, subject and cost. A request
+// id or a descriptors map (a caller's; maps are not compared) is never
+// taken for the same.
+func sameQuestion(r, prev *Request) bool {
+	if r.RequestID != "" || r.Descriptors != nil {
+		return false
+	}
+	if r.repeat {
+		return true
+	}
+	return r.pairs == nil && prev.pairs == nil && prev.Descriptors == nil && prev.RequestID == "" &&
+		r.Rule != "" && r.Rule == prev.Rule && r.Subject == prev.Subject && (r.Cost == prev.Cost || r.Cost == 0 && prev.Cost == 1)
+}
+
+// repeatSteps gives item (request i) a copy of prev's steps, or its error.
+func (s *Service) repeatSteps(steps []step, prev, item *item, i int) []step {
+	if prev.err != nil {
+		item.err, item.n = prev.err, 0
+		return steps
+	}
+	for j := prev.first; j < prev.first+prev.n; j++ {
+		steps = append(steps, steps[j])
+		steps[len(steps)-1].item = i
+	}
+	item.n = prev.n
+	return steps
 }
 
 // batchBufs are decideBatch's buffers for a batch of more than one request.
@@ -457,6 +501,11 @@ func (s *Service) prepareAuto(set *rules.Set, m rules.Match, br *bucket.Request)
 func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 	nStore := 0
 	hotStore := false // a mode auto step goes to the store: it may report a promotion
+	var run struct {
+		rule    *rules.Rule
+		subject string
+		ref     holder.Ref // the zero Ref (of a default-share rule) spends nothing
+	}
 	s.prepareLeases(steps)
 	for i := range steps {
 		st := &steps[i]
@@ -480,10 +529,22 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 				if leaseNow == 0 {
 					leaseNow = s.leases.Now()
 				}
+				// A run of steps of one quota (a batch of one hot key)
+				// spends through the Ref the run's first step took.
+				if st.rule == run.rule && st.subject == run.subject {
+					if allowed, remaining, reset, retry, ok := run.ref.SpendAt(st.req.Cost, leaseNow); ok {
+						st.res = bucket.Result{Allowed: allowed, Remaining: remaining, Reset: reset, RetryAfter: retry}
+						st.path, st.allowed, st.charged, st.reason = pathLeased, allowed, allowed, verdict(allowed)
+						continue
+					}
+				}
 				if res, shared, ok := s.leases.Spend(ctx, st.rule, st.subject, st.req.Cost, leaseNow); ok {
 					st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
 					st.shared = shared
 					st.reason = verdict(res.Allowed)
+					if s.refs != nil && i+1 < len(steps) && steps[i+1].rule == st.rule && steps[i+1].subject == st.subject {
+						run.rule, run.subject, run.ref = st.rule, st.subject, s.refs.Ref(st.rule, st.subject)
+					}
 					continue
 				}
 			}

@@ -81,29 +81,40 @@ func (g *grpcServer) AllowBatch(ctx context.Context, r *rationv1.AllowBatchReque
 // server reads them with decodeBatch, wire.go); n counts them all, reqs
 // may hold only the first MaxBatch.
 func (g *grpcServer) allowBatch(ctx context.Context, reqs []Request, n int) (*rationv1.AllowBatchResponse, error) {
+	d, err := g.decideBatch(ctx, reqs, n)
+	if err != nil {
+		return nil, err
+	}
+	defer d.release()
+	out := &rationv1.AllowBatchResponse{Responses: make([]*rationv1.AllowResponse, n)}
+	backing := make([]rationv1.AllowResponse, n)
+	for i := range d.resps {
+		pr := &backing[i]
+		if d.errs[i] != nil {
+			pr.Reason = rationv1.Reason_REASON_INVALID
+			pr.Error = d.errs[i].Error()
+		} else {
+			toProto(d.resps[i], pr)
+		}
+		out.Responses[i] = pr
+	}
+	return out, nil
+}
+
+// decideBatch decides AllowBatch's requests into pooled answers. The
+// server's handler gives them to the codec as they are, which writes them
+// to the wire (appendDecided, wire.go) and releases them: a message per
+// answer was a tenth of a leased batch's CPU, with the garbage it left.
+func (g *grpcServer) decideBatch(ctx context.Context, reqs []Request, n int) (*decided, error) {
 	if n > MaxBatch {
 		return nil, status.Errorf(codes.InvalidArgument, "batch of %d requests: at most %d", n, MaxBatch)
 	}
 	if len(reqs) != n {
 		return nil, status.Errorf(codes.Internal, "agent: %d of the batch's %d requests decoded", len(reqs), n)
 	}
-	sc := getDecided(n)
-	defer decidedPool.Put(sc)
-	resps, errs := sc.resps, sc.errs
-	g.svc.DecideBatch(ctx, reqs, resps, errs)
-	out := &rationv1.AllowBatchResponse{Responses: make([]*rationv1.AllowResponse, n)}
-	backing := make([]rationv1.AllowResponse, n)
-	for i := range resps {
-		pr := &backing[i]
-		if errs[i] != nil {
-			pr.Reason = rationv1.Reason_REASON_INVALID
-			pr.Error = errs[i].Error()
-		} else {
-			toProto(resps[i], pr)
-		}
-		out.Responses[i] = pr
-	}
-	return out, nil
+	d := getDecided(n)
+	g.svc.DecideBatch(ctx, reqs, d.resps, d.errs)
+	return d, nil
 }
 
 // decided holds a batch's answers until they are written into its reply.
@@ -113,6 +124,17 @@ type decided struct {
 }
 
 var decidedPool sync.Pool // of *decided
+
+// release gives d back once its answers are written. The errors are
+// cleared (they may hold a request's strings); the responses are written
+// over in full by the next DecideBatch.
+func (d *decided) release() {
+	if cap(d.resps) > 4*MaxBatch {
+		return
+	}
+	clear(d.errs)
+	decidedPool.Put(d)
+}
 
 // getDecided returns room for n answers; DecideBatch sets every one.
 func getDecided(n int) *decided {

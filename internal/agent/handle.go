@@ -79,10 +79,9 @@ func (h *Handle) refresh(set *rules.Set) error {
 	}
 	st := &steps[0]
 	hs.rule, hs.limit = st.rule, st.req.Limit
-	refs, ok := s.leases.(leaseRefs)
-	if st.rule.Mode == rules.ModeLeased && ok && s.rec == nil {
+	if st.rule.Mode == rules.ModeLeased && s.refs != nil && s.rec == nil {
 		hs.fast = true
-		hs.ref = refs.Ref(st.rule, h.subject)
+		hs.ref = s.refs.Ref(st.rule, h.subject)
 		hs.allowed = s.metrics.ruleDecision(st.rule, pathLeased, true, ReasonOK)
 		hs.denied = s.metrics.ruleDecision(st.rule, pathLeased, false, ReasonOverLimit)
 	}
@@ -113,7 +112,7 @@ func (h *Handle) Decide(ctx context.Context, cost float64, r *Response) error {
 	} else if hs.fast {
 		// The long way may have added the quota (a first decision) or
 		// found it again (forgotten for idleness): take its Ref.
-		if ref := s.leases.(leaseRefs).Ref(hs.rule, h.subject); ref != hs.ref {
+		if ref := s.refs.Ref(hs.rule, h.subject); ref != hs.ref {
 			next := *hs
 			next.ref = ref
 			h.cur.CompareAndSwap(hs, &next)

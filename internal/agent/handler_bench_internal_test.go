@@ -127,7 +127,8 @@ rules:
 	}
 	b.Run("leased-batch=1000", func(b *testing.B) {
 		b.ReportAllocs()
-		// As the server does it: its codec (wire.go) reads the request.
+		// As the server does it: its codec (wire.go) reads the request
+		// and writes the answer.
 		c := newCodec()
 		for b.Loop() {
 			bw, _ := wirePool.Get().(*batchWire)
@@ -137,12 +138,12 @@ rules:
 			if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, bw); err != nil {
 				b.Fatal(err)
 			}
-			resp, err := lg.allowBatch(ctx, bw.reqs, bw.n)
+			d, err := lg.decideBatch(ctx, bw.reqs, bw.n)
 			bw.release()
-			if err != nil || !resp.GetResponses()[999].GetAllowed() {
+			if err != nil || !d.resps[999].Allowed {
 				b.Fatalf("AllowBatch = %v", err)
 			}
-			out, err := c.Marshal(resp)
+			out, err := c.Marshal(d) // written from the decisions, and released, as the server's handler has it
 			if err != nil {
 				b.Fatal(err)
 			}

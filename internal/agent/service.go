@@ -57,6 +57,7 @@ type Service struct {
 	store    Store
 	leases   Leases
 	preparer leasePreparer // leases', if they have Prepare
+	refs     leaseRefs     // leases', if they have Ref
 	logger   *slog.Logger
 	metrics  *metrics
 	breaker  *breaker.Breaker
@@ -95,6 +96,7 @@ func New(o Options) (*Service, error) {
 	}
 	s := &Service{cfg: o, rules: o.Rules, store: o.Store, leases: o.Leases, logger: o.Logger}
 	s.preparer, _ = o.Leases.(leasePreparer)
+	s.refs, _ = o.Leases.(leaseRefs)
 	s.metrics = newMetrics(o.Registry)
 	hotClock := func() int64 { return 0 }
 	if o.Leases != nil {

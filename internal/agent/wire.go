@@ -84,6 +84,9 @@ func decodeBatch(buf []byte, bw *batchWire) error {
 	// One backing array for the batch's descriptors.
 	pairs := rules.Pairs(room(bw.pairs, min(len(buf)/4, 2*cap(bw.reqs))))
 	defer func() { bw.pairs = pairs }() // also on an error, for release to clear
+	// The bytes of the last request decoded: a request written the same
+	// (a batch of one hot key) is a copy of it, read once.
+	var last string
 	for off := 0; off < len(s); {
 		num, typ, n := protowire.ConsumeTag(buf[off:])
 		if n < 0 {
@@ -97,6 +100,16 @@ func decodeBatch(buf []byte, bw *batchWire) error {
 			}
 			start := off + n - len(v)
 			off += n
+			if msg := s[start:off]; len(bw.reqs) > 0 && msg == last {
+				if bw.n < MaxBatch {
+					req := bw.reqs[len(bw.reqs)-1]
+					req.repeat = true
+					bw.reqs = append(bw.reqs, req)
+				}
+				bw.n++
+				continue
+			}
+			last = s[start:off]
 			var req Request
 			var err error
 			before := len(pairs)
@@ -122,6 +135,10 @@ func decodeBatch(buf []byte, bw *batchWire) error {
 	// as it grew: point each request at its part of the final array.
 	at := 0
 	for i := range bw.reqs {
+		if bw.reqs[i].repeat {
+			bw.reqs[i].pairs = bw.reqs[i-1].pairs // the same part as the request it copies
+			continue
+		}
 		if k := len(bw.reqs[i].pairs); bw.reqs[i].pairs != nil {
 			bw.reqs[i].pairs = pairs[at : at+k : at+k]
 			at += k
@@ -310,13 +327,18 @@ func newCodec() codec { return codec{encoding.GetCodecV2(proto.Name)} }
 // Marshal writes AllowBatch's answer itself (appendBatchResponse); the
 // rest goes to protobuf.
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	r, ok := v.(*rationv1.AllowBatchResponse)
-	if !ok {
-		return c.CodecV2.Marshal(v)
+	switch r := v.(type) {
+	case *decided: // allowBatchHandler's answer
+		bp := answerBufs.Get(decidedSize(r))
+		*bp = appendDecided((*bp)[:0], r)
+		r.release()
+		return mem.BufferSlice{mem.NewBuffer(bp, answerBufs)}, nil
+	case *rationv1.AllowBatchResponse:
+		bp := answerBufs.Get(batchResponseSize(r))
+		*bp = appendBatchResponse((*bp)[:0], r)
+		return mem.BufferSlice{mem.NewBuffer(bp, answerBufs)}, nil
 	}
-	bp := answerBufs.Get(batchResponseSize(r))
-	*bp = appendBatchResponse((*bp)[:0], r)
-	return mem.BufferSlice{mem.NewBuffer(bp, answerBufs)}, nil
+	return c.CodecV2.Marshal(v)
 }
 
 // answerBufs holds the buffers AllowBatch's answers are written in. gRPC's
@@ -375,13 +397,21 @@ func allowBatchHandler(srv any, ctx context.Context, dec func(any) error, interc
 		return nil, err
 	}
 	g := srv.(*grpcServer)
+	// The answer goes to the codec as *decided (codec.Marshal). A nil
+	// *decided must not become a non-nil any beside an error.
+	answer := func(ctx context.Context, bw *batchWire) (any, error) {
+		d, err := g.decideBatch(ctx, bw.reqs, bw.n)
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
+	}
 	if interceptor == nil {
-		return g.allowBatch(ctx, in.reqs, in.n)
+		return answer(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rationv1.RateLimiter_AllowBatch_FullMethodName}
 	return interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
-		bw := req.(*batchWire)
-		return g.allowBatch(ctx, bw.reqs, bw.n)
+		return answer(ctx, req.(*batchWire))
 	})
 }
 
@@ -419,32 +449,107 @@ const (
 	tagRate       = 9<<3 | byte(protowire.Fixed64Type)
 )
 
-func appendResponse(b []byte, x *rationv1.AllowResponse) []byte {
-	if x.Allowed {
+// answer is one AllowResponse's fields as the wire carries them.
+type answer struct {
+	allowed                                     bool
+	retryAfter, remaining, limit, reset, reason int64
+	rule, err                                   string
+	rate                                        float64
+}
+
+// answerOf is x's fields.
+func answerOf(x *rationv1.AllowResponse) answer {
+	return answer{
+		allowed: x.Allowed, retryAfter: x.RetryAfterMs, remaining: x.Remaining, limit: x.Limit, reset: x.ResetMs,
+		reason: int64(x.Reason), rule: x.Rule, err: x.Error, rate: x.Rate,
+	}
+}
+
+// answerFrom is what allowBatch makes of a decision (toProto) or of a
+// request's error.
+func answerFrom(r *Response, err error) answer {
+	if err != nil {
+		return answer{reason: int64(rationv1.Reason_REASON_INVALID), err: err.Error()}
+	}
+	return answer{
+		allowed: r.Allowed, retryAfter: ceilMillis(r.RetryAfter), remaining: floorInt(r.Remaining), limit: floorInt(r.Limit),
+		reset: ceilMillis(r.Reset), reason: int64(reasonProto[r.Reason]), rule: r.Rule, rate: r.Rate,
+	}
+}
+
+func (a *answer) append(b []byte) []byte {
+	if a.allowed {
 		b = append(b, tagAllowed, 1)
 	}
-	b = appendInt(b, tagRetryAfter, x.RetryAfterMs)
-	b = appendInt(b, tagRemaining, x.Remaining)
-	b = appendInt(b, tagLimit, x.Limit)
-	b = appendInt(b, tagReset, x.ResetMs)
-	b = appendStr(b, tagRule, x.Rule)
-	b = appendInt(b, tagReason, int64(x.Reason))
-	b = appendStr(b, tagError, x.Error)
-	if bits := math.Float64bits(x.Rate); bits != 0 {
+	b = appendInt(b, tagRetryAfter, a.retryAfter)
+	b = appendInt(b, tagRemaining, a.remaining)
+	b = appendInt(b, tagLimit, a.limit)
+	b = appendInt(b, tagReset, a.reset)
+	b = appendStr(b, tagRule, a.rule)
+	b = appendInt(b, tagReason, a.reason)
+	b = appendStr(b, tagError, a.err)
+	if bits := math.Float64bits(a.rate); bits != 0 {
 		b = protowire.AppendFixed64(append(b, tagRate), bits)
 	}
 	return b
 }
 
-func responseSize(x *rationv1.AllowResponse) int {
+func (a *answer) size() int {
 	n := 0
-	if x.Allowed {
+	if a.allowed {
 		n += 2
 	}
-	n += intSize(x.RetryAfterMs) + intSize(x.Remaining) + intSize(x.Limit) + intSize(x.ResetMs) + intSize(int64(x.Reason))
-	n += strSize(x.Rule) + strSize(x.Error)
-	if math.Float64bits(x.Rate) != 0 {
+	n += intSize(a.retryAfter) + intSize(a.remaining) + intSize(a.limit) + intSize(a.reset) + intSize(a.reason)
+	n += strSize(a.rule) + strSize(a.err)
+	if math.Float64bits(a.rate) != 0 {
 		n += 9
+	}
+	return n
+}
+
+func appendResponse(b []byte, x *rationv1.AllowResponse) []byte {
+	a := answerOf(x)
+	return a.append(b)
+}
+
+func responseSize(x *rationv1.AllowResponse) int {
+	a := answerOf(x)
+	return a.size()
+}
+
+// appendDecided appends d's answers as proto.Marshal writes the
+// AllowBatchResponse allowBatch makes of them (TestDecidedEncoding).
+// Each answer's length is written before it as one byte, made room for
+// afterwards in the rare answer of 128 bytes or more (a long rule name,
+// an error).
+func appendDecided(b []byte, d *decided) []byte {
+	for i := range d.resps {
+		a := answerFrom(&d.resps[i], d.errs[i])
+		b = append(b, 1<<3|byte(protowire.BytesType), 0)
+		at := len(b)
+		b = a.append(b)
+		k := len(b) - at
+		if k < 128 {
+			b[at-1] = byte(k)
+			continue
+		}
+		n := protowire.SizeVarint(uint64(k))
+		b = append(b, make([]byte, n-1)...)
+		copy(b[at-1+n:], b[at:at+k])
+		protowire.AppendVarint(b[:at-1], uint64(k))
+	}
+	return b
+}
+
+// decidedSize is about the size appendDecided writes (exact unless an
+// answer's fields are unusually large): the buffer it starts from.
+func decidedSize(d *decided) int {
+	n := 0
+	for i := range d.resps {
+		n += 2 + 2 + len(d.resps[i].Rule) + 4*4 + 2 + 9 + 4
+		if d.errs[i] != nil {
+			n += 128
+		}
 	}
 	return n
 }

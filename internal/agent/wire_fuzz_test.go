@@ -2,12 +2,14 @@ package agent
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
 	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -131,6 +133,11 @@ func wireSeeds(tb testing.TB) [][]byte {
 			{Descriptors: many},
 			{Descriptors: map[string]string{"": ""}, Cost: math.Inf(1)},
 		}}),
+		marshal(&rationv1.AllowBatchRequest{Requests: []*rationv1.AllowRequest{ // runs of one request, read once
+			{Descriptors: map[string]string{"user": "u1"}}, {Descriptors: map[string]string{"user": "u1"}},
+			{Descriptors: many}, {Descriptors: many},
+			{Rule: "r", Subject: "s"}, {Rule: "r", Subject: "s"}, {Descriptors: map[string]string{"user": "u1"}},
+		}}),
 		batch(req(entry("a", "1"), entry("b", "2"), entry("a", "3"))),    // the last "a" wins
 		batch(req(str(2, "r1"), str(2, "r2"), str(3, "s"))),              // so does the last rule
 		batch(req(varint(1, 7), varint(2, 1), str(9, "unknown"))),        // known fields of another type are skipped
@@ -185,6 +192,52 @@ func TestBatchResponseEncoding(t *testing.T) {
 		}
 		if size := batchResponseSize(r); size != len(want) {
 			t.Fatalf("round %d: size %d, written %d", round, size, len(want))
+		}
+	}
+}
+
+// TestDecidedEncoding: AllowBatch's answers written from the decisions
+// (appendDecided) are byte for byte what proto.Marshal writes of the
+// AllowBatchResponse allowBatch makes of the same decisions, for values
+// of every size, long rule names and errors (lengths past one byte).
+func TestDecidedEncoding(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	durs := []time.Duration{0, 1, time.Millisecond, time.Millisecond + 1, time.Hour, -time.Second, math.MaxInt64}
+	floats := []float64{0, math.Copysign(0, -1), 0.5, 1, 127.9, 1e6, 1e300, math.Inf(1), math.Inf(-1), math.NaN(), -3}
+	strs := []string{"", "r", strings.Repeat("x", 100), strings.Repeat("y", 127), strings.Repeat("z", 300), "ünï"}
+	c := newCodec()
+	for round := range 500 {
+		n := rng.IntN(30)
+		d := getDecided(n)
+		want := &rationv1.AllowBatchResponse{}
+		for i := range n {
+			d.resps[i] = Response{
+				Allowed: rng.IntN(2) == 0, RetryAfter: durs[rng.IntN(len(durs))], Remaining: floats[rng.IntN(len(floats))],
+				Limit: floats[rng.IntN(len(floats))], Rate: floats[rng.IntN(len(floats))], Reset: durs[rng.IntN(len(durs))],
+				Rule: strs[rng.IntN(len(strs))], Reason: Reason(rng.IntN(int(ReasonEmergency) + 1)),
+			}
+			d.errs[i] = nil
+			pr := &rationv1.AllowResponse{}
+			if rng.IntN(5) == 0 {
+				d.errs[i] = fmt.Errorf("%w: %s", ErrInvalidRequest, strs[rng.IntN(len(strs))])
+				pr.Reason, pr.Error = rationv1.Reason_REASON_INVALID, d.errs[i].Error()
+			} else {
+				toProto(d.resps[i], pr)
+			}
+			want.Responses = append(want.Responses, pr)
+		}
+		wb, err := proto.MarshalOptions{Deterministic: true}.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs, err := c.Marshal(d) // releases d
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := bs.Materialize()
+		bs.Free()
+		if !bytes.Equal(got, wb) {
+			t.Fatalf("round %d: codec wrote\n% x\nproto.Marshal\n% x", round, got, wb)
 		}
 	}
 }

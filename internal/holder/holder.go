@@ -500,11 +500,19 @@ func (l *Leases) Ref(r *rules.Rule, subject string) Ref {
 // grant, adds the quota again, or reports that the rule's failure policy
 // decides; and takes a new Ref.
 func (ref Ref) Spend(cost float64) (allowed bool, remaining float64, reset, retryAfter time.Duration, ok bool) {
+	if ref.q == nil || !ref.q.answered() {
+		return false, 0, 0, 0, false
+	}
+	return ref.SpendAt(cost, ref.l.Now())
+}
+
+// SpendAt is Spend at now (from Leases.Now), for a caller that decides
+// many requests at one reading of the clock (a batch).
+func (ref Ref) SpendAt(cost float64, now int64) (allowed bool, remaining float64, reset, retryAfter time.Duration, ok bool) {
 	q := ref.q
 	if q == nil || !q.answered() {
 		return false, 0, 0, 0, false
 	}
-	now := ref.l.Now()
 	q.mu.Lock()
 	h := &q.h
 	if !h.Valid(now) {
