@@ -267,7 +267,7 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 				continue // below, and in resolveWaiting
 			}
 		}
-		out[i] = s.combine(steps[it.first : it.first+it.n])
+		s.combine(&out[i], steps[it.first:it.first+it.n])
 	}
 	if cs != nil {
 		for i := range cs.c {
@@ -821,10 +821,29 @@ func verdict(allowed bool) Reason {
 	return ReasonOverLimit
 }
 
-// combine folds one request's steps into its answer.
-func (s *Service) combine(steps []step) Response {
-	if len(steps) == 0 {
-		return Response{Allowed: true, Reason: ReasonNoRule}
+// combine folds one request's steps into its answer, dst. The answer is
+// written in place, field by field: a Response built as a composite
+// literal and returned is copied through the stack in wide moves that
+// stall on the narrow stores just made.
+func (s *Service) combine(dst *Response, steps []step) {
+	switch len(steps) {
+	case 0:
+		*dst = Response{Allowed: true, Reason: ReasonNoRule}
+		return
+	case 1:
+		// What the loop below makes of a lone step.
+		st := &steps[0]
+		switch {
+		case st.rule.Shadow:
+			respond(dst, st, true, ReasonShadow)
+		case !st.allowed:
+			respond(dst, st, false, st.reason)
+		case st.reason == ReasonUnavailable || st.reason == ReasonEmergency:
+			respond(dst, st, true, st.reason)
+		default:
+			respond(dst, st, true, ReasonOK)
+		}
+		return
 	}
 	var deny, shadow, tightest *step
 	var sawUnavailable, sawEmergency bool
@@ -856,11 +875,14 @@ func (s *Service) combine(steps []step) Response {
 	}
 	switch {
 	case deny != nil:
-		return respond(deny, false, deny.reason)
+		respond(dst, deny, false, deny.reason)
+		return
 	case tightest == nil && shadow != nil:
-		return respond(shadow, true, ReasonShadow)
+		respond(dst, shadow, true, ReasonShadow)
+		return
 	case tightest == nil:
-		return respond(&steps[0], true, ReasonShadow)
+		respond(dst, &steps[0], true, ReasonShadow)
+		return
 	}
 	r := ReasonOK
 	switch {
@@ -871,25 +893,19 @@ func (s *Service) combine(steps []step) Response {
 	case shadow != nil:
 		r = ReasonShadow
 	}
-	return respond(tightest, true, r)
+	respond(dst, tightest, true, r)
 }
 
 func fraction(st *step) float64 { return st.res.Remaining / st.req.Limit.Burst }
 
-func respond(st *step, allowed bool, r Reason) Response {
-	resp := Response{
-		Allowed:   allowed,
-		Remaining: st.res.Remaining,
-		Limit:     st.req.Limit.Burst,
-		Rate:      st.req.Limit.Rate,
-		Reset:     st.res.Reset,
-		Rule:      st.rule.Name,
-		Reason:    r,
-	}
+// respond makes dst the answer of st with allowed and r.
+func respond(dst *Response, st *step, allowed bool, r Reason) {
+	dst.Allowed, dst.Reason, dst.RetryAfter = allowed, r, 0
+	dst.Remaining, dst.Limit, dst.Rate, dst.Reset = st.res.Remaining, st.req.Limit.Burst, st.req.Limit.Rate, st.res.Reset
+	dst.Rule = st.rule.Name
 	if !allowed {
-		resp.RetryAfter = st.res.RetryAfter
+		dst.RetryAfter = st.res.RetryAfter
 	}
-	return resp
 }
 
 // refund gives back what admitted rules took from requests that ended

@@ -335,7 +335,7 @@ func (s *Service) decideAll(ctx context.Context, reqs []Request, out []Response)
 	denied := false
 	for i := range items {
 		it := &items[i]
-		out[i] = s.combine(steps[it.first : it.first+it.n])
+		s.combine(&out[i], steps[it.first:it.first+it.n])
 		denied = denied || !out[i].Allowed
 	}
 	// final says whether each request's charges stand: none do once any is

@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ration_decision_duration_seconds",
-			Help:    "Time to decide one request inside the agent (excluding the API transport), by the slowest path it used.",
+			Help:    "Time to decide one request inside the agent (excluding the API transport), by the slowest path it used. An embedded limiter's Key decisions made on a lease are counted in ration_decisions_total but not timed here.",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		}, []string{"path"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{

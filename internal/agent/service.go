@@ -192,6 +192,15 @@ func (s *Service) BreakerOpen() bool { return !s.breaker.Allow() }
 // observe records metrics for a decided batch.
 func (s *Service) observe(steps []step, out []Response, errs []error, d time.Duration) {
 	slowest := pathNone
+	// A run of steps with one counter (a batch of one hot key) adds to it
+	// once.
+	var run *step
+	n := 0
+	flush := func() {
+		if n > 0 {
+			s.metrics.ruleDecision(run.rule, run.path, run.allowed, run.reason).Add(float64(n))
+		}
+	}
 	for i := range steps {
 		st := &steps[i]
 		if st.skip {
@@ -201,11 +210,17 @@ func (s *Service) observe(steps []step, out []Response, errs []error, d time.Dur
 			s.metrics.replays.WithLabelValues(st.rule.Name).Inc()
 			continue
 		}
-		s.metrics.ruleDecision(st.rule, st.path, st.allowed, st.reason).Inc()
+		if n > 0 && st.rule == run.rule && st.path == run.path && st.allowed == run.allowed && st.reason == run.reason {
+			n++
+		} else {
+			flush()
+			run, n = st, 1
+		}
 		if st.path == pathRedis || slowest == pathNone {
 			slowest = st.path
 		}
 	}
+	flush()
 	for i := range out {
 		if errs[i] == nil && out[i].Reason == ReasonNoRule {
 			s.metrics.noRule.Inc()

@@ -78,9 +78,13 @@ func decodeBatch(buf []byte, bw *batchWire) error {
 		return nil
 	}
 	s := unsafe.String(&buf[0], len(buf))
-	// Counted first so that the requests are allocated at most once; a
+	// Counted first, when bw is new, so that the requests are allocated
+	// once; a pooled bw has room from its last batch (counting every batch
+	// was a tenth of a leased batch's decoding), and grows if need be. A
 	// request usually has a descriptor or two.
-	bw.reqs = room(bw.reqs, min(countRequests(buf), MaxBatch))
+	if cap(bw.reqs) == 0 {
+		bw.reqs = room(bw.reqs, min(countRequests(buf), MaxBatch))
+	}
 	// One backing array for the batch's descriptors.
 	pairs := rules.Pairs(room(bw.pairs, min(len(buf)/4, 2*cap(bw.reqs))))
 	defer func() { bw.pairs = pairs }() // also on an error, for release to clear
@@ -558,7 +562,15 @@ func appendInt(b []byte, tag byte, v int64) []byte {
 	if v == 0 {
 		return b
 	}
-	return protowire.AppendVarint(append(b, tag), uint64(v))
+	// protowire.AppendVarint, unrolled for ten bytes, is a call; this
+	// loop is inlined, and most values here take one to four bytes.
+	b = append(b, tag)
+	u := uint64(v)
+	for u >= 0x80 {
+		b = append(b, byte(u)|0x80)
+		u >>= 7
+	}
+	return append(b, byte(u))
 }
 
 func intSize(v int64) int {
