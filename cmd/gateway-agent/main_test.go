@@ -60,8 +60,8 @@ func TestConfigErrorsAreAllReported(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "RATION_DECISION_TIMEOUT") {
 		t.Fatalf("run with a bad env duration = %v, want it named", err)
 	}
-	err = run(context.Background(), []string{"-decision-timeout", "0s", "-http", "nope"}, &stdout, &stderr, noEnv)
-	for _, want := range []string{"-rules", "-decision-timeout", "-http"} {
+	err = run(context.Background(), []string{"-decision-timeout", "0s", "-http", "nope", "-grpc-workers", "-1"}, &stdout, &stderr, noEnv)
+	for _, want := range []string{"-rules", "-decision-timeout", "-http", "-grpc-workers -1: must be in [0, 4096]"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("run with several bad settings = %v, want %s named", err, want)
 		}

@@ -100,6 +100,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	}
 	// The codec is protobuf's but for AllowBatch's request (wire.go).
 	grpcOpts = append(grpcOpts, grpc.ForceServerCodecV2(newCodec()))
+	if cfg.GRPCWorkers > 0 {
+		grpcOpts = append(grpcOpts, grpc.NumStreamWorkers(uint32(cfg.GRPCWorkers)))
+	}
 	s.grpc = grpc.NewServer(grpcOpts...)
 	s.grpc.RegisterService(serviceDesc(), &grpcServer{svc: svc})
 	registerEnvoy(s.grpc, svc) // envoy.service.ratelimit.v3.RateLimitService (envoy.go)
