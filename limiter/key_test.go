@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,21 +139,9 @@ func TestKeyDecidesAsAllow(t *testing.T) {
 		}
 		answers = append(answers, d.Allowed)
 	}
-	if want := []bool{true, true, true, false}; !equal(answers, want) {
+	if want := []bool{true, true, true, false}; !slices.Equal(answers, want) {
 		t.Fatalf("Redis rule through a Key and Allow: admitted %v, want %v (one bucket of burst 3)", answers, want)
 	}
-}
-
-func equal(a, b []bool) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // What Allow refuses, Key and Key.Allow refuse with the same error: an

@@ -11,14 +11,9 @@ import (
 	"github.com/ration-dev/ration/internal/rules"
 )
 
-// BenchmarkLeasedTake measures a leased decision in process: no I/O, the
-// clock read once per 1000 decisions as the agent does per batch. The
-// lease comes from a real single-node coordinator; the quota is big enough
-// never to run dry.
-//
-//	go test -run '^$' -bench LeasedTake -benchmem -cpu 1,2 ./internal/holder/
-func BenchmarkLeasedTake(b *testing.B) {
-	const yaml = `
+// benchLeasedRules is a leased rule whose lease never runs dry in a
+// benchmark.
+const benchLeasedRules = `
 rules:
   - name: hot
     match: {k: "*"}
@@ -27,7 +22,15 @@ rules:
     mode: leased
     lease: {period: 30s}
 `
-	h, r := benchHolder(b, yaml)
+
+// BenchmarkLeasedTake measures a leased decision in process: no I/O, the
+// clock read once per 1000 decisions as the agent does per batch. The
+// lease comes from a real single-node coordinator; the quota is big enough
+// never to run dry.
+//
+//	go test -run '^$' -bench LeasedTake -benchmem -cpu 1,2 ./internal/holder/
+func BenchmarkLeasedTake(b *testing.B) {
+	h, r := benchHolder(b, benchLeasedRules)
 	for _, keys := range []int{1, 1000} {
 		subjects := knownSubjects(b, h, r, "s", keys)
 		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
@@ -118,16 +121,7 @@ func benchHolder(b *testing.B, yaml string) (*holder.Leases, *rules.Rule) {
 //
 //	go test -run '^$' -bench RefSpend -benchmem ./internal/holder/
 func BenchmarkRefSpend(b *testing.B) {
-	const yaml = `
-rules:
-  - name: hot
-    match: {k: "*"}
-    burst: 1000000000000
-    rate: 1000000000000
-    mode: leased
-    lease: {period: 30s}
-`
-	h, r := benchHolder(b, yaml)
+	h, r := benchHolder(b, benchLeasedRules)
 	knownSubjects(b, h, r, "s", 1)
 	ref := h.Ref(r, "s0")
 	b.Run("spend", func(b *testing.B) {
