@@ -11,7 +11,13 @@ func ceilMillis(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	// Not (d + time.Millisecond - 1) / time.Millisecond: that overflows
+	// for the longest durations (a lease's refill rate near zero).
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
 }
 
 func floorInt(f float64) int64 {

@@ -34,7 +34,13 @@ func Seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	// Not (d + time.Second - 1) / time.Second: that overflows for the
+	// longest durations (a lease's refill rate near zero).
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
 }
 
 // RetryAfter formats the Retry-After value, or "" when no wait can help.

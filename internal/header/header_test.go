@@ -1,6 +1,7 @@
 package header
 
 import (
+	"math"
 	"net/http"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ func TestSeconds(t *testing.T) {
 	}{
 		{0, 0}, {-time.Second, 0}, {time.Nanosecond, 1}, {time.Second, 1},
 		{time.Second + time.Millisecond, 2}, {1500 * time.Millisecond, 2}, {10 * time.Second, 10},
+		// The longest durations round up without overflowing.
+		{math.MaxInt64, math.MaxInt64/int64(time.Second) + 1}, {math.MaxInt64 - time.Second + 1, math.MaxInt64 / int64(time.Second)},
 	}
 	for _, tt := range tests {
 		if got := Seconds(tt.in); got != tt.want {
