@@ -23,3 +23,20 @@ func TestCeilMillis(t *testing.T) {
 		}
 	}
 }
+
+// floorInt is the floor of a token count as an int, 0 for what is not a
+// positive number, and at most MaxInt64/2 (+1 for the float nearest it).
+func TestFloorInt(t *testing.T) {
+	for _, tt := range []struct {
+		in   float64
+		want int64
+	}{
+		{0, 0}, {-3, 0}, {math.Copysign(0, -1), 0}, {math.NaN(), 0}, {math.Inf(-1), 0},
+		{0.5, 0}, {1, 1}, {1.9999, 1}, {127.99, 127}, {1e15 + 0.5, 1e15},
+		{math.MaxInt64 / 2, math.MaxInt64/2 + 1}, {1e300, math.MaxInt64 / 2}, {math.Inf(1), math.MaxInt64 / 2},
+	} {
+		if got := floorInt(tt.in); got != tt.want {
+			t.Errorf("floorInt(%v) = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+}
