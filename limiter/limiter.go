@@ -21,6 +21,10 @@
 //	defer l.Close()
 //	d, err := l.Allow(ctx, limiter.Request{Descriptors: map[string]string{"tenant": tenant}})
 //
+// A rule and subject decided over and over (a hot tenant, a global quota)
+// can be checked once with Key; its Allow decides a mode: leased rule on a
+// valid lease in under 100 ns, and anything else as Limiter.Allow does.
+//
 // docs/integrations/go.md says when to embed and when to run the sidecar.
 package limiter
 
