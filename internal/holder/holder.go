@@ -454,9 +454,7 @@ func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost 
 	}
 	now = l.waitFirst(ctx, q, now, math.MaxInt64)
 	q.mu.Lock()
-	q.requested += cost
-	q.sinceReport += cost
-	q.lastUsed = now
+	q.count(cost, now)
 	res, ok, flag := l.spendOwn(q, cost, now)
 	q.mu.Unlock()
 	if flag {
@@ -514,32 +512,26 @@ func (ref Ref) SpendAt(cost float64, now int64) (allowed bool, remaining float64
 		return false, 0, 0, 0, false
 	}
 	q.mu.Lock()
-	h := &q.h
-	if !h.Valid(now) {
+	if !q.h.Valid(now) {
 		q.mu.Unlock()
 		return false, 0, 0, 0, false
 	}
+	q.count(cost, now)
+	allowed, flag := q.spendValid(cost, now)
+	remaining = q.h.Balance
+	reset, retryAfter = waits(&q.h, allowed, cost)
+	q.mu.Unlock()
+	if flag {
+		ref.l.flag(q) // as Leases.Spend does
+	}
+	return allowed, remaining, reset, retryAfter, true
+}
+
+// count records cost as asked for at now, admitted or not; q.mu held.
+func (q *quota) count(cost float64, now int64) {
 	q.requested += cost
 	q.sinceReport += cost
 	q.lastUsed = now
-	allowed = h.Spend(now, cost)
-	flag := !allowed && !q.dry
-	if flag {
-		q.dry = true
-	}
-	remaining = h.Balance
-	if rate := h.Lease.Rate; rate > 0 {
-		reset = micros((h.Lease.Cap - remaining) / rate)
-		if !allowed {
-			retryAfter = micros((cost - remaining) / rate)
-		}
-	}
-	q.mu.Unlock()
-	if flag {
-		// As in spendOwn: the loop decides whether to ask for more now.
-		ref.l.flag(q)
-	}
-	return allowed, remaining, reset, retryAfter, true
 }
 
 // waitFirst waits, if q's first answer has not arrived, until it does or
@@ -573,24 +565,38 @@ func (l *Leases) spendOwn(q *quota, cost float64, now int64) (res bucket.Result,
 	if !q.h.Valid(now) {
 		return bucket.Result{}, false, false
 	}
-	allowed := q.h.Spend(now, cost)
+	allowed, flag := q.spendValid(cost, now)
+	return result(&q.h, allowed, cost), true, flag
+}
+
+// spendValid spends cost from q's own lease, valid at now; q.mu held. flag
+// as spendOwn's.
+func (q *quota) spendValid(cost float64, now int64) (allowed, flag bool) {
+	allowed = q.h.Spend(now, cost)
 	if !allowed && !q.dry {
 		q.dry, flag = true, true
 	}
-	return result(&q.h, allowed, cost), true, flag
+	return allowed, flag
 }
 
 // result is a decision's answer from the holding it was taken from.
 func result(h *lease.Holding, allowed bool, cost float64) bucket.Result {
-	bal, rate, capa := h.Balance, h.Lease.Rate, h.Lease.Cap
-	res := bucket.Result{Allowed: allowed, Remaining: bal}
+	res := bucket.Result{Allowed: allowed, Remaining: h.Balance}
+	res.Reset, res.RetryAfter = waits(h, allowed, cost)
+	return res
+}
+
+// waits is how long until h is full again, and (denied) until cost fits:
+// 0 when h does not refill.
+func waits(h *lease.Holding, allowed bool, cost float64) (reset, retryAfter time.Duration) {
+	bal, rate := h.Balance, h.Lease.Rate
 	if rate > 0 {
-		res.Reset = micros((capa - bal) / rate)
+		reset = micros((h.Lease.Cap - bal) / rate)
 		if !allowed {
-			res.RetryAfter = micros((cost - bal) / rate)
+			retryAfter = micros((cost - bal) / rate)
 		}
 	}
-	return res
+	return reset, retryAfter
 }
 
 // Prepare starts acquiring the lease of (rule, subject) if this agent has

@@ -114,9 +114,7 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 			return bucket.Result{}, false, false
 		}
 	}
-	q.requested += cost
-	q.sinceReport += cost
-	q.lastUsed = now
+	q.count(cost, now)
 	if q.cp.Spend(now, cost) {
 		res := result(q.cp, true, cost)
 		q.mu.Unlock()
