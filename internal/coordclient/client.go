@@ -89,11 +89,15 @@ type Client struct {
 	opts  Options
 	addrs []string
 
-	mu     sync.Mutex
-	conns  map[string]*grpc.ClientConn
-	leader string // last address that answered, or that a trailer named
-	next   int    // round-robin position in addrs when no leader is known
-	closed bool
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+	// streams holds each connection's RenewStream; unaryOnly the
+	// connections whose node answered it UNIMPLEMENTED, and when.
+	streams   map[*grpc.ClientConn]*renewStream
+	unaryOnly map[*grpc.ClientConn]time.Time
+	leader    string // last address that answered, or that a trailer named
+	next      int    // round-robin position in addrs when no leader is known
+	closed    bool
 }
 
 // maxConns bounds the connections a Client keeps: the configured addresses
@@ -109,13 +113,18 @@ func New(addrs []string, opts Options) *Client {
 		opts:  opts.withDefaults(),
 		addrs: append([]string(nil), addrs...),
 		conns: make(map[string]*grpc.ClientConn),
+
+		streams:   make(map[*grpc.ClientConn]*renewStream),
+		unaryOnly: make(map[*grpc.ClientConn]time.Time),
 	}
 }
 
-// Renew sends req to the leader, retrying as described on Client.
+// Renew sends req to the leader, retrying as described on Client. It goes
+// as a message on the connection's RenewStream (renewstream.go), or as a
+// unary call to a node that has none.
 func (c *Client) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
 	return unary(ctx, c, "renew", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.RenewResponse, error) {
-		return rationv1.NewLeasesClient(cc).Renew(ctx, req, opts...)
+		return c.renewOn(ctx, cc, req, opts...)
 	})
 }
 
@@ -153,6 +162,7 @@ func (c *Client) Close() error {
 	c.closed = true
 	var errs []error
 	for a, cc := range c.conns {
+		c.closeStream(cc)
 		errs = append(errs, cc.Close())
 		delete(c.conns, a)
 	}
@@ -282,6 +292,7 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	if len(c.conns) >= maxConns {
 		for a, cc := range c.conns {
 			if a != c.leader && !slices.Contains(c.addrs, a) {
+				c.closeStream(cc)
 				cc.Close()
 				delete(c.conns, a)
 				break

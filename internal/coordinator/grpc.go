@@ -65,15 +65,25 @@ type leasesServer struct {
 }
 
 func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
+	resp, err := s.renew(ctx, req)
+	if err != nil {
+		return nil, s.n.rpcError(ctx, err)
+	}
+	return resp, nil
+}
+
+// renew is Renew's work, for a unary call and for a call on a RenewStream;
+// its errors are the node's, not yet mapped to a gRPC status (rpcStatus).
+func (s *leasesServer) renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
 	n := s.n
 	if err := n.servable(); err != nil {
-		return nil, n.rpcError(ctx, err)
+		return nil, err
 	}
 	if err := checkHolderRequest(req.GetHolder(), req.GetSeq(), len(req.GetItems()), n.cfg.MaxItems); err != nil {
-		return nil, n.rpcError(ctx, err)
+		return nil, err
 	}
 	if err := n.authorizeHolder(ctx, req.GetHolder()); err != nil {
-		return nil, n.rpcError(ctx, err)
+		return nil, err
 	}
 	n.seenHolder(ctx, req.Holder)
 	set := n.rules.Load()
@@ -129,21 +139,21 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	p.touched, p.requester = touched, req.Holder
 	results, err := n.propose(ctx, p)
 	if err != nil {
-		return nil, n.rpcError(ctx, err)
+		return nil, err
 	}
 	last := results[len(results)-1]
 	// The last command answered from the record: the request was applied
 	// before (this is a retry), and earlier commands come back ErrStale.
 	replayed := last.Result.Replayed
 	if errors.Is(last.Err, lease.ErrStale) {
-		return nil, n.rpcError(ctx, last.Err)
+		return nil, last.Err
 	}
 	for j, i := range grantItems {
 		r := results[j]
 		switch {
 		case r.Err == nil:
 			if r.Result.Lease == nil || r.Result.Lease.Quota != p.ops[j].cmd.(lease.Grant).Quota {
-				return nil, n.rpcError(ctx, errSeqReused(req.Seq))
+				return nil, errSeqReused(req.Seq)
 			}
 			FillGrant(grants[i], r.Result.Lease)
 		case errors.Is(r.Err, lease.ErrStale) && replayed:
@@ -152,25 +162,25 @@ func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 			if msg := ItemError(r.Err); msg != "" {
 				grants[i].Error = msg
 			} else {
-				return nil, n.rpcError(ctx, r.Err)
+				return nil, r.Err
 			}
 		}
 	}
 	if len(renewItems) > 0 {
 		r := results[len(results)-1]
 		if r.Err != nil {
-			return nil, n.rpcError(ctx, r.Err)
+			return nil, r.Err
 		}
 		// A replayed answer is the answer to whatever was sent with that
 		// seq: if the holder reused it for other items, say so rather than
 		// hand out another request's answers.
 		if len(r.Result.Items) != len(renew.Items) {
-			return nil, n.rpcError(ctx, errSeqReused(renew.Seq))
+			return nil, errSeqReused(renew.Seq)
 		}
 		for j, i := range renewItems {
 			ir := r.Result.Items[j]
 			if ir.LeaseID != renew.Items[j].LeaseID || ir.Quota != renew.Items[j].Quota {
-				return nil, n.rpcError(ctx, errSeqReused(renew.Seq))
+				return nil, errSeqReused(renew.Seq)
 			}
 			if ir.Err != nil {
 				grants[i].Error = ItemError(ir.Err)
@@ -491,19 +501,29 @@ func (n *Node) servable() error {
 // address for a call on the lease port, its admin address for one on the
 // admin listener (isAdminCall).
 func (n *Node) rpcError(ctx context.Context, err error) error {
+	st, leader := n.rpcStatus(ctx, err)
+	if st.Code() == codes.Unavailable {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(LeaderTrailer, leader))
+	}
+	return st.Err()
+}
+
+// rpcStatus is rpcError's status, and with UNAVAILABLE the address its
+// trailer names (a RenewStream reply carries both itself).
+func (n *Node) rpcStatus(ctx context.Context, err error) (*status.Status, string) {
 	switch {
 	case errors.Is(err, ErrInvalidRequest) || errors.Is(err, lease.ErrInvalid):
-		return status.Error(codes.InvalidArgument, err.Error())
+		return status.New(codes.InvalidArgument, err.Error()), ""
 	case errors.Is(err, lease.ErrStale):
-		return status.Error(codes.FailedPrecondition, err.Error())
+		return status.New(codes.FailedPrecondition, err.Error()), ""
 	case errors.Is(err, ErrPermissionDenied):
 		n.logger.Warn("call refused for the caller's identity", "err", err)
-		return status.Error(codes.PermissionDenied, err.Error())
+		return status.New(codes.PermissionDenied, err.Error()), ""
 	case errors.Is(err, ErrUnauthenticated):
 		n.logger.Warn("admin call refused: no admin token, or another", "err", err)
-		return status.Error(codes.Unauthenticated, err.Error())
+		return status.New(codes.Unauthenticated, err.Error()), ""
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		return status.FromContextError(err).Err()
+		return status.FromContextError(err), ""
 	case errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNotReady) || errors.Is(err, ErrStopped) ||
 		isLeadershipErr(err) || errors.Is(err, raft.ErrEnqueueTimeout):
 		id, addr, admin := n.leader()
@@ -513,9 +533,8 @@ func (n *Node) rpcError(ctx context.Context, err error) error {
 		if isAdminCall(ctx) {
 			addr = admin
 		}
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(LeaderTrailer, addr))
-		return status.Error(codes.Unavailable, err.Error())
+		return status.New(codes.Unavailable, err.Error()), addr
 	}
 	n.logger.Error("request failed", "err", err)
-	return status.Error(codes.Internal, err.Error())
+	return status.New(codes.Internal, err.Error()), ""
 }

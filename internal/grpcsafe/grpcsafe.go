@@ -75,7 +75,7 @@ func UnaryRecover(logger *slog.Logger, panicked func()) grpc.UnaryServerIntercep
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		defer func() {
 			if r := recover(); r != nil {
-				err = recovered(logger, panicked, info.FullMethod, r)
+				err = Recovered(logger, panicked, info.FullMethod, r)
 			}
 		}()
 		return handler(ctx, req)
@@ -87,14 +87,17 @@ func StreamRecover(logger *slog.Logger, panicked func()) grpc.StreamServerInterc
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
-				err = recovered(logger, panicked, info.FullMethod, r)
+				err = Recovered(logger, panicked, info.FullMethod, r)
 			}
 		}()
 		return handler(srv, ss)
 	}
 }
 
-func recovered(logger *slog.Logger, panicked func(), method string, r any) error {
+// Recovered logs and counts a panic recovered while serving method and
+// returns the status its caller gets. For the goroutines a stream handler
+// starts, which the interceptors do not cover.
+func Recovered(logger *slog.Logger, panicked func(), method string, r any) error {
 	if logger != nil {
 		logger.Error("panic in gRPC handler", "method", method, "panic", r, "stack", string(debug.Stack()))
 	}

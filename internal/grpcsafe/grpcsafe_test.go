@@ -108,6 +108,7 @@ func TestLargestRequestsFit(t *testing.T) {
 		})
 	}
 	release := &rationv1.ReleaseRequest{Holder: renew.Holder, Seq: renew.Seq, Items: renew.Items}
+	renewCall := &rationv1.RenewCall{Id: math.MaxUint64, Request: renew, TimeoutMs: math.MaxUint32}
 	envoy := &rlsv3.RateLimitRequest{Domain: long(0, rules.MaxKeyLen), HitsAddend: math.MaxUint32}
 	for range agent.MaxEnvoyDescriptors {
 		d := &ratelimitv3.RateLimitDescriptor{HitsAddend: wrapperspb.UInt64(math.MaxUint64)}
@@ -120,7 +121,7 @@ func TestLargestRequestsFit(t *testing.T) {
 	for _, m := range []struct {
 		name string
 		msg  proto.Message
-	}{{"Allow", allow}, {"Renew", renew}, {"Release", release}, {"ShouldRateLimit", envoy}} {
+	}{{"Allow", allow}, {"Renew", renew}, {"RenewStream's call", renewCall}, {"Release", release}, {"ShouldRateLimit", envoy}} {
 		if n := proto.Size(m.msg); n > grpcsafe.MaxRecvMsgSize {
 			t.Errorf("the largest %s is %d bytes, over MaxRecvMsgSize %d", m.name, n, grpcsafe.MaxRecvMsgSize)
 		} else {

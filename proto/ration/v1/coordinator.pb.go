@@ -24,6 +24,150 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type RenewCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the holder, unique among its calls in flight on the stream.
+	Id      uint64        `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Request *RenewRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// How long the holder waits for this call (its attempt's timeout), in
+	// milliseconds: the node stops waiting for the commit after it, as a
+	// unary call's deadline would. 0: as long as the stream lasts.
+	TimeoutMs     uint32 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewCall) Reset() {
+	*x = RenewCall{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewCall) ProtoMessage() {}
+
+func (x *RenewCall) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewCall.ProtoReflect.Descriptor instead.
+func (*RenewCall) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RenewCall) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *RenewCall) GetRequest() *RenewRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *RenewCall) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type RenewReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The answer, when code is 0 (OK).
+	Response *RenewResponse `protobuf:"bytes,2,opt,name=response,proto3" json:"response,omitempty"`
+	// The gRPC status code and message the unary Renew would have ended with.
+	Code    int32  `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	// With UNAVAILABLE: the leader's gRPC address, as the "ration-leader"
+	// trailer names it for Renew (empty when unknown).
+	Leader        string `protobuf:"bytes,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewReply) Reset() {
+	*x = RenewReply{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewReply) ProtoMessage() {}
+
+func (x *RenewReply) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewReply.ProtoReflect.Descriptor instead.
+func (*RenewReply) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RenewReply) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *RenewReply) GetResponse() *RenewResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *RenewReply) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *RenewReply) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RenewReply) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
 type WatchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Holder        string                 `protobuf:"bytes,1,opt,name=holder,proto3" json:"holder,omitempty"` // as in RenewRequest
@@ -33,7 +177,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[0]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +189,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[0]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +202,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{0}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *WatchRequest) GetHolder() string {
@@ -79,7 +223,7 @@ type Nudge struct {
 
 func (x *Nudge) Reset() {
 	*x = Nudge{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[1]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -91,7 +235,7 @@ func (x *Nudge) String() string {
 func (*Nudge) ProtoMessage() {}
 
 func (x *Nudge) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[1]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -104,7 +248,7 @@ func (x *Nudge) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nudge.ProtoReflect.Descriptor instead.
 func (*Nudge) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{1}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Nudge) GetQuotas() []*QuotaRef {
@@ -127,7 +271,7 @@ type QuotaRef struct {
 
 func (x *QuotaRef) Reset() {
 	*x = QuotaRef{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[2]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -139,7 +283,7 @@ func (x *QuotaRef) String() string {
 func (*QuotaRef) ProtoMessage() {}
 
 func (x *QuotaRef) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[2]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -152,7 +296,7 @@ func (x *QuotaRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaRef.ProtoReflect.Descriptor instead.
 func (*QuotaRef) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{2}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *QuotaRef) GetRule() string {
@@ -192,7 +336,7 @@ type RenewItem struct {
 
 func (x *RenewItem) Reset() {
 	*x = RenewItem{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[3]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -204,7 +348,7 @@ func (x *RenewItem) String() string {
 func (*RenewItem) ProtoMessage() {}
 
 func (x *RenewItem) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[3]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -217,7 +361,7 @@ func (x *RenewItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewItem.ProtoReflect.Descriptor instead.
 func (*RenewItem) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{3}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RenewItem) GetQuota() *QuotaRef {
@@ -281,7 +425,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[4]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +437,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[4]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +450,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{4}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewRequest) GetHolder() string {
@@ -364,7 +508,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[5]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -376,7 +520,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[5]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -389,7 +533,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Grant) GetQuota() *QuotaRef {
@@ -457,7 +601,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[6]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +613,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[6]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +626,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{6}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RenewResponse) GetGrants() []*Grant {
@@ -503,7 +647,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +659,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[7]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +672,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{7}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseRequest) GetHolder() string {
@@ -564,7 +708,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +720,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[8]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +733,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseResponse) GetErrors() []string {
@@ -627,7 +771,7 @@ type Tuning struct {
 
 func (x *Tuning) Reset() {
 	*x = Tuning{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -639,7 +783,7 @@ func (x *Tuning) String() string {
 func (*Tuning) ProtoMessage() {}
 
 func (x *Tuning) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[9]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -652,7 +796,7 @@ func (x *Tuning) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tuning.ProtoReflect.Descriptor instead.
 func (*Tuning) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{9}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Tuning) GetRule() string {
@@ -731,7 +875,7 @@ type TuneRequest struct {
 
 func (x *TuneRequest) Reset() {
 	*x = TuneRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +887,7 @@ func (x *TuneRequest) String() string {
 func (*TuneRequest) ProtoMessage() {}
 
 func (x *TuneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[10]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +900,7 @@ func (x *TuneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TuneRequest.ProtoReflect.Descriptor instead.
 func (*TuneRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{10}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TuneRequest) GetTuning() *Tuning {
@@ -789,7 +933,7 @@ type TuneResponse struct {
 
 func (x *TuneResponse) Reset() {
 	*x = TuneResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +945,7 @@ func (x *TuneResponse) String() string {
 func (*TuneResponse) ProtoMessage() {}
 
 func (x *TuneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[11]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +958,7 @@ func (x *TuneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TuneResponse.ProtoReflect.Descriptor instead.
 func (*TuneResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{11}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TuneResponse) GetTuning() *Tuning {
@@ -832,7 +976,7 @@ type ListTuningsRequest struct {
 
 func (x *ListTuningsRequest) Reset() {
 	*x = ListTuningsRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +988,7 @@ func (x *ListTuningsRequest) String() string {
 func (*ListTuningsRequest) ProtoMessage() {}
 
 func (x *ListTuningsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[12]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +1001,7 @@ func (x *ListTuningsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTuningsRequest.ProtoReflect.Descriptor instead.
 func (*ListTuningsRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{12}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{14}
 }
 
 type ListTuningsResponse struct {
@@ -869,7 +1013,7 @@ type ListTuningsResponse struct {
 
 func (x *ListTuningsResponse) Reset() {
 	*x = ListTuningsResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +1025,7 @@ func (x *ListTuningsResponse) String() string {
 func (*ListTuningsResponse) ProtoMessage() {}
 
 func (x *ListTuningsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[13]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +1038,7 @@ func (x *ListTuningsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTuningsResponse.ProtoReflect.Descriptor instead.
 func (*ListTuningsResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListTuningsResponse) GetTunings() []*Tuning {
@@ -912,7 +1056,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1068,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[14]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1081,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{16}
 }
 
 type RaftServer struct {
@@ -956,7 +1100,7 @@ type RaftServer struct {
 
 func (x *RaftServer) Reset() {
 	*x = RaftServer{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1112,7 @@ func (x *RaftServer) String() string {
 func (*RaftServer) ProtoMessage() {}
 
 func (x *RaftServer) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[15]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1125,7 @@ func (x *RaftServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftServer.ProtoReflect.Descriptor instead.
 func (*RaftServer) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RaftServer) GetId() string {
@@ -1037,7 +1181,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1193,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[16]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1206,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatusResponse) GetId() string {
@@ -1143,7 +1287,7 @@ type ListQuotasRequest struct {
 
 func (x *ListQuotasRequest) Reset() {
 	*x = ListQuotasRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1299,7 @@ func (x *ListQuotasRequest) String() string {
 func (*ListQuotasRequest) ProtoMessage() {}
 
 func (x *ListQuotasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[17]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1312,7 @@ func (x *ListQuotasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQuotasRequest.ProtoReflect.Descriptor instead.
 func (*ListQuotasRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 type QuotaStatus struct {
@@ -1186,7 +1330,7 @@ type QuotaStatus struct {
 
 func (x *QuotaStatus) Reset() {
 	*x = QuotaStatus{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1342,7 @@ func (x *QuotaStatus) String() string {
 func (*QuotaStatus) ProtoMessage() {}
 
 func (x *QuotaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[18]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1355,7 @@ func (x *QuotaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaStatus.ProtoReflect.Descriptor instead.
 func (*QuotaStatus) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *QuotaStatus) GetQuota() string {
@@ -1272,7 +1416,7 @@ type ListQuotasResponse struct {
 
 func (x *ListQuotasResponse) Reset() {
 	*x = ListQuotasResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1428,7 @@ func (x *ListQuotasResponse) String() string {
 func (*ListQuotasResponse) ProtoMessage() {}
 
 func (x *ListQuotasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[19]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1441,7 @@ func (x *ListQuotasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQuotasResponse.ProtoReflect.Descriptor instead.
 func (*ListQuotasResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListQuotasResponse) GetQuotas() []*QuotaStatus {
@@ -1316,7 +1460,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1472,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[20]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1485,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListLeasesRequest) GetQuota() string {
@@ -1367,7 +1511,7 @@ type LeaseStatus struct {
 
 func (x *LeaseStatus) Reset() {
 	*x = LeaseStatus{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1523,7 @@ func (x *LeaseStatus) String() string {
 func (*LeaseStatus) ProtoMessage() {}
 
 func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[21]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1536,7 @@ func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseStatus.ProtoReflect.Descriptor instead.
 func (*LeaseStatus) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *LeaseStatus) GetLeaseId() uint64 {
@@ -1460,7 +1604,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1472,7 +1616,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[22]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1485,7 +1629,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*LeaseStatus {
@@ -1507,7 +1651,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1519,7 +1663,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[23]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1532,7 +1676,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -1572,7 +1716,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[24]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1728,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[24]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1741,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -1616,7 +1760,7 @@ type MembershipResponse struct {
 
 func (x *MembershipResponse) Reset() {
 	*x = MembershipResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[25]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1772,7 @@ func (x *MembershipResponse) String() string {
 func (*MembershipResponse) ProtoMessage() {}
 
 func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[25]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1785,7 @@ func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipResponse.ProtoReflect.Descriptor instead.
 func (*MembershipResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MembershipResponse) GetServers() []*RaftServer {
@@ -1655,7 +1799,19 @@ var File_ration_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
-	"\x1bration/v1/coordinator.proto\x12\tration.v1\"&\n" +
+	"\x1bration/v1/coordinator.proto\x12\tration.v1\"m\n" +
+	"\tRenewCall\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x121\n" +
+	"\arequest\x18\x02 \x01(\v2\x17.ration.v1.RenewRequestR\arequest\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x03 \x01(\rR\ttimeoutMs\"\x98\x01\n" +
+	"\n" +
+	"RenewReply\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
+	"\bresponse\x18\x02 \x01(\v2\x18.ration.v1.RenewResponseR\bresponse\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\tR\x06leader\"&\n" +
 	"\fWatchRequest\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\tR\x06holder\"4\n" +
 	"\x05Nudge\x12+\n" +
@@ -1780,11 +1936,12 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\x13RemoveServerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"E\n" +
 	"\x12MembershipResponse\x12/\n" +
-	"\aservers\x18\x01 \x03(\v2\x15.ration.v1.RaftServerR\aservers2\xbc\x01\n" +
+	"\aservers\x18\x01 \x03(\v2\x15.ration.v1.RaftServerR\aservers2\xfc\x01\n" +
 	"\x06Leases\x12:\n" +
 	"\x05Renew\x12\x17.ration.v1.RenewRequest\x1a\x18.ration.v1.RenewResponse\x12@\n" +
 	"\aRelease\x12\x19.ration.v1.ReleaseRequest\x1a\x1a.ration.v1.ReleaseResponse\x124\n" +
-	"\x05Watch\x12\x17.ration.v1.WatchRequest\x1a\x10.ration.v1.Nudge0\x012\xf9\x03\n" +
+	"\x05Watch\x12\x17.ration.v1.WatchRequest\x1a\x10.ration.v1.Nudge0\x01\x12>\n" +
+	"\vRenewStream\x12\x14.ration.v1.RenewCall\x1a\x15.ration.v1.RenewReply(\x010\x012\xf9\x03\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.ration.v1.StatusRequest\x1a\x19.ration.v1.StatusResponse\x12I\n" +
 	"\n" +
@@ -1808,74 +1965,80 @@ func file_ration_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_ration_v1_coordinator_proto_rawDescData
 }
 
-var file_ration_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_ration_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_ration_v1_coordinator_proto_goTypes = []any{
-	(*WatchRequest)(nil),        // 0: ration.v1.WatchRequest
-	(*Nudge)(nil),               // 1: ration.v1.Nudge
-	(*QuotaRef)(nil),            // 2: ration.v1.QuotaRef
-	(*RenewItem)(nil),           // 3: ration.v1.RenewItem
-	(*RenewRequest)(nil),        // 4: ration.v1.RenewRequest
-	(*Grant)(nil),               // 5: ration.v1.Grant
-	(*RenewResponse)(nil),       // 6: ration.v1.RenewResponse
-	(*ReleaseRequest)(nil),      // 7: ration.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),     // 8: ration.v1.ReleaseResponse
-	(*Tuning)(nil),              // 9: ration.v1.Tuning
-	(*TuneRequest)(nil),         // 10: ration.v1.TuneRequest
-	(*TuneResponse)(nil),        // 11: ration.v1.TuneResponse
-	(*ListTuningsRequest)(nil),  // 12: ration.v1.ListTuningsRequest
-	(*ListTuningsResponse)(nil), // 13: ration.v1.ListTuningsResponse
-	(*StatusRequest)(nil),       // 14: ration.v1.StatusRequest
-	(*RaftServer)(nil),          // 15: ration.v1.RaftServer
-	(*StatusResponse)(nil),      // 16: ration.v1.StatusResponse
-	(*ListQuotasRequest)(nil),   // 17: ration.v1.ListQuotasRequest
-	(*QuotaStatus)(nil),         // 18: ration.v1.QuotaStatus
-	(*ListQuotasResponse)(nil),  // 19: ration.v1.ListQuotasResponse
-	(*ListLeasesRequest)(nil),   // 20: ration.v1.ListLeasesRequest
-	(*LeaseStatus)(nil),         // 21: ration.v1.LeaseStatus
-	(*ListLeasesResponse)(nil),  // 22: ration.v1.ListLeasesResponse
-	(*AddVoterRequest)(nil),     // 23: ration.v1.AddVoterRequest
-	(*RemoveServerRequest)(nil), // 24: ration.v1.RemoveServerRequest
-	(*MembershipResponse)(nil),  // 25: ration.v1.MembershipResponse
+	(*RenewCall)(nil),           // 0: ration.v1.RenewCall
+	(*RenewReply)(nil),          // 1: ration.v1.RenewReply
+	(*WatchRequest)(nil),        // 2: ration.v1.WatchRequest
+	(*Nudge)(nil),               // 3: ration.v1.Nudge
+	(*QuotaRef)(nil),            // 4: ration.v1.QuotaRef
+	(*RenewItem)(nil),           // 5: ration.v1.RenewItem
+	(*RenewRequest)(nil),        // 6: ration.v1.RenewRequest
+	(*Grant)(nil),               // 7: ration.v1.Grant
+	(*RenewResponse)(nil),       // 8: ration.v1.RenewResponse
+	(*ReleaseRequest)(nil),      // 9: ration.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 10: ration.v1.ReleaseResponse
+	(*Tuning)(nil),              // 11: ration.v1.Tuning
+	(*TuneRequest)(nil),         // 12: ration.v1.TuneRequest
+	(*TuneResponse)(nil),        // 13: ration.v1.TuneResponse
+	(*ListTuningsRequest)(nil),  // 14: ration.v1.ListTuningsRequest
+	(*ListTuningsResponse)(nil), // 15: ration.v1.ListTuningsResponse
+	(*StatusRequest)(nil),       // 16: ration.v1.StatusRequest
+	(*RaftServer)(nil),          // 17: ration.v1.RaftServer
+	(*StatusResponse)(nil),      // 18: ration.v1.StatusResponse
+	(*ListQuotasRequest)(nil),   // 19: ration.v1.ListQuotasRequest
+	(*QuotaStatus)(nil),         // 20: ration.v1.QuotaStatus
+	(*ListQuotasResponse)(nil),  // 21: ration.v1.ListQuotasResponse
+	(*ListLeasesRequest)(nil),   // 22: ration.v1.ListLeasesRequest
+	(*LeaseStatus)(nil),         // 23: ration.v1.LeaseStatus
+	(*ListLeasesResponse)(nil),  // 24: ration.v1.ListLeasesResponse
+	(*AddVoterRequest)(nil),     // 25: ration.v1.AddVoterRequest
+	(*RemoveServerRequest)(nil), // 26: ration.v1.RemoveServerRequest
+	(*MembershipResponse)(nil),  // 27: ration.v1.MembershipResponse
 }
 var file_ration_v1_coordinator_proto_depIdxs = []int32{
-	2,  // 0: ration.v1.Nudge.quotas:type_name -> ration.v1.QuotaRef
-	2,  // 1: ration.v1.RenewItem.quota:type_name -> ration.v1.QuotaRef
-	3,  // 2: ration.v1.RenewRequest.items:type_name -> ration.v1.RenewItem
-	2,  // 3: ration.v1.Grant.quota:type_name -> ration.v1.QuotaRef
-	5,  // 4: ration.v1.RenewResponse.grants:type_name -> ration.v1.Grant
-	3,  // 5: ration.v1.ReleaseRequest.items:type_name -> ration.v1.RenewItem
-	9,  // 6: ration.v1.TuneRequest.tuning:type_name -> ration.v1.Tuning
-	9,  // 7: ration.v1.TuneResponse.tuning:type_name -> ration.v1.Tuning
-	9,  // 8: ration.v1.ListTuningsResponse.tunings:type_name -> ration.v1.Tuning
-	15, // 9: ration.v1.StatusResponse.servers:type_name -> ration.v1.RaftServer
-	18, // 10: ration.v1.ListQuotasResponse.quotas:type_name -> ration.v1.QuotaStatus
-	21, // 11: ration.v1.ListLeasesResponse.leases:type_name -> ration.v1.LeaseStatus
-	15, // 12: ration.v1.MembershipResponse.servers:type_name -> ration.v1.RaftServer
-	4,  // 13: ration.v1.Leases.Renew:input_type -> ration.v1.RenewRequest
-	7,  // 14: ration.v1.Leases.Release:input_type -> ration.v1.ReleaseRequest
-	0,  // 15: ration.v1.Leases.Watch:input_type -> ration.v1.WatchRequest
-	14, // 16: ration.v1.Admin.Status:input_type -> ration.v1.StatusRequest
-	17, // 17: ration.v1.Admin.ListQuotas:input_type -> ration.v1.ListQuotasRequest
-	20, // 18: ration.v1.Admin.ListLeases:input_type -> ration.v1.ListLeasesRequest
-	23, // 19: ration.v1.Admin.AddVoter:input_type -> ration.v1.AddVoterRequest
-	24, // 20: ration.v1.Admin.RemoveServer:input_type -> ration.v1.RemoveServerRequest
-	10, // 21: ration.v1.Admin.Tune:input_type -> ration.v1.TuneRequest
-	12, // 22: ration.v1.Admin.ListTunings:input_type -> ration.v1.ListTuningsRequest
-	6,  // 23: ration.v1.Leases.Renew:output_type -> ration.v1.RenewResponse
-	8,  // 24: ration.v1.Leases.Release:output_type -> ration.v1.ReleaseResponse
-	1,  // 25: ration.v1.Leases.Watch:output_type -> ration.v1.Nudge
-	16, // 26: ration.v1.Admin.Status:output_type -> ration.v1.StatusResponse
-	19, // 27: ration.v1.Admin.ListQuotas:output_type -> ration.v1.ListQuotasResponse
-	22, // 28: ration.v1.Admin.ListLeases:output_type -> ration.v1.ListLeasesResponse
-	25, // 29: ration.v1.Admin.AddVoter:output_type -> ration.v1.MembershipResponse
-	25, // 30: ration.v1.Admin.RemoveServer:output_type -> ration.v1.MembershipResponse
-	11, // 31: ration.v1.Admin.Tune:output_type -> ration.v1.TuneResponse
-	13, // 32: ration.v1.Admin.ListTunings:output_type -> ration.v1.ListTuningsResponse
-	23, // [23:33] is the sub-list for method output_type
-	13, // [13:23] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	6,  // 0: ration.v1.RenewCall.request:type_name -> ration.v1.RenewRequest
+	8,  // 1: ration.v1.RenewReply.response:type_name -> ration.v1.RenewResponse
+	4,  // 2: ration.v1.Nudge.quotas:type_name -> ration.v1.QuotaRef
+	4,  // 3: ration.v1.RenewItem.quota:type_name -> ration.v1.QuotaRef
+	5,  // 4: ration.v1.RenewRequest.items:type_name -> ration.v1.RenewItem
+	4,  // 5: ration.v1.Grant.quota:type_name -> ration.v1.QuotaRef
+	7,  // 6: ration.v1.RenewResponse.grants:type_name -> ration.v1.Grant
+	5,  // 7: ration.v1.ReleaseRequest.items:type_name -> ration.v1.RenewItem
+	11, // 8: ration.v1.TuneRequest.tuning:type_name -> ration.v1.Tuning
+	11, // 9: ration.v1.TuneResponse.tuning:type_name -> ration.v1.Tuning
+	11, // 10: ration.v1.ListTuningsResponse.tunings:type_name -> ration.v1.Tuning
+	17, // 11: ration.v1.StatusResponse.servers:type_name -> ration.v1.RaftServer
+	20, // 12: ration.v1.ListQuotasResponse.quotas:type_name -> ration.v1.QuotaStatus
+	23, // 13: ration.v1.ListLeasesResponse.leases:type_name -> ration.v1.LeaseStatus
+	17, // 14: ration.v1.MembershipResponse.servers:type_name -> ration.v1.RaftServer
+	6,  // 15: ration.v1.Leases.Renew:input_type -> ration.v1.RenewRequest
+	9,  // 16: ration.v1.Leases.Release:input_type -> ration.v1.ReleaseRequest
+	2,  // 17: ration.v1.Leases.Watch:input_type -> ration.v1.WatchRequest
+	0,  // 18: ration.v1.Leases.RenewStream:input_type -> ration.v1.RenewCall
+	16, // 19: ration.v1.Admin.Status:input_type -> ration.v1.StatusRequest
+	19, // 20: ration.v1.Admin.ListQuotas:input_type -> ration.v1.ListQuotasRequest
+	22, // 21: ration.v1.Admin.ListLeases:input_type -> ration.v1.ListLeasesRequest
+	25, // 22: ration.v1.Admin.AddVoter:input_type -> ration.v1.AddVoterRequest
+	26, // 23: ration.v1.Admin.RemoveServer:input_type -> ration.v1.RemoveServerRequest
+	12, // 24: ration.v1.Admin.Tune:input_type -> ration.v1.TuneRequest
+	14, // 25: ration.v1.Admin.ListTunings:input_type -> ration.v1.ListTuningsRequest
+	8,  // 26: ration.v1.Leases.Renew:output_type -> ration.v1.RenewResponse
+	10, // 27: ration.v1.Leases.Release:output_type -> ration.v1.ReleaseResponse
+	3,  // 28: ration.v1.Leases.Watch:output_type -> ration.v1.Nudge
+	1,  // 29: ration.v1.Leases.RenewStream:output_type -> ration.v1.RenewReply
+	18, // 30: ration.v1.Admin.Status:output_type -> ration.v1.StatusResponse
+	21, // 31: ration.v1.Admin.ListQuotas:output_type -> ration.v1.ListQuotasResponse
+	24, // 32: ration.v1.Admin.ListLeases:output_type -> ration.v1.ListLeasesResponse
+	27, // 33: ration.v1.Admin.AddVoter:output_type -> ration.v1.MembershipResponse
+	27, // 34: ration.v1.Admin.RemoveServer:output_type -> ration.v1.MembershipResponse
+	13, // 35: ration.v1.Admin.Tune:output_type -> ration.v1.TuneResponse
+	15, // 36: ration.v1.Admin.ListTunings:output_type -> ration.v1.ListTuningsResponse
+	26, // [26:37] is the sub-list for method output_type
+	15, // [15:26] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_ration_v1_coordinator_proto_init() }
@@ -1883,16 +2046,16 @@ func file_ration_v1_coordinator_proto_init() {
 	if File_ration_v1_coordinator_proto != nil {
 		return
 	}
-	file_ration_v1_coordinator_proto_msgTypes[3].OneofWrappers = []any{}
 	file_ration_v1_coordinator_proto_msgTypes[5].OneofWrappers = []any{}
-	file_ration_v1_coordinator_proto_msgTypes[9].OneofWrappers = []any{}
+	file_ration_v1_coordinator_proto_msgTypes[7].OneofWrappers = []any{}
+	file_ration_v1_coordinator_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ration_v1_coordinator_proto_rawDesc), len(file_ration_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -22,9 +22,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Leases_Renew_FullMethodName   = "/ration.v1.Leases/Renew"
-	Leases_Release_FullMethodName = "/ration.v1.Leases/Release"
-	Leases_Watch_FullMethodName   = "/ration.v1.Leases/Watch"
+	Leases_Renew_FullMethodName       = "/ration.v1.Leases/Renew"
+	Leases_Release_FullMethodName     = "/ration.v1.Leases/Release"
+	Leases_Watch_FullMethodName       = "/ration.v1.Leases/Watch"
+	Leases_RenewStream_FullMethodName = "/ration.v1.Leases/RenewStream"
 )
 
 // LeasesClient is the client API for Leases service.
@@ -53,6 +54,15 @@ type LeasesClient interface {
 	// safety. The stream ends when the node stops leading (UNAVAILABLE with
 	// the "ration-leader" trailer, as for Renew); the holder reopens it.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Nudge], error)
+	// RenewStream carries Renew calls on one long-lived stream: each
+	// RenewCall is one Renew, answered (after its Raft entry commits, as
+	// Renew is) by one RenewReply with the same id, in any order. The calls
+	// are the unary Renew's in every other way; a call's error comes back in
+	// its reply (code, message, leader), never by ending the stream. A
+	// holder keeps one per connection: a message on an open stream costs a
+	// fraction of a new call (no headers, no stream set-up). A coordinator
+	// of an earlier version answers UNIMPLEMENTED; the holder then uses Renew.
+	RenewStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RenewCall, RenewReply], error)
 }
 
 type leasesClient struct {
@@ -102,6 +112,19 @@ func (c *leasesClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Leases_WatchClient = grpc.ServerStreamingClient[Nudge]
 
+func (c *leasesClient) RenewStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RenewCall, RenewReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Leases_ServiceDesc.Streams[1], Leases_RenewStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RenewCall, RenewReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Leases_RenewStreamClient = grpc.BidiStreamingClient[RenewCall, RenewReply]
+
 // LeasesServer is the server API for Leases service.
 // All implementations must embed UnimplementedLeasesServer
 // for forward compatibility.
@@ -128,6 +151,15 @@ type LeasesServer interface {
 	// safety. The stream ends when the node stops leading (UNAVAILABLE with
 	// the "ration-leader" trailer, as for Renew); the holder reopens it.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[Nudge]) error
+	// RenewStream carries Renew calls on one long-lived stream: each
+	// RenewCall is one Renew, answered (after its Raft entry commits, as
+	// Renew is) by one RenewReply with the same id, in any order. The calls
+	// are the unary Renew's in every other way; a call's error comes back in
+	// its reply (code, message, leader), never by ending the stream. A
+	// holder keeps one per connection: a message on an open stream costs a
+	// fraction of a new call (no headers, no stream set-up). A coordinator
+	// of an earlier version answers UNIMPLEMENTED; the holder then uses Renew.
+	RenewStream(grpc.BidiStreamingServer[RenewCall, RenewReply]) error
 	mustEmbedUnimplementedLeasesServer()
 }
 
@@ -146,6 +178,9 @@ func (UnimplementedLeasesServer) Release(context.Context, *ReleaseRequest) (*Rel
 }
 func (UnimplementedLeasesServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Nudge]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedLeasesServer) RenewStream(grpc.BidiStreamingServer[RenewCall, RenewReply]) error {
+	return status.Errorf(codes.Unimplemented, "method RenewStream not implemented")
 }
 func (UnimplementedLeasesServer) mustEmbedUnimplementedLeasesServer() {}
 func (UnimplementedLeasesServer) testEmbeddedByValue()                {}
@@ -215,6 +250,13 @@ func _Leases_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Leases_WatchServer = grpc.ServerStreamingServer[Nudge]
 
+func _Leases_RenewStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LeasesServer).RenewStream(&grpc.GenericServerStream[RenewCall, RenewReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Leases_RenewStreamServer = grpc.BidiStreamingServer[RenewCall, RenewReply]
+
 // Leases_ServiceDesc is the grpc.ServiceDesc for Leases service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -236,6 +278,12 @@ var Leases_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Watch",
 			Handler:       _Leases_Watch_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "RenewStream",
+			Handler:       _Leases_RenewStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "ration/v1/coordinator.proto",

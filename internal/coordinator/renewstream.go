@@ -1,0 +1,95 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ration-dev/ration/internal/grpcsafe"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// maxStreamCalls bounds the calls of one RenewStream served at once. Past
+// it the stream is not read until one ends, and HTTP/2's flow control holds
+// the holder back, as MaxConcurrentStreams does for unary calls.
+const maxStreamCalls = 1024
+
+// RenewStream serves Renew calls sent as messages on one stream. Each call
+// is served on a goroutine of its own, as a unary call would be (it waits
+// for its Raft entry, and entries batch the calls waiting together), and
+// answered with its id whenever it is done. An error is the call's (in its
+// reply), never the stream's: the stream ends only when the holder closes it
+// or the connection goes. When the holder half-closes, the calls in flight
+// are still answered.
+func (s *leasesServer) RenewStream(stream rationv1.Leases_RenewStreamServer) error {
+	ctx := stream.Context()
+	var (
+		sendMu sync.Mutex // Send is not safe for concurrent use
+		wg     sync.WaitGroup
+	)
+	slots := make(chan struct{}, maxStreamCalls)
+	// No Send after the handler returns (gRPC forbids it): every call's
+	// goroutine ends first. They end soon once ctx is done (their waits
+	// for commits are bounded by it).
+	defer wg.Wait()
+	for {
+		call, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reply := s.serveCall(ctx, call)
+			sendMu.Lock()
+			// A failed Send means the stream is over, which Recv reports.
+			_ = stream.Send(reply)
+			sendMu.Unlock()
+			<-slots
+		}()
+	}
+}
+
+// serveCall answers one call of a RenewStream as Renew would, its status
+// in the reply. A panic answers INTERNAL, as the interceptors make it for
+// a unary call, and leaves the stream and its other calls alone.
+func (s *leasesServer) serveCall(ctx context.Context, call *rationv1.RenewCall) (reply *rationv1.RenewReply) {
+	n := s.n
+	defer func() {
+		if r := recover(); r != nil {
+			st := status.Convert(grpcsafe.Recovered(n.logger, n.m.grpcPanics.Inc, rationv1.Leases_RenewStream_FullMethodName, r))
+			reply = &rationv1.RenewReply{Id: call.GetId(), Code: int32(st.Code()), Message: st.Message()}
+		}
+	}()
+	reply = &rationv1.RenewReply{Id: call.GetId()}
+	if call.GetRequest() == nil {
+		reply.Code, reply.Message = int32(codes.InvalidArgument), "renew stream: a call without a request"
+		return reply
+	}
+	if ms := call.GetTimeoutMs(); ms > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
+		defer cancel()
+	}
+	resp, err := s.renew(ctx, call.GetRequest())
+	if err != nil {
+		st, leader := n.rpcStatus(ctx, err)
+		reply.Code, reply.Message, reply.Leader = int32(st.Code()), st.Message(), leader
+		return reply
+	}
+	reply.Response = resp
+	return reply
+}

@@ -1,0 +1,136 @@
+package coordinator_test
+
+import (
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ration-dev/ration/internal/harness"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// TestRenewStream: a RenewStream call is a unary Renew's twin on a real
+// group. Its answer is the one the state machine recorded (a unary retry
+// with the same seq replays it, field for field); a bad call is refused
+// alone, in its reply, and the stream goes on; a follower's reply names
+// the leader; calls in flight when the holder half-closes are answered
+// before the stream ends.
+func TestRenewStream(t *testing.T) {
+	c := harness.StartCoordinators(t, 3, testRules, noTicks)
+	leader, ln := c.Leader(t)
+	dial := func(addr string) rationv1.LeasesClient {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return rationv1.NewLeasesClient(cc)
+	}
+	ctx := timeout(t, 30*time.Second)
+	lc := dial(ln.GRPCAddr())
+	st, err := lc.RenewStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := newHolder("a"), newHolder("b")
+	reqA, reqB := a.request(testQuotas, 1), b.request(testQuotas[:1], 1)
+	calls := []*rationv1.RenewCall{
+		{Id: 7, Request: reqA, TimeoutMs: 10_000},
+		{Id: 8}, // no request
+		{Id: 9, Request: &rationv1.RenewRequest{}}, // no holder
+		{Id: 10, Request: reqB},                    // no timeout: the stream's
+	}
+	for _, call := range calls {
+		if err := st.Send(call); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	replies := map[uint64]*rationv1.RenewReply{}
+	for {
+		r, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("stream ended with %v, want every call answered, then EOF", err)
+		}
+		if replies[r.Id] != nil {
+			t.Errorf("call %d answered twice", r.Id)
+		}
+		replies[r.Id] = r
+	}
+	if len(replies) != len(calls) {
+		t.Fatalf("%d replies for %d calls: %v", len(replies), len(calls), replies)
+	}
+	for _, id := range []uint64{8, 9} {
+		if r := replies[id]; codes.Code(r.Code) != codes.InvalidArgument || r.Message == "" || r.Response != nil {
+			t.Errorf("call %d (malformed) answered %v, want INVALID_ARGUMENT with a message and no response", id, r)
+		}
+	}
+	for _, tc := range []struct {
+		id  uint64
+		h   *holder
+		req *rationv1.RenewRequest
+	}{{7, a, reqA}, {10, b, reqB}} {
+		if r := replies[tc.id]; r.Code != 0 || r.Response == nil {
+			t.Fatalf("call %d answered %v, want a response", tc.id, r)
+		} else if err := tc.h.adopt(tc.req, r.Response); err != nil {
+			t.Fatalf("call %d: %v", tc.id, err)
+		}
+	}
+	// b's call was one grant, a's next is one renewal of its three leases:
+	// each is one command, whose answer a retry replays whole.
+	reqA2 := a.request(testQuotas, 2)
+	st2, err := lc.RenewStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st2.Send(&rationv1.RenewCall{Id: 1, Request: reqA2}); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := st2.Recv()
+	if err != nil || r2.Code != 0 {
+		t.Fatalf("a's renewal on a stream: %v, %v", r2, err)
+	}
+	for _, tc := range []struct {
+		what string
+		req  *rationv1.RenewRequest
+		resp *rationv1.RenewResponse
+	}{{"b's grant", reqB, replies[10].Response}, {"a's renewal", reqA2, r2.Response}} {
+		again, err := lc.Renew(ctx, tc.req)
+		if err != nil {
+			t.Fatalf("unary retry of %s: %v", tc.what, err)
+		}
+		if !proto.Equal(again, tc.resp) {
+			t.Errorf("%s: the stream answered %v, a unary retry %v: want the same recorded answer", tc.what, tc.resp, again)
+		}
+	}
+
+	// A follower answers each call UNAVAILABLE naming the leader, and keeps
+	// the stream open for the next.
+	fst, err := dial(c.Node((leader + 1) % 3).GRPCAddr()).RenewStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := uint64(1); id <= 2; id++ {
+		if err := fst.Send(&rationv1.RenewCall{Id: id, Request: newHolder("f").request(testQuotas, 1)}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := fst.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Id != id || codes.Code(r.Code) != codes.Unavailable || r.Leader != ln.GRPCAddr() {
+			t.Errorf("follower answered call %d with %v, want UNAVAILABLE naming %s", id, r, ln.GRPCAddr())
+		}
+	}
+}
