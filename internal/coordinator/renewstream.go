@@ -23,10 +23,12 @@ const maxStreamCalls = 1024
 // is served on a goroutine of its own, as a unary call would be (it waits
 // for its Raft entry, and entries batch the calls waiting together), and
 // answered with its id whenever it is done. An error is the call's (in its
-// reply), never the stream's: the stream ends only when the holder closes it
-// or the connection goes. When the holder half-closes, the calls in flight
-// are still answered.
+// reply), never the stream's: the stream ends when the holder closes it,
+// the connection goes, or the node stops (UNAVAILABLE naming the leader,
+// as a call refused for it would be). Calls in flight when the holder
+// half-closes, or when the node starts to stop, are answered first.
 func (s *leasesServer) RenewStream(stream rationv1.Leases_RenewStreamServer) error {
+	n := s.n
 	ctx := stream.Context()
 	var (
 		sendMu sync.Mutex // Send is not safe for concurrent use
@@ -37,13 +39,38 @@ func (s *leasesServer) RenewStream(stream rationv1.Leases_RenewStreamServer) err
 	// goroutine ends first. They end soon once ctx is done (their waits
 	// for commits are bounded by it).
 	defer wg.Wait()
-	for {
-		call, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
+	// Recv blocks; it runs on a goroutine of its own so that the node's
+	// stop (drain) can end the stream, which a graceful stop waits for.
+	calls := make(chan *rationv1.RenewCall)
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			call, err := stream.Recv()
+			if err != nil {
+				ended <- err
+				return
+			}
+			select {
+			case calls <- call:
+			case <-ctx.Done():
+				return
+			}
 		}
-		if err != nil {
+	}()
+	for {
+		var call *rationv1.RenewCall
+		select {
+		case call = <-calls:
+		case err := <-ended:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
 			return err
+		case <-n.drain:
+			wg.Wait()
+			return n.rpcError(ctx, ErrStopped)
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
 		}
 		select {
 		case slots <- struct{}{}:

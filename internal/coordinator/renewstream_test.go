@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ration-dev/ration/internal/harness"
@@ -117,7 +118,8 @@ func TestRenewStream(t *testing.T) {
 
 	// A follower answers each call UNAVAILABLE naming the leader, and keeps
 	// the stream open for the next.
-	fst, err := dial(c.Node((leader + 1) % 3).GRPCAddr()).RenewStream(ctx)
+	f := (leader + 1) % 3
+	fst, err := dial(c.Node(f).GRPCAddr()).RenewStream(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,5 +134,17 @@ func TestRenewStream(t *testing.T) {
 		if r.Id != id || codes.Code(r.Code) != codes.Unavailable || r.Leader != ln.GRPCAddr() {
 			t.Errorf("follower answered call %d with %v, want UNAVAILABLE naming %s", id, r, ln.GRPCAddr())
 		}
+	}
+
+	// A node that stops ends its streams (UNAVAILABLE, as a call refused
+	// for it is) rather than keep its graceful stop waiting for them until
+	// its timeout (10s here).
+	start := time.Now()
+	c.Shutdown(f)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("a follower with a RenewStream open took %v to shut down, want well under its 10s timeout", d)
+	}
+	if _, err := fst.Recv(); status.Code(err) != codes.Unavailable {
+		t.Errorf("the stream of a stopped node ended with %v, want UNAVAILABLE", err)
 	}
 }
