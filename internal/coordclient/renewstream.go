@@ -42,26 +42,34 @@ type renewStream struct {
 	// since it was sent found the stream (or its node) stuck.
 	received atomic.Uint64
 	send     chan *rationv1.RenewCall // to the sending goroutine
-
-	openMu sync.Mutex // held by the call opening the stream
-	opened bool       // under openMu
-	cancel context.CancelFunc
+	// opening is taken by the call that opens the stream; ready is closed
+	// once it is open or has failed to, and the other calls wait for it
+	// (or for their own contexts).
+	opening atomic.Bool
+	ready   chan struct{}
 
 	mu      sync.Mutex
+	cancel  context.CancelFunc
 	pending map[uint64]chan streamResult
 	err     error         // why it ended (a gRPC status error), once it has
+	leader  string        // with UNAVAILABLE: the leader the node named, if any
 	done    chan struct{} // closed when it has ended
 }
 
+// streamResult is a call's reply, or why it has none: err, and with
+// UNAVAILABLE the leader's address if the node named one (a node that
+// stops ends its streams naming the leader, as a trailer would).
 type streamResult struct {
-	reply *rationv1.RenewReply
-	err   error
+	reply  *rationv1.RenewReply
+	err    error
+	leader string
 }
 
 func newRenewStream(cc *grpc.ClientConn) *renewStream {
 	return &renewStream{
 		cc:      cc,
 		send:    make(chan *rationv1.RenewCall, 64),
+		ready:   make(chan struct{}),
 		pending: make(map[uint64]chan streamResult),
 		done:    make(chan struct{}),
 	}
@@ -75,21 +83,21 @@ func (c *Client) renewOn(ctx context.Context, cc *grpc.ClientConn, req *rationv1
 	if rs == nil {
 		return rationv1.NewLeasesClient(cc).Renew(ctx, req, opts...)
 	}
-	reply, err := rs.call(ctx, req)
-	if errors.Is(err, errNoRenewStream) {
+	r := rs.call(ctx, req)
+	if errors.Is(r.err, errNoRenewStream) {
 		c.noStream(cc)
 		return rationv1.NewLeasesClient(cc).Renew(ctx, req, opts...)
 	}
-	if err != nil {
-		return nil, err
+	if r.err != nil {
+		if r.leader != "" && status.Code(r.err) == codes.Unavailable {
+			setLeaderTrailer(opts, r.leader)
+		}
+		return nil, r.err
 	}
+	reply := r.reply
 	if code := codes.Code(reply.GetCode()); code != codes.OK {
 		if code == codes.Unavailable {
-			for _, o := range opts {
-				if t, ok := o.(grpc.TrailerCallOption); ok {
-					*t.TrailerAddr = metadata.Pairs(LeaderTrailer, reply.GetLeader())
-				}
-			}
+			setLeaderTrailer(opts, reply.GetLeader())
 		}
 		return nil, status.Error(code, reply.GetMessage())
 	}
@@ -99,11 +107,24 @@ func (c *Client) renewOn(ctx context.Context, cc *grpc.ClientConn, req *rationv1
 	return reply.GetResponse(), nil
 }
 
+// setLeaderTrailer gives the trailer opts asks for (Client.do's) the
+// leader's address, as a unary call's UNAVAILABLE would carry it.
+func setLeaderTrailer(opts []grpc.CallOption, leader string) {
+	for _, o := range opts {
+		if t, ok := o.(grpc.TrailerCallOption); ok {
+			*t.TrailerAddr = metadata.Pairs(LeaderTrailer, leader)
+		}
+	}
+}
+
 // renewStream returns cc's stream, a new one if it has none or its last
 // has ended; nil when cc's node has no RenewStream (for streamRetry).
 func (c *Client) renewStream(cc *grpc.ClientConn) *renewStream {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed {
+		return nil // the unary call fails as after Close
+	}
 	if t, ok := c.unaryOnly[cc]; ok {
 		if time.Since(t) < streamRetry {
 			return nil
@@ -131,7 +152,7 @@ func (c *Client) noStream(cc *grpc.ClientConn) {
 // Under c.mu.
 func (c *Client) closeStream(cc *grpc.ClientConn) {
 	if rs := c.streams[cc]; rs != nil {
-		rs.end(status.Error(codes.Unavailable, "renew stream: connection closed"))
+		rs.end(status.Error(codes.Unavailable, "renew stream: connection closed"), "")
 		delete(c.streams, cc)
 	}
 	delete(c.unaryOnly, cc)
@@ -146,48 +167,67 @@ func (rs *renewStream) ended() bool {
 	}
 }
 
-// open opens the stream unless it is open (or failed to open) already. The
-// stream outlives the call that opens it, so it gets a context of its own;
-// the call's bounds only the wait for it to open.
-func (rs *renewStream) open(ctx context.Context) {
-	rs.openMu.Lock()
-	defer rs.openMu.Unlock()
-	if rs.opened {
-		return
+// open opens the stream unless another call has (or is opening it), and
+// returns why this call cannot use it: its own context ending while it
+// waits (nil when the stream is open or has ended: rs.err says which).
+// The stream outlives the call that opens it, so it gets a context of its
+// own; the opening call's context bounds only the wait for it to open,
+// and a stream that did not open in that time fails the calls waiting
+// for it as UNAVAILABLE (the next call opens another), whatever ended
+// the opening call's wait.
+func (rs *renewStream) open(ctx context.Context) error {
+	if !rs.opening.CompareAndSwap(false, true) {
+		select {
+		case <-rs.ready:
+			return nil
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
 	}
-	rs.opened = true
+	defer close(rs.ready)
 	sctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(ctx, cancel)
 	stream, err := rationv1.NewLeasesClient(rs.cc).RenewStream(sctx)
-	if !stop() && err == nil {
-		err = status.FromContextError(ctx.Err()).Err()
+	if !stop() {
+		// ctx ended while the stream was opening (a connection still
+		// connecting, a node not answering): tell this call why, and the
+		// others that the stream is not there.
+		rs.end(status.Error(codes.Unavailable, "renew stream: not open within the opening call's time"), "")
+		cancel()
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	if err != nil {
+		cancel()
+		rs.end(err, "")
+		return nil
 	}
 	rs.mu.Lock()
-	rs.cancel = cancel
 	failed := rs.err != nil // ended while opening (its connection closed)
+	rs.cancel = cancel
 	rs.mu.Unlock()
-	switch {
-	case failed:
+	if failed {
 		cancel()
-		return
-	case err != nil:
-		rs.end(err)
-		return
+		return nil
 	}
 	go rs.sendLoop(stream)
 	go rs.recvLoop(stream)
+	return nil
 }
 
 // call sends req on the stream and waits for its reply, until ctx is done.
-func (rs *renewStream) call(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewReply, error) {
-	rs.open(ctx)
+// req is read until the message is sent, which may be after call returns
+// (a call that gave up while its message waited to go).
+func (rs *renewStream) call(ctx context.Context, req *rationv1.RenewRequest) streamResult {
+	if err := rs.open(ctx); err != nil {
+		return streamResult{err: err}
+	}
 	id := rs.next.Add(1)
 	ch := make(chan streamResult, 1)
 	rs.mu.Lock()
 	if rs.err != nil {
-		err := rs.err
+		r := streamResult{err: rs.err, leader: rs.leader}
 		rs.mu.Unlock()
-		return nil, err
+		return r
 	}
 	rs.pending[id] = ch
 	rs.mu.Unlock()
@@ -199,23 +239,24 @@ func (rs *renewStream) call(ctx context.Context, req *rationv1.RenewRequest) (*r
 	select {
 	case rs.send <- msg:
 	case r := <-ch: // the stream ended
-		return r.reply, r.err
+		return r
 	case <-ctx.Done():
 		rs.forget(id)
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return streamResult{err: status.FromContextError(ctx.Err()).Err()}
 	}
 	select {
 	case r := <-ch:
-		return r.reply, r.err
+		return r
 	case <-ctx.Done():
 		rs.forget(id)
-		if rs.received.Load() == seen {
-			// Not one reply since this call went: the node is paused or
-			// cut off, and the stream with it. The next call opens another,
-			// which fails fast if the connection is down.
-			rs.end(status.Error(codes.Unavailable, "renew stream: no reply within the call's timeout"))
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && rs.received.Load() == seen {
+			// Not one reply in the whole of this call's time: the node is
+			// paused or cut off, and the stream with it. The next call
+			// opens another, which fails fast if the connection is down.
+			// (A call cancelled by its caller says nothing about the node.)
+			rs.end(status.Error(codes.Unavailable, "renew stream: no reply within the call's timeout"), "")
 		}
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return streamResult{err: status.FromContextError(ctx.Err()).Err()}
 	}
 }
 
@@ -225,21 +266,22 @@ func (rs *renewStream) forget(id uint64) {
 	rs.mu.Unlock()
 }
 
-// end ends the stream for err (the first reason given wins): every call
-// waiting gets it, and so does every later call.
-func (rs *renewStream) end(err error) {
+// end ends the stream for err (the first reason given wins), with the
+// leader a node that stopped named: every call waiting gets them, and so
+// does every later call.
+func (rs *renewStream) end(err error, leader string) {
 	if status.Code(err) == codes.Unimplemented {
 		err = errNoRenewStream
-	} else if _, ok := status.FromError(err); !ok {
+	} else if _, ok := status.FromError(err); !ok || err == nil {
 		// io.EOF, or another error of no status: the node went away.
-		err = status.Error(codes.Unavailable, "renew stream: "+err.Error())
+		err = status.Errorf(codes.Unavailable, "renew stream: %v", err)
 	}
 	rs.mu.Lock()
 	if rs.err != nil {
 		rs.mu.Unlock()
 		return
 	}
-	rs.err = err
+	rs.err, rs.leader = err, leader
 	pending := rs.pending
 	rs.pending = nil
 	cancel := rs.cancel
@@ -249,7 +291,7 @@ func (rs *renewStream) end(err error) {
 		cancel()
 	}
 	for _, ch := range pending {
-		ch <- streamResult{err: err}
+		ch <- streamResult{err: err, leader: leader}
 	}
 }
 
@@ -271,7 +313,11 @@ func (rs *renewStream) recvLoop(stream rationv1.Leases_RenewStreamClient) {
 	for {
 		reply, err := stream.Recv()
 		if err != nil {
-			rs.end(err)
+			leader := ""
+			if v := stream.Trailer().Get(LeaderTrailer); len(v) > 0 {
+				leader = v[0]
+			}
+			rs.end(err, leader)
 			return
 		}
 		rs.received.Add(1)

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/coordclient"
@@ -234,5 +235,139 @@ func TestRenewStreamOutOfOrder(t *testing.T) {
 	}
 	if got := streams.Load(); got != 1 {
 		t.Errorf("RenewStreams opened = %d, want 1 shared by every call", got)
+	}
+}
+
+// mute accepts TCP connections and never speaks HTTP/2: a gRPC connection
+// to it stays connecting, as one to a host that drops packets does.
+func mute(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	return l.Addr().String()
+}
+
+// TestRenewStreamOpeningTimesOut: attempts whose stream cannot open in
+// their time (the connection never gets ready) end as a unary call's
+// would, DEADLINE_EXCEEDED or UNAVAILABLE, both retried, for the call that
+// was opening the stream and for those waiting for it; never CANCELED,
+// which Client.do does not retry.
+func TestRenewStreamOpeningTimesOut(t *testing.T) {
+	cl := coordclient.New([]string{mute(t)}, coordclient.Options{
+		CallTimeout: 50 * time.Millisecond, MaxAttempts: 3, BackoffMin: time.Millisecond, BackoffMax: 2 * time.Millisecond,
+	})
+	defer cl.Close()
+	var wg sync.WaitGroup
+	for seq := uint64(1); seq <= 4; seq++ {
+		wg.Go(func() {
+			start := time.Now()
+			_, err := cl.Renew(context.Background(), renewReq(seq))
+			if c := status.Code(err); c != codes.DeadlineExceeded && c != codes.Unavailable {
+				t.Errorf("Renew %d to a node that never gets ready = %v, want DEADLINE_EXCEEDED or UNAVAILABLE", seq, err)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("Renew %d took %v: attempts of 50ms each, 3 of them", seq, d)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// slowNode answers every stream call after delay.
+type slowNode struct {
+	rationv1.UnimplementedLeasesServer
+	delay time.Duration
+}
+
+func (n slowNode) RenewStream(st rationv1.Leases_RenewStreamServer) error {
+	var mu sync.Mutex
+	for {
+		call, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		time.AfterFunc(n.delay, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			_ = st.Send(&rationv1.RenewReply{Id: call.GetId(), Response: answer(call.GetRequest())})
+		})
+	}
+}
+
+// TestRenewStreamCallerCancels: a caller that gives up (its context
+// cancelled, not timed out) leaves the stream to the others: it says
+// nothing about the node.
+func TestRenewStreamCallerCancels(t *testing.T) {
+	addr, streams := serveLeases(t, slowNode{delay: 100 * time.Millisecond})
+	cl := coordclient.New([]string{addr}, coordclient.Options{CallTimeout: 10 * time.Second})
+	defer cl.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := cl.Renew(ctx, renewReq(1)); status.Code(err) != codes.Canceled {
+			t.Errorf("Renew cancelled by its caller = %v, want CANCELED (as a unary call's)", err)
+		}
+	})
+	wg.Go(func() {
+		if resp, err := cl.Renew(context.Background(), renewReq(2)); err != nil || resp.GetGrants()[0].GetLeaseId() != 2 {
+			t.Errorf("Renew beside a cancelled one = %v, %v; want its answer", resp, err)
+		}
+	})
+	wg.Wait()
+	if got := streams.Load(); got != 1 {
+		t.Errorf("RenewStreams opened = %d, want 1: a cancelled call does not end the stream", got)
+	}
+}
+
+// stoppingNode ends each RenewStream as a stopping coordinator does:
+// UNAVAILABLE, naming the leader in the trailer, without answering.
+type stoppingNode struct {
+	rationv1.UnimplementedLeasesServer
+	leader string
+}
+
+func (n stoppingNode) RenewStream(st rationv1.Leases_RenewStreamServer) error {
+	if _, err := st.Recv(); err != nil {
+		return nil
+	}
+	st.SetTrailer(metadata.Pairs(coordclient.LeaderTrailer, n.leader))
+	return status.Error(codes.Unavailable, "coordinator stopped")
+}
+
+// TestRenewStreamEndsNamingLeader: calls cut off by a stream that ends
+// naming the leader go there next, as a unary call's trailer sends them.
+func TestRenewStreamEndsNamingLeader(t *testing.T) {
+	leader, _ := serveLeases(t, scriptedNode{reply: func(c *rationv1.RenewCall) *rationv1.RenewReply {
+		return &rationv1.RenewReply{Id: c.GetId(), Response: answer(c.GetRequest())}
+	}})
+	stopping, _ := serveLeases(t, stoppingNode{leader: leader})
+	// Only the stopping node is configured: without its trailer the client
+	// has nowhere else to go.
+	cl := coordclient.New([]string{stopping}, coordclient.Options{MaxAttempts: 3})
+	defer cl.Close()
+	if resp, err := cl.Renew(context.Background(), renewReq(1)); err != nil || resp.GetGrants()[0].GetLeaseId() != 1 {
+		t.Fatalf("Renew through a stopping node = %v, %v; want the leader's answer", resp, err)
+	}
+	if got := cl.Leader(); got != leader {
+		t.Errorf("client's leader = %q, want %q (named as the stream ended)", got, leader)
 	}
 }

@@ -42,3 +42,6 @@ func (n *Node) LeasesVisited() int64 {
 	}
 	return 0
 }
+
+// MaxStreamsPerConn bounds the RenewStreams open at once on one connection.
+const MaxStreamsPerConn = maxStreamsPerConn

@@ -61,7 +61,8 @@ func QuotaID(rule, subject string) string { return rule + "|" + subject }
 // the same commands; the state machine replays the last one's answer.
 type leasesServer struct {
 	rationv1.UnimplementedLeasesServer
-	n *Node
+	n       *Node
+	streams streamCount // RenewStreams open per connection
 }
 
 func (s *leasesServer) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {

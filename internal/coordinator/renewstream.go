@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/grpcsafe"
@@ -16,8 +17,48 @@ import (
 
 // maxStreamCalls bounds the calls of one RenewStream served at once. Past
 // it the stream is not read until one ends, and HTTP/2's flow control holds
-// the holder back, as MaxConcurrentStreams does for unary calls.
-const maxStreamCalls = 1024
+// the holder back. A holder has one call in flight, a client shared by
+// many holders (a test, a bench) one per holder.
+const maxStreamCalls = 256
+
+// maxStreamsPerConn bounds the RenewStreams open at once on one
+// connection. A client keeps one (a new one may open while the node has
+// not yet seen the last one's end); the bound keeps a connection's calls
+// in flight at maxStreamsPerConn*maxStreamCalls, near what
+// MaxConcurrentStreams allowed it in unary calls.
+const maxStreamsPerConn = 4
+
+// streamCount counts the RenewStreams open on each connection (by the
+// client's address, which names one connection).
+type streamCount struct {
+	mu     sync.Mutex
+	byPeer map[string]int
+}
+
+// add counts one more stream for ctx's connection, or refuses it past the
+// bound; done uncounts it.
+func (c *streamCount) add(ctx context.Context) (done func(), ok bool) {
+	key := ""
+	if p, found := peer.FromContext(ctx); found && p.Addr != nil {
+		key = p.Addr.String()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byPeer[key] >= maxStreamsPerConn {
+		return nil, false
+	}
+	if c.byPeer == nil {
+		c.byPeer = map[string]int{}
+	}
+	c.byPeer[key]++
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.byPeer[key]--; c.byPeer[key] <= 0 {
+			delete(c.byPeer, key)
+		}
+	}, true
+}
 
 // RenewStream serves Renew calls sent as messages on one stream. Each call
 // is served on a goroutine of its own, as a unary call would be (it waits
@@ -30,6 +71,11 @@ const maxStreamCalls = 1024
 func (s *leasesServer) RenewStream(stream rationv1.Leases_RenewStreamServer) error {
 	n := s.n
 	ctx := stream.Context()
+	done, ok := s.streams.add(ctx)
+	if !ok {
+		return status.Errorf(codes.ResourceExhausted, "renew stream: %d already open on this connection", maxStreamsPerConn)
+	}
+	defer done()
 	var (
 		sendMu sync.Mutex // Send is not safe for concurrent use
 		wg     sync.WaitGroup

@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -114,6 +116,43 @@ func TestRenewStream(t *testing.T) {
 		if !proto.Equal(again, tc.resp) {
 			t.Errorf("%s: the stream answered %v, a unary retry %v: want the same recorded answer", tc.what, tc.resp, again)
 		}
+	}
+
+	// One connection keeps at most MaxStreamsPerConn streams open (a
+	// client keeps one): the next is refused, the others go on.
+	cc := dial(ln.GRPCAddr())
+	var open []rationv1.Leases_RenewStreamClient
+	for i := range coordinator.MaxStreamsPerConn + 1 {
+		s, err := cc.RenewStream(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&rationv1.RenewCall{Id: 1, Request: newHolder(fmt.Sprint("c", i)).request(testQuotas[:1], 1)}); err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, s)
+		// Each answered before the next opens: the node has counted it.
+		if i < coordinator.MaxStreamsPerConn {
+			if r, err := s.Recv(); err != nil || r.Code != 0 {
+				t.Fatalf("stream %d of one connection: %v, %v", i+1, r, err)
+			}
+		}
+	}
+	if _, err := open[coordinator.MaxStreamsPerConn].Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("stream %d of one connection ended with %v, want RESOURCE_EXHAUSTED", coordinator.MaxStreamsPerConn+1, err)
+	}
+	for _, s := range open[:coordinator.MaxStreamsPerConn] {
+		s.CloseSend()
+		if _, err := s.Recv(); !errors.Is(err, io.EOF) {
+			t.Errorf("a stream within the bound, closed by its holder, ended with %v, want EOF", err)
+		}
+	}
+	if s, err := cc.RenewStream(ctx); err != nil {
+		t.Fatal(err)
+	} else if err := s.Send(&rationv1.RenewCall{Id: 1, Request: newHolder("after").request(testQuotas[:1], 1)}); err != nil {
+		t.Fatal(err)
+	} else if r, err := s.Recv(); err != nil || r.Code != 0 {
+		t.Errorf("a stream after the others closed: %v, %v; want an answer", r, err)
 	}
 
 	// A follower answers each call UNAVAILABLE naming the leader, and keeps
