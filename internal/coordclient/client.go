@@ -121,7 +121,9 @@ func New(addrs []string, opts Options) *Client {
 
 // Renew sends req to the leader, retrying as described on Client. It goes
 // as a message on the connection's RenewStream (renewstream.go), or as a
-// unary call to a node that has none.
+// unary call to a node that has none. req must not change after the call:
+// an attempt that gave up may still send it (it is then answered from the
+// holder's record of that seq, or refused as stale).
 func (c *Client) Renew(ctx context.Context, req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
 	return unary(ctx, c, "renew", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.RenewResponse, error) {
 		return c.renewOn(ctx, cc, req, opts...)
