@@ -37,7 +37,9 @@ type metrics struct {
 	nudges           prometheus.Counter
 	nudgesHeld       prometheus.Counter
 	duplicateHolders prometheus.Counter
-	state            *stateCollector
+	// renewStreams counts the RenewStreams open on this node.
+	renewStreams prometheus.Gauge
+	state        *stateCollector
 
 	all []prometheus.Collector
 }
@@ -107,12 +109,16 @@ func newMetrics(n *Node) *metrics {
 			Name: "ration_coordinator_duplicate_agent_ids_total",
 			Help: "Times this leader saw two live agent processes (incarnations) with the same configured agent id; each is still its own holder.",
 		}),
+		renewStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_coordinator_renew_streams",
+			Help: "RenewStreams open on this node: about one per agent (and regional group) connected to it. Agents of an earlier version, or agents that found this node without RenewStream, renew with unary calls and are not counted.",
+		}),
 		state: &stateCollector{n: n},
 	}
 	m.all = []prometheus.Collector{
 		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.grpcPanics, m.leaderChanges,
 		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals,
-		m.nudges, m.nudgesHeld, m.duplicateHolders, m.state,
+		m.nudges, m.nudgesHeld, m.duplicateHolders, m.renewStreams, m.state,
 	}
 	return m
 }

@@ -76,6 +76,8 @@ func (s *leasesServer) RenewStream(stream rationv1.Leases_RenewStreamServer) err
 		return status.Errorf(codes.ResourceExhausted, "renew stream: %d already open on this connection", maxStreamsPerConn)
 	}
 	defer done()
+	n.m.renewStreams.Inc()
+	defer n.m.renewStreams.Dec()
 	var (
 		sendMu sync.Mutex // Send is not safe for concurrent use
 		wg     sync.WaitGroup

@@ -141,11 +141,19 @@ func TestRenewStream(t *testing.T) {
 	if _, err := open[coordinator.MaxStreamsPerConn].Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("stream %d of one connection ended with %v, want RESOURCE_EXHAUSTED", coordinator.MaxStreamsPerConn+1, err)
 	}
+	// Open on the leader: these, and st2 (the refused one is not).
+	const gauge = "ration_coordinator_renew_streams"
+	if got, want := harness.Gauge(t, c.Registry(leader), gauge), float64(coordinator.MaxStreamsPerConn+1); got != want {
+		t.Errorf("%s = %v with %v streams open, want %v", gauge, got, want, want)
+	}
 	for _, s := range open[:coordinator.MaxStreamsPerConn] {
 		s.CloseSend()
 		if _, err := s.Recv(); !errors.Is(err, io.EOF) {
 			t.Errorf("a stream within the bound, closed by its holder, ended with %v, want EOF", err)
 		}
+	}
+	if got := harness.Gauge(t, c.Registry(leader), gauge); got != 1 {
+		t.Errorf("%s = %v once only st2 is open, want 1", gauge, got)
 	}
 	if s, err := cc.RenewStream(ctx); err != nil {
 		t.Fatal(err)
