@@ -2,7 +2,9 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -38,6 +40,8 @@ type ReplyDropper struct {
 // DropStats counts what the dropper saw.
 type DropStats struct {
 	Calls, Dropped, Retried int
+	// Streams counts the RenewStreams agents opened through the dropper.
+	Streams int
 	// Mismatched lists retries whose answer differed from the dropped
 	// one (a request applied twice).
 	Mismatched []string
@@ -102,6 +106,16 @@ func (d *ReplyDropper) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	if err != nil {
 		return nil, err
 	}
+	if d.answered(req, resp) {
+		return resp, nil
+	}
+	return nil, errDropped
+}
+
+// answered checks resp against the reply dropped earlier for the same
+// (holder, seq), if any, and says whether the agent gets it: false when
+// this reply is dropped too (recorded for the retry's check).
+func (d *ReplyDropper) answered(req *rationv1.RenewRequest, resp *rationv1.RenewResponse) bool {
 	key := fmt.Sprintf("%s/%d", req.Holder, req.Seq)
 	d.mu.Lock()
 	if prev, ok := d.dropped[key]; ok {
@@ -116,9 +130,66 @@ func (d *ReplyDropper) Renew(ctx context.Context, req *rationv1.RenewRequest) (*
 		d.mu.Lock()
 		d.dropped[key] = resp
 		d.mu.Unlock()
-		return nil, errDropped
+		return false
 	}
-	return resp, nil
+	return true
+}
+
+// RenewStream forwards a stream of Renew calls on a stream of its own to
+// the coordinator (so the node's stream serving is what answers) and
+// drops replies as Renew does: a dropped call is answered UNAVAILABLE in
+// its reply, which the agent retries with the same (holder, seq), on the
+// same stream or a new one.
+func (d *ReplyDropper) RenewStream(down rationv1.Leases_RenewStreamServer) error {
+	ctx := down.Context()
+	d.mu.Lock()
+	d.Stats.Streams++
+	d.mu.Unlock()
+	up, err := d.up.leases(ctx)
+	if err != nil {
+		return err
+	}
+	ust, err := up.RenewStream(ctx)
+	if err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	reqs := map[uint64]*rationv1.RenewRequest{} // the calls in flight, by id
+	go func() {
+		for {
+			call, err := down.Recv()
+			if err != nil {
+				_ = ust.CloseSend() // the node answers what it has, then ends
+				return
+			}
+			mu.Lock()
+			reqs[call.GetId()] = call.GetRequest()
+			mu.Unlock()
+			if ust.Send(call) != nil {
+				return // Recv below reports the stream's end
+			}
+		}
+	}()
+	for {
+		r, err := ust.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		req := reqs[r.GetId()]
+		delete(reqs, r.GetId())
+		mu.Unlock()
+		if r.GetCode() == 0 && req != nil && !d.answered(req, r.GetResponse()) {
+			st := status.Convert(errDropped)
+			r = &rationv1.RenewReply{Id: r.GetId(), Code: int32(st.Code()), Message: st.Message()}
+		}
+		if err := down.Send(r); err != nil {
+			return err
+		}
+	}
 }
 
 // sameAnswer: the last item is answered again from the record; a grant
