@@ -278,13 +278,9 @@ func TestRenewStreamOpeningTimesOut(t *testing.T) {
 	var wg sync.WaitGroup
 	for seq := uint64(1); seq <= 4; seq++ {
 		wg.Go(func() {
-			start := time.Now()
 			_, err := cl.Renew(context.Background(), renewReq(seq))
 			if c := status.Code(err); c != codes.DeadlineExceeded && c != codes.Unavailable {
 				t.Errorf("Renew %d to a node that never gets ready = %v, want DEADLINE_EXCEEDED or UNAVAILABLE", seq, err)
-			}
-			if d := time.Since(start); d > 5*time.Second {
-				t.Errorf("Renew %d took %v: attempts of 50ms each, 3 of them", seq, d)
 			}
 		})
 	}
