@@ -287,48 +287,34 @@ func TestRenewStreamOpeningTimesOut(t *testing.T) {
 	wg.Wait()
 }
 
-// slowNode answers every stream call after delay.
-type slowNode struct {
-	rationv1.UnimplementedLeasesServer
-	delay time.Duration
-}
-
-func (n slowNode) RenewStream(st rationv1.Leases_RenewStreamServer) error {
-	var mu sync.Mutex
-	for {
-		call, err := st.Recv()
-		if err != nil {
-			return nil
-		}
-		time.AfterFunc(n.delay, func() {
-			mu.Lock()
-			defer mu.Unlock()
-			_ = st.Send(&rationv1.RenewReply{Id: call.GetId(), Response: answer(call.GetRequest())})
-		})
-	}
-}
-
 // TestRenewStreamCallerCancels: a caller that gives up (its context
 // cancelled, not timed out) leaves the stream to the others: it says
 // nothing about the node.
 func TestRenewStreamCallerCancels(t *testing.T) {
-	addr, streams := serveLeases(t, slowNode{delay: 100 * time.Millisecond})
-	cl := coordclient.New([]string{addr}, coordclient.Options{CallTimeout: 10 * time.Second})
+	got := make(chan struct{}) // the node has the call that will be cancelled
+	addr, streams := serveLeases(t, scriptedNode{reply: func(c *rationv1.RenewCall) *rationv1.RenewReply {
+		if c.GetRequest().GetSeq() == 1 {
+			close(got)
+			return nil // never answered
+		}
+		return &rationv1.RenewReply{Id: c.GetId(), Response: answer(c.GetRequest())}
+	}})
+	cl := coordclient.New([]string{addr}, coordclient.Options{CallTimeout: time.Minute})
 	defer cl.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(20*time.Millisecond, cancel)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if _, err := cl.Renew(ctx, renewReq(1)); status.Code(err) != codes.Canceled {
-			t.Errorf("Renew cancelled by its caller = %v, want CANCELED (as a unary call's)", err)
-		}
-	})
-	wg.Go(func() {
-		if resp, err := cl.Renew(context.Background(), renewReq(2)); err != nil || resp.GetGrants()[0].GetLeaseId() != 2 {
-			t.Errorf("Renew beside a cancelled one = %v, %v; want its answer", resp, err)
-		}
-	})
-	wg.Wait()
+	done := make(chan error, 1)
+	go func() {
+		_, err := cl.Renew(ctx, renewReq(1))
+		done <- err
+	}()
+	<-got // sent, and no reply on the stream since
+	cancel()
+	if err := <-done; status.Code(err) != codes.Canceled {
+		t.Errorf("Renew cancelled by its caller = %v, want CANCELED (as a unary call's)", err)
+	}
+	if resp, err := cl.Renew(context.Background(), renewReq(2)); err != nil || resp.GetGrants()[0].GetLeaseId() != 2 {
+		t.Errorf("Renew after a cancelled one = %v, %v; want its answer", resp, err)
+	}
 	if got := streams.Load(); got != 1 {
 		t.Errorf("RenewStreams opened = %d, want 1: a cancelled call does not end the stream", got)
 	}
