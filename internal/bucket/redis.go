@@ -47,7 +47,7 @@ type RedisOptions struct {
 	DisableAutoPipeline bool
 }
 
-// RedisStore keeps buckets in Redis: one hash per bucket, changed only by one
+// RedisStore keeps buckets in Redis: one key per bucket, changed only by one
 // Lua script (redis.lua) that reads the server clock, refills, decides and
 // writes atomically, so every agent sharing the Redis sees one balance.
 //
@@ -335,10 +335,11 @@ func (s *RedisStore) takesCmd(ctx context.Context, reqs []Request, sha bool) *re
 	return redis.NewStringCmd(ctx, args...)
 }
 
-// parseTakesReply reads a "takes" reply, "<now µs>" then "<allowed>
-// <tokens>" per request, answering each of reqs in turn. A reply that does
-// not read, or does not answer exactly len(reqs) decisions (a script out of
-// step with this store), fails every one of them.
+// parseTakesReply reads a "takes" reply: now (8 bytes), then per request
+// its allowed ('0' or '1') and its stored bucket (16 bytes, tokens first),
+// answering each of reqs in turn. A reply that does not read, or does not
+// answer exactly len(reqs) decisions (a script out of step with this
+// store), fails every one of them.
 func parseTakesReply(reply string, reqs []Request, answer func(j int, r takeReply, err error)) {
 	bad := func(j int, why error) {
 		err := fmt.Errorf("bucket: redis takes: unexpected reply %q: %w", reply, why)
@@ -346,30 +347,24 @@ func parseTakesReply(reply string, reqs []Request, answer func(j int, r takeRepl
 			answer(j, takeReply{}, err)
 		}
 	}
-	if n := strings.Count(reply, " "); n != 2*len(reqs) {
-		bad(0, fmt.Errorf("%d fields for %d decisions", n+1, len(reqs)))
+	if len(reply) != 8+17*len(reqs) {
+		bad(0, fmt.Errorf("%d bytes for %d decisions (want %d)", len(reply), len(reqs), 8+17*len(reqs)))
 		return
 	}
-	field, rest, _ := strings.Cut(reply, " ")
-	now, err := strconv.ParseInt(field, 10, 64)
+	now, err := readNow(reply[:8])
 	if err != nil {
 		bad(0, err)
 		return
 	}
 	for j := range reqs {
-		var flag, tokens string
-		flag, rest, _ = strings.Cut(rest, " ")
-		tokens, rest, _ = strings.Cut(rest, " ")
-		t, err := strconv.ParseFloat(tokens, 64)
-		if err == nil && flag != "0" && flag != "1" {
-			err = errors.New("flags must be 0 or 1")
-		}
-		if err != nil {
-			bad(j, fmt.Errorf("decision %d: %w", j+1, err))
+		d := reply[8+17*j:]
+		flag := d[0]
+		if flag != '0' && flag != '1' {
+			bad(j, fmt.Errorf("decision %d: allowed %q, not 0 or 1", j+1, flag))
 			return
 		}
 		r := takeReply{now: now}
-		r.decision = decided(flag == "1", t, reqs[j].Limit, reqs[j].Cost)
+		r.decision = decided(flag == '1', readFloat(d[1:9]), reqs[j].Limit, reqs[j].Cost)
 		answer(j, r, nil)
 	}
 }
@@ -586,7 +581,8 @@ func requestIDKey(key, id string) string { return key + ":r:" + id }
 // script) as exactly v.
 func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 
-// parseTake reads the script's take reply to req (see parseTakeReply).
+// parseTake reads the script's take reply to req: the text form with a
+// request id (parseTakeReply), else the binary one (parseStateReply).
 func parseTake(cmd *redis.StringCmd, req Request) (takeReply, error) {
 	reply, err := cmd.Result()
 	if err != nil {
@@ -595,7 +591,10 @@ func parseTake(cmd *redis.StringCmd, req Request) (takeReply, error) {
 	if req.Hot != nil {
 		return parseHotTakeReply(reply, req.Limit, req.Cost)
 	}
-	return parseTakeReply(reply, req.Limit, req.Cost)
+	if req.RequestID != "" {
+		return parseTakeReply(reply, req.Limit, req.Cost)
+	}
+	return parseStateReply(reply, req.Limit, req.Cost)
 }
 
 // takeReply is the script's take reply, floats as the script computed them.
@@ -617,16 +616,52 @@ func (r takeReply) result() Result {
 	return res
 }
 
-// parseTakeReply reads a take reply of the script for limit l and cost:
-//
-//	"<allowed> <tokens> <now µs>"                              a decision just made
-//	"<allowed> <tokens> <retry s> <reset s> <now µs> <replayed>"  with a request id
-//
-// In the short form retry and reset are derived from tokens here, by the
-// model's own operations (decided), exactly as the script would have
-// computed them. The long form is what a request id's record holds: a
-// replay answers with the waits as they were decided, even if the rule's
-// shape has changed since.
+// parseStateReply reads the take reply of a decision just made, for limit
+// l and cost: allowed ('0' or '1'), the bucket as stored (tokens, last:
+// two little-endian float64), and now (a third) when it is not last. Retry
+// and reset are derived from tokens here, by the model's own operations
+// (decided), exactly as the script would have computed them.
+func parseStateReply(reply string, l Limit, cost float64) (takeReply, error) {
+	var r takeReply
+	if (len(reply) != 17 && len(reply) != 25) || (reply[0] != '0' && reply[0] != '1') {
+		return r, fmt.Errorf("bucket: redis take: unexpected reply %q: want allowed and 16 or 24 bytes", reply)
+	}
+	at := reply[9:17] // last, which is now
+	if len(reply) == 25 {
+		at = reply[17:]
+	}
+	now, err := readNow(at)
+	if err != nil {
+		return r, fmt.Errorf("bucket: redis take: unexpected reply %q: %w", reply, err)
+	}
+	r.now = now
+	r.decision = decided(reply[0] == '1', readFloat(reply[1:9]), l, cost)
+	return r, nil
+}
+
+// readFloat reads a little-endian float64 (struct.pack '<d' in the script)
+// from b's first 8 bytes.
+func readFloat(b string) float64 {
+	_ = b[7]
+	return math.Float64frombits(uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56)
+}
+
+// readNow reads the server time (µs) the script packed as a float64: a
+// whole number of microseconds, exact below 2^53.
+func readNow(b string) (int64, error) {
+	v := readFloat(b)
+	if !(v >= 0 && v < 1<<53) || v != math.Trunc(v) {
+		return 0, fmt.Errorf("server time %v is not a whole number of microseconds", v)
+	}
+	return int64(v), nil
+}
+
+// parseTakeReply reads the take reply to a request with a request id, for
+// limit l and cost, "<allowed> <tokens> <retry s> <reset s> <now µs>
+// <replayed>": the decision as its record holds it. A replay answers with
+// the waits as they were decided, even if the rule's shape has changed
+// since.
 func parseTakeReply(reply string, l Limit, cost float64) (takeReply, error) {
 	var r takeReply
 	var f [6]string
@@ -637,26 +672,17 @@ func parseTakeReply(reply string, l Limit, cost float64) (takeReply, error) {
 		}
 		f[n], rest, more = strings.Cut(rest, " ")
 	}
-	var errs [5]error
-	switch n {
-	case 3:
-		r.tokens, errs[0] = strconv.ParseFloat(f[1], 64)
-		r.now, errs[1] = strconv.ParseInt(f[2], 10, 64)
-		r.decision = decided(f[0] == "1", r.tokens, l, cost)
-	case 6:
-		r.allowed = f[0] == "1"
-		r.tokens, errs[0] = strconv.ParseFloat(f[1], 64)
-		r.retry, errs[1] = strconv.ParseFloat(f[2], 64)
-		r.reset, errs[2] = strconv.ParseFloat(f[3], 64)
-		r.now, errs[3] = strconv.ParseInt(f[4], 10, 64)
-		r.replayed = f[5] == "1"
-		if f[5] != "0" && f[5] != "1" {
-			errs[4] = errors.New("flags must be 0 or 1")
-		}
-	default:
+	if n != 6 {
 		return r, fmt.Errorf("bucket: redis take: unexpected reply %q", reply)
 	}
-	if f[0] != "0" && f[0] != "1" {
+	var errs [5]error
+	r.allowed = f[0] == "1"
+	r.tokens, errs[0] = strconv.ParseFloat(f[1], 64)
+	r.retry, errs[1] = strconv.ParseFloat(f[2], 64)
+	r.reset, errs[2] = strconv.ParseFloat(f[3], 64)
+	r.now, errs[3] = strconv.ParseInt(f[4], 10, 64)
+	r.replayed = f[5] == "1"
+	if f[5] != "0" && f[5] != "1" || f[0] != "0" && f[0] != "1" {
 		errs[4] = errors.New("flags must be 0 or 1")
 	}
 	if err := errors.Join(errs[:]...); err != nil {

@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -228,6 +229,7 @@ type scriptCheck struct {
 	l       bucket.Limit
 	st      bucket.State
 	exists  bool
+	hash    bool // the bucket is in the form of earlier versions (inject), not written since
 	ids     map[string]*idRecord
 	lastNow int64 // latest server time seen
 }
@@ -268,7 +270,7 @@ func (sc *scriptCheck) takes(f fataler, costs []float64) {
 		}
 		var want bucket.Decision
 		sc.st, want = bucket.ModelDecide(sc.st, sc.exists, sc.l, costs[i], got[i].Now)
-		sc.exists = true
+		sc.exists, sc.hash = true, false
 		if !sameDecision(got[i], want) {
 			f.Fatalf("batch take %d of %d %+v:\n script %s\n model  %s", i+1, len(reqs), reqs[i], fmtDecision(got[i]), fmtDecision(want))
 		}
@@ -293,7 +295,7 @@ func (sc *scriptCheck) take(f fataler, cost float64, id string) {
 		want.Replayed = true
 	} else {
 		sc.st, want = bucket.ModelDecide(sc.st, sc.exists, sc.l, cost, got.Now)
-		sc.exists = true
+		sc.exists, sc.hash = true, false
 		if id != "" {
 			sc.ids[id] = &idRecord{reply: want}
 		}
@@ -360,7 +362,7 @@ func (sc *scriptCheck) refund(f fataler, cost float64, id string) {
 		}
 	}
 	if want && sc.exists {
-		sc.st = bucket.Refund(sc.st, sc.l, cost, now)
+		sc.st, sc.hash = bucket.Refund(sc.st, sc.l, cost, now), false
 	}
 	if got != want {
 		f.Fatalf("refund %+v: refunded=%v, model says %v", req, got, want)
@@ -370,14 +372,80 @@ func (sc *scriptCheck) refund(f fataler, cost float64, id string) {
 }
 
 // inject writes a state directly, as another writer (or a clock that has
-// since stepped back) would have left it.
-func (sc *scriptCheck) inject(f fataler, st bucket.State) {
+// since stepped back) would have left it: as the script stores a bucket,
+// or, with hash, as earlier versions did (a hash of decimal strings),
+// which the script must read as the same state and rewrite in its own form.
+func (sc *scriptCheck) inject(f fataler, st bucket.State, hash bool) {
 	f.Helper()
-	err := sc.c.HSet(context.Background(), sc.key, "tokens", strconv.FormatFloat(st.Tokens, 'g', -1, 64), "last", st.Last).Err()
-	if err != nil {
-		f.Fatalf("HSET: %v", err)
+	ctx := context.Background()
+	var err error
+	if hash {
+		err = sc.c.Del(ctx, sc.key).Err()
+		if err == nil {
+			err = sc.c.HSet(ctx, sc.key, "tokens", strconv.FormatFloat(st.Tokens, 'g', -1, 64), "last", st.Last).Err()
+		}
+	} else {
+		err = sc.c.Set(ctx, sc.key, packBucket(st), 0).Err()
 	}
-	sc.st, sc.exists = st, true
+	if err != nil {
+		f.Fatalf("inject %+v (hash %v): %v", st, hash, err)
+	}
+	sc.st, sc.exists, sc.hash = st, true, hash
+}
+
+// packBucket is a bucket as the script stores it: tokens, then last (µs),
+// two little-endian float64.
+func packBucket(st bucket.State) string {
+	b := binary.LittleEndian.AppendUint64(nil, math.Float64bits(st.Tokens))
+	return string(binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(st.Last))))
+}
+
+// readBucket reads the bucket stored at key (see packBucket); ok is false
+// when there is none.
+func readBucket(ctx context.Context, c *redis.Client, key string) (st bucket.State, ok bool, err error) {
+	st, ok, hash, err := readAnyBucket(ctx, c, key)
+	if err == nil && hash {
+		err = fmt.Errorf("%s is a hash (the form of earlier versions), not the script's", key)
+	}
+	return st, ok, err
+}
+
+// readAnyBucket reads the bucket stored at key in the script's form or, as
+// hash reports, as earlier versions stored it.
+func readAnyBucket(ctx context.Context, c *redis.Client, key string) (st bucket.State, ok, hash bool, err error) {
+	typ, err := c.Type(ctx, key).Result()
+	if err != nil {
+		return st, false, false, fmt.Errorf("TYPE %s: %w", key, err)
+	}
+	switch typ {
+	case "none":
+		return st, false, false, nil
+	case "hash":
+		h, err := c.HGetAll(ctx, key).Result()
+		if err != nil {
+			return st, false, true, fmt.Errorf("HGETALL %s: %w", key, err)
+		}
+		var err1, err2 error
+		st.Tokens, err1 = strconv.ParseFloat(h["tokens"], 64)
+		st.Last, err2 = strconv.ParseInt(h["last"], 10, 64)
+		if err := errors.Join(err1, err2); err != nil || len(h) != 2 {
+			return st, false, true, fmt.Errorf("HGETALL %s = %v: %v", key, h, err)
+		}
+		return st, true, true, nil
+	}
+	v, err := c.Get(ctx, key).Result()
+	if err != nil {
+		return st, false, false, fmt.Errorf("GET %s (a %s): %w", key, typ, err)
+	}
+	if len(v) != 16 {
+		return st, false, false, fmt.Errorf("GET %s = %q: %d bytes, want 16", key, v, len(v))
+	}
+	last := math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[8:])))
+	if last != math.Trunc(last) {
+		return st, false, false, fmt.Errorf("GET %s: last %v is not whole microseconds", key, last)
+	}
+	st.Tokens, st.Last = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[:8]))), int64(last)
+	return st, true, false, nil
 }
 
 func (sc *scriptCheck) drop(f fataler) {
@@ -385,29 +453,25 @@ func (sc *scriptCheck) drop(f fataler) {
 	if err := sc.c.Del(context.Background(), sc.key).Err(); err != nil {
 		f.Fatalf("DEL: %v", err)
 	}
-	sc.st, sc.exists = bucket.State{}, false
+	sc.st, sc.exists, sc.hash = bucket.State{}, false, false
 }
 
-// checkState compares the stored hash with the model's state, bit for bit.
+// checkState compares the stored bucket with the model's state, bit for
+// bit.
 func (sc *scriptCheck) checkState(f fataler) {
 	f.Helper()
-	h, err := sc.c.HGetAll(context.Background(), sc.key).Result()
+	st, ok, hash, err := readAnyBucket(context.Background(), sc.c, sc.key)
 	if err != nil {
-		f.Fatalf("HGETALL %s: %v", sc.key, err)
+		f.Fatalf("stored bucket: %v", err)
 	}
-	if !sc.exists {
-		if len(h) != 0 {
-			f.Fatalf("HGETALL %s = %v, model has no bucket", sc.key, h)
-		}
-		return
+	if ok != sc.exists {
+		f.Fatalf("stored bucket %s: exists=%v, model says %v", sc.key, ok, sc.exists)
 	}
-	tokens, err1 := strconv.ParseFloat(h["tokens"], 64)
-	last, err2 := strconv.ParseInt(h["last"], 10, 64)
-	if err := errors.Join(err1, err2); err != nil || len(h) != 2 {
-		f.Fatalf("HGETALL %s = %v: %v", sc.key, h, err)
+	if ok && hash != sc.hash {
+		f.Fatalf("stored bucket %s: a hash=%v, want %v (every write stores the script's form)", sc.key, hash, sc.hash)
 	}
-	if math.Float64bits(tokens) != math.Float64bits(sc.st.Tokens) || last != sc.st.Last {
-		f.Fatalf("stored tokens=%s (%v) last=%d, model %v (%x) %d", h["tokens"], tokens, last, sc.st.Tokens, math.Float64bits(sc.st.Tokens), sc.st.Last)
+	if ok && (math.Float64bits(st.Tokens) != math.Float64bits(sc.st.Tokens) || st.Last != sc.st.Last) {
+		f.Fatalf("stored tokens=%v (%x) last=%d, model %v (%x) %d", st.Tokens, math.Float64bits(st.Tokens), st.Last, sc.st.Tokens, math.Float64bits(sc.st.Tokens), sc.st.Last)
 	}
 }
 
@@ -475,7 +539,7 @@ func TestScriptMatchesModel(t *testing.T) {
 					rapid.Int64Range(-20_000_000, 20_000_000),
 					rapid.Int64Range(-1e13, 1e13),
 				).Draw(rt, "offset µs")
-				sc.inject(rt, bucket.State{Tokens: frac * sc.l.Burst, Last: sc.lastNow + offset})
+				sc.inject(rt, bucket.State{Tokens: frac * sc.l.Burst, Last: sc.lastNow + offset}, rapid.Bool().Draw(rt, "as a hash"))
 			case op == 7:
 				time.Sleep(time.Duration(rapid.IntRange(0, 3000).Draw(rt, "sleep µs")) * time.Microsecond)
 			case op == 8:
@@ -498,6 +562,7 @@ func FuzzScript(f *testing.F) {
 	f.Add(1.0, 3.0, 0.0, 0.5, int64(0), uint8(2))
 	f.Add(0.1, 1e-3, 1e-9, 1.0, int64(-1e13), uint8(3))
 	f.Add(0.999, 7.3, 3.7, 0.999, int64(1), uint8(5))
+	f.Add(0.25, 10.0, 2.0, 0.5, int64(-1_000_000), uint8(9))
 	f.Fuzz(func(t *testing.T, fill, burst, rate, costFrac float64, offset int64, op uint8) {
 		l := bucket.Limit{Burst: burst, Rate: rate}
 		if l.Validate() != nil || math.IsNaN(fill) || math.IsInf(fill, 0) || math.IsNaN(costFrac) || math.IsInf(costFrac, 0) {
@@ -510,7 +575,7 @@ func FuzzScript(f *testing.F) {
 		offset %= 1e13
 		sc := newScriptCheck(t, s, srv.Client(), bucket.Key("fuzz", strconv.FormatInt(run.Add(1), 10)), l)
 		if op&1 == 1 {
-			sc.inject(t, bucket.State{Tokens: math.Abs(math.Mod(fill, 1)) * burst, Last: sc.lastNow + offset})
+			sc.inject(t, bucket.State{Tokens: math.Abs(math.Mod(fill, 1)) * burst, Last: sc.lastNow + offset}, op&8 != 0)
 		}
 		id := ""
 		if op&4 != 0 {
@@ -550,32 +615,77 @@ func TestRedisReplaysRecordedDecision(t *testing.T) {
 	}
 }
 
+// TestRedisClockBackwards: a bucket whose last is ahead of the server's
+// clock (written before the clock stepped back) refills nothing and keeps
+// its last, whether the script wrote it or an earlier version did, as a
+// hash, which the take rewrites in the script's form.
 func TestRedisClockBackwards(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	srv := harness.StartRedis(t)
 	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
 	c := srv.Client()
-	tm, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
+	for _, hash := range []bool{false, true} {
+		tm, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ahead := tm.UnixMicro() + 10_000_000 // last written by a clock 10s ahead
+		k := bucket.Key("clock", strconv.FormatBool(hash))
+		l := bucket.Limit{Burst: 10, Rate: 1000}
+		if hash {
+			err = c.HSet(ctx, k, "tokens", "3", "last", ahead).Err()
+		} else {
+			err = c.Set(ctx, k, packBucket(bucket.State{Tokens: 3, Last: ahead}), 0).Err()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := mustTake(t, s, bucket.Request{Key: k, Limit: l, Cost: 1})
+		if !res.Allowed || res.Remaining != 2 || res.Now >= ahead {
+			t.Fatalf("hash %v: take with last 10s ahead = %+v; want 2 left (no refill) at a now before %d", hash, res, ahead)
+		}
+		if st, ok, err := readBucket(ctx, c, k); err != nil || !ok || st.Last != ahead || st.Tokens != 2 {
+			t.Errorf("hash %v: bucket = %+v (%v), %v; want 2 tokens, last kept at %d", hash, st, ok, err, ahead)
+		}
+		// The TTL counts from last, which is ahead: time to full (10ms) + 10s.
+		if pttl, err := c.PTTL(ctx, k).Result(); err != nil || pttl < 10*time.Second {
+			t.Errorf("hash %v: PTTL = %v, %v; want >= 10s (time to full counted from a last 10s ahead)", hash, pttl, err)
+		}
 	}
-	ahead := tm.UnixMicro() + 10_000_000 // last written by a clock 10s ahead
-	k := bucket.Key("clock", "s")
-	l := bucket.Limit{Burst: 10, Rate: 1000}
-	if err := c.HSet(ctx, k, "tokens", "3", "last", ahead).Err(); err != nil {
-		t.Fatal(err)
-	}
-	res := mustTake(t, s, bucket.Request{Key: k, Limit: l, Cost: 1})
-	if !res.Allowed || res.Remaining != 2 || res.Now >= ahead {
-		t.Fatalf("take with last 10s ahead = %+v; want 2 left (no refill) at a now before %d", res, ahead)
-	}
-	if got, err := c.HGet(ctx, k, "last").Int64(); err != nil || got != ahead {
-		t.Errorf("last = %d, %v; want it kept at %d", got, err, ahead)
-	}
-	// The TTL counts from last, which is ahead: time to full (10ms) + 10s.
-	if pttl, err := c.PTTL(ctx, k).Result(); err != nil || pttl < 10*time.Second {
-		t.Errorf("PTTL = %v, %v; want >= 10s (time to full counted from a last 10s ahead)", pttl, err)
+}
+
+// TestRedisForeignValue: a key that holds something other than a bucket
+// fails the decision with a clear error and is left as it was.
+func TestRedisForeignValue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := harness.StartRedis(t)
+	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
+	c := srv.Client()
+	l := bucket.Limit{Burst: 10, Rate: 1}
+	for _, tt := range []struct {
+		name, want string
+		set        func(k string) error
+	}{
+		{"short string", "holds 5 bytes", func(k string) error { return c.Set(ctx, k, "hello", 0).Err() }},
+		{"list", "WRONGTYPE", func(k string) error { return c.RPush(ctx, k, "x").Err() }},
+	} {
+		k := bucket.Key("foreign", tt.name)
+		if err := tt.set(k); err != nil {
+			t.Fatal(err)
+		}
+		before, err := c.Dump(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Take(ctx, bucket.Request{Key: k, Limit: l, Cost: 1})
+		if err == nil || !strings.Contains(err.Error(), tt.want) || errors.Is(err, bucket.ErrUnavailable) {
+			t.Errorf("%s: take = %v; want an error saying %q, not ErrUnavailable", tt.name, err, tt.want)
+		}
+		if after, err := c.Dump(ctx, k).Result(); err != nil || after != before {
+			t.Errorf("%s: key changed by a failed take (%v)", tt.name, err)
+		}
 	}
 }
 
@@ -791,12 +901,12 @@ func TestRedisUnavailable(t *testing.T) {
 		srv := harness.StartRedis(t)
 		s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
 		r := req(t)
-		if err := srv.Client().Set(ctx, r.Key, "not a hash", 0).Err(); err != nil {
+		if err := srv.Client().RPush(ctx, r.Key, "not a bucket").Err(); err != nil {
 			t.Fatal(err)
 		}
 		_, err := s.Take(ctx, r)
 		if err == nil || errors.Is(err, bucket.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
-			t.Errorf("Take on a string key: error %v; want WRONGTYPE, not ErrUnavailable", err)
+			t.Errorf("Take on a list key: error %v; want WRONGTYPE, not ErrUnavailable", err)
 		}
 	})
 }
@@ -846,8 +956,8 @@ func TestRedisSentinelFailover(t *testing.T) {
 	if !res.Allowed || res.Remaining != 98 {
 		t.Errorf("take on the new primary = %+v, want 98 left (the replicated balance)", res)
 	}
-	if got, err := ss.Replica.Client().HGet(ctx, k, "tokens").Result(); err != nil || got != "98" {
-		t.Errorf("new primary holds tokens=%q (%v), want 98", got, err)
+	if st, ok, err := readBucket(ctx, ss.Replica.Client(), k); err != nil || !ok || st.Tokens != 98 {
+		t.Errorf("new primary holds %+v (%v, %v), want 98 tokens", st, ok, err)
 	}
 }
 

@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -181,9 +182,19 @@ func TestUnavailable(t *testing.T) {
 	}
 }
 
+// packFloats is what struct.pack('<d...', ...) writes in the script.
+func packFloats(vs ...float64) string {
+	var b []byte
+	for _, v := range vs {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+	}
+	return string(b)
+}
+
 // TestParseTakeReply checks both forms of the script's take reply. The
-// short form carries tokens only: the waits derived from them must be the
-// model's own, bit for bit, whatever the limit and cost.
+// binary form of a decision just made carries tokens only: the waits
+// derived from them must be the model's own, bit for bit, whatever the
+// limit and cost.
 func TestParseTakeReply(t *testing.T) {
 	limits := []Limit{{Burst: 10, Rate: 3}, {Burst: 1e12, Rate: 1e-9}, {Burst: 2.5, Rate: 0}, {Burst: 1e6, Rate: 1e6}, {Burst: 1e-3, Rate: 1e12}}
 	const now = t0 + 123
@@ -196,26 +207,37 @@ func TestParseTakeReply(t *testing.T) {
 				if want.allowed {
 					allowed = "1"
 				}
-				reply := allowed + " " + strconv.FormatFloat(want.tokens, 'g', 17, 64) + " " + strconv.FormatInt(now, 10)
-				got, err := parseTakeReply(reply, l, cost)
-				if err != nil || got.replayed || got.now != now || got.allowed != want.allowed ||
-					math.Float64bits(got.tokens) != math.Float64bits(want.tokens) ||
-					math.Float64bits(got.retry) != math.Float64bits(want.retry) ||
-					math.Float64bits(got.reset) != math.Float64bits(want.reset) {
-					t.Errorf("limit %+v cost %v: parse %q = %+v, %v; model %+v", l, cost, reply, got, err, want)
+				for _, reply := range []string{
+					allowed + packFloats(want.tokens, float64(now)),                                // last is now
+					allowed + packFloats(want.tokens, float64(now+5e6)) + packFloats(float64(now)), // last ahead
+				} {
+					got, err := parseStateReply(reply, l, cost)
+					if err != nil || got.replayed || got.now != now || got.allowed != want.allowed ||
+						math.Float64bits(got.tokens) != math.Float64bits(want.tokens) ||
+						math.Float64bits(got.retry) != math.Float64bits(want.retry) ||
+						math.Float64bits(got.reset) != math.Float64bits(want.reset) {
+						t.Errorf("limit %+v cost %v: parse %q = %+v, %v; model %+v", l, cost, reply, got, err, want)
+					}
 				}
 			}
 		}
 	}
+	for _, bad := range []string{"", "1", "2" + packFloats(1, float64(now)), "1" + packFloats(1), "1" + packFloats(1, float64(now)) + "x",
+		"1" + packFloats(1, 1.5), "1" + packFloats(1, -1), "1" + packFloats(1, math.NaN()), "1" + packFloats(1, float64(now), 1<<53),
+		"1 1 " + strconv.FormatInt(now, 10)} {
+		if r, err := parseStateReply(bad, Limit{Burst: 10, Rate: 1}, 1); err == nil {
+			t.Errorf("parseStateReply(%q) = %+v; want an error", bad, r)
+		}
+	}
 
-	// The long form (a request id's record) is taken as it is, whatever the
+	// The text form (a request id's record) is taken as it is, whatever the
 	// limit now: it is the decision as it was made.
 	got, err := parseTakeReply("0 0.5 123.25 7 1700000000000001 1", Limit{Burst: 1, Rate: 1}, 1)
 	want := takeReply{decision: decision{tokens: 0.5, retry: 123.25, reset: 7}, now: 1700000000000001, replayed: true}
 	if err != nil || got != want {
-		t.Errorf("long form = %+v, %v; want %+v", got, err, want)
+		t.Errorf("text form = %+v, %v; want %+v", got, err, want)
 	}
-	for _, bad := range []string{"", "1", "1 2", "1 2 3 4", "1 2 3 4 5", "1 2 3 4 5 0 7", "2 1 5", "1 x 5", "1 1 5.5",
+	for _, bad := range []string{"", "1", "1 2", "1 2 3", "1 2 3 4", "1 2 3 4 5", "1 2 3 4 5 0 7", "2 1 5 1 1 0", "1 x 1 1 5 0", "1 1 1 1 5.5 0",
 		"1 1 1 1 5 2", "x 1 1 1 5 0", "1 1 1 1 5 0 "} {
 		if r, err := parseTakeReply(bad, Limit{Burst: 10, Rate: 1}, 1); err == nil {
 			t.Errorf("parseTakeReply(%q) = %+v; want an error", bad, r)
@@ -224,8 +246,8 @@ func TestParseTakeReply(t *testing.T) {
 }
 
 // TestParseTakesReply: a "takes" reply answers each request in turn, with
-// the waits derived as the short take reply's are; a reply that does not
-// read, or answers another number of decisions, fails every request, each
+// the waits derived as the take reply's are; a reply that does not read,
+// or answers another number of decisions, fails every request, each
 // exactly once.
 func TestParseTakesReply(t *testing.T) {
 	reqs := []Request{
@@ -248,7 +270,9 @@ func TestParseTakesReply(t *testing.T) {
 		return got, errs
 	}
 	const now = 1700000000000001
-	got, errs := collect("1700000000000001 1 9 0 0.5 1 5")
+	d := func(allowed string, tokens float64) string { return allowed + packFloats(tokens, now) }
+	good := packFloats(now) + d("1", 9) + d("0", 0.5) + d("1", 5)
+	got, errs := collect(good)
 	want := []takeReply{
 		{decision: decided(true, 9, reqs[0].Limit, 1), now: now},
 		{decision: decided(false, 0.5, reqs[1].Limit, 2), now: now},
@@ -263,9 +287,9 @@ func TestParseTakesReply(t *testing.T) {
 		reply string
 		from  int // the first request failed; every later one fails too
 	}{
-		{"", 0}, {"1700000000000001", 0}, {"1700000000000001 1 9 0 0.5 1", 0}, {"1700000000000001 1 9 0 0.5 1 5 1 2", 0},
-		{"1700000000000001 1 9 0 0.5 1 5 ", 0}, {"x 1 9 0 0.5 1 5", 0}, {"1700000000000001 2 9 0 0.5 1 5", 0},
-		{"1700000000000001 1 9 0 x 1 5", 1}, {"1700000000000001 1 9 0 0.5 - 5", 2},
+		{"", 0}, {packFloats(now), 0}, {good[:len(good)-17], 0}, {good + d("1", 2), 0}, {good + " ", 0},
+		{packFloats(0.5) + good[8:], 0}, {packFloats(now) + d("2", 9) + d("0", 0.5) + d("1", 5), 0},
+		{packFloats(now) + d("1", 9) + d("x", 0.5) + d("1", 5), 1}, {packFloats(now) + d("1", 9) + d("0", 0.5) + d("-", 5), 2},
 	} {
 		_, errs := collect(tt.reply)
 		for j, err := range errs {
