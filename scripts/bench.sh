@@ -261,10 +261,10 @@ sha=$(redis-cli -p "$redis_port" -x SCRIPT LOAD <"$script")
 [ "$sha" = "$(sha1sum "$script" | cut -d' ' -f1)" ] || die "SCRIPT LOAD answered $sha, not the SHA1 of $script"
 # The agent's call for rule bench: KEYS[1] = bucket, ARGV = op, burst, rate,
 # cost, numbers as the agent formats them, and the bucket's TTL in ms when
-# last = now (bucket.scriptTTL: B/r = 1s plus the 1s margin, rounded up;
-# the request-id TTL follows only with a request id, which these requests
-# do not carry).
-evalsha=(EVALSHA "$sha" 1 'ration:{bench|user=k__rand_int__}' take 1e+06 1e+06 1 2000)
+# last = now (bucket.scriptTTL: twice B/r = 1s plus the 1s margin, rounded
+# up; the request-id TTL follows only with a request id, which these
+# requests do not carry).
+evalsha=(EVALSHA "$sha" 1 'ration:{bench|user=k__rand_int__}' take 1e+06 1e+06 1 4000)
 # One call first: a script whose arguments changed answers an error here,
 # named, instead of redis-benchmark counting errors as requests.
 probe=$(redis-cli -p "$redis_port" "${evalsha[@]/__rand_int__/probe}" 2>&1)
@@ -294,7 +294,7 @@ for pipe in 1 16; do
   # is what one shard runs per second when its core is the limit.
   ceiling_us[$pipe]=$(awk -v a="$c0" -v b="$c1" -v n="$n" 'BEGIN { printf "%.1f", (b - a) * 1e6 / n }')
   echo "   $line; redis-server ${ceiling_us[$pipe]} µs CPU per script" >&2
-  ceiling_cmd[$pipe]="redis-benchmark -h 127.0.0.1 -p \$REDIS_PORT -c $CONC -n $n -P $pipe -r $KEYS --csv EVALSHA \$SHA 1 'ration:{bench|user=k__rand_int__}' take 1e+06 1e+06 1 2000"
+  ceiling_cmd[$pipe]="redis-benchmark -h 127.0.0.1 -p \$REDIS_PORT -c $CONC -n $n -P $pipe -r $KEYS --csv EVALSHA \$SHA 1 'ration:{bench|user=k__rand_int__}' take 1e+06 1e+06 1 4000"
 done
 # The bare round trip: one client, one script at a time (no queue), and
 # the script's own time inside Redis from INFO commandstats.
@@ -305,7 +305,7 @@ rtt=$(rb 1 1 "$rtt_n")
 echo "   $rtt" >&2
 script_us=$(redis-cli -p "$redis_port" INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
 [ -n "$script_us" ] || script_us="n/a"
-rtt_cmd="redis-benchmark -h 127.0.0.1 -p \$REDIS_PORT -c 1 -n $rtt_n -P 1 -r $KEYS --csv EVALSHA \$SHA 1 'ration:{bench|user=k__rand_int__}' take 1e+06 1e+06 1 2000"
+rtt_cmd="redis-benchmark -h 127.0.0.1 -p \$REDIS_PORT -c 1 -n $rtt_n -P 1 -r $KEYS --csv EVALSHA \$SHA 1 'ration:{bench|user=k__rand_int__}' take 1e+06 1e+06 1 4000"
 csv_field() { awk -F'","' -v i="$2" '{ gsub(/^"|"$/, ""); print $i }' <<<"$1"; }
 
 # 5. docs/performance.md ----------------------------------------------------

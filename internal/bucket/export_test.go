@@ -137,6 +137,10 @@ func ModelHotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int
 	return s, HotDecision{Allowed: d.allowed, Tokens: d.tokens, Now: now, Leased: leased, Promotion: p}
 }
 
+// ExpiresAfter is expiresAfter: how long after now the bucket of state s
+// may be forgotten, in µs (0: never).
+var ExpiresAfter = expiresAfter
+
 // HotExpiresAfter is hotExpiresAfter.
 var HotExpiresAfter = hotExpiresAfter
 

@@ -336,7 +336,7 @@ func (s *RedisStore) takesCmd(ctx context.Context, reqs []Request, sha bool) *re
 }
 
 // parseTakesReply reads a "takes" reply: now (8 bytes), then per request
-// its allowed ('0' or '1') and its stored bucket (16 bytes, tokens first),
+// its allowed ('0' or '1') and its stored bucket (24 bytes, tokens first),
 // answering each of reqs in turn. A reply that does not read, or does not
 // answer exactly len(reqs) decisions (a script out of step with this
 // store), fails every one of them.
@@ -347,8 +347,9 @@ func parseTakesReply(reply string, reqs []Request, answer func(j int, r takeRepl
 			answer(j, takeReply{}, err)
 		}
 	}
-	if len(reply) != 8+17*len(reqs) {
-		bad(0, fmt.Errorf("%d bytes for %d decisions (want %d)", len(reply), len(reqs), 8+17*len(reqs)))
+	const each = 1 + storedBytes
+	if len(reply) != 8+each*len(reqs) {
+		bad(0, fmt.Errorf("%d bytes for %d decisions (want %d)", len(reply), len(reqs), 8+each*len(reqs)))
 		return
 	}
 	now, err := readNow(reply[:8])
@@ -357,7 +358,7 @@ func parseTakesReply(reply string, reqs []Request, answer func(j int, r takeRepl
 		return
 	}
 	for j := range reqs {
-		d := reply[8+17*j:]
+		d := reply[8+each*j:]
 		flag := d[0]
 		if flag != '0' && flag != '1' {
 			bad(j, fmt.Errorf("decision %d: allowed %q, not 0 or 1", j+1, flag))
@@ -513,10 +514,12 @@ func (s *RedisStore) ttl(l Limit) any {
 
 // scriptTTL is the time to live, in whole milliseconds, that the script
 // gives a bucket of limit l whose last is now (the usual case: a clock that
-// stepped back is the script's own to count), or "0" for none. It is the
-// script's arithmetic, operation for operation (expiresAfter's, and a
-// refill of 0 µs is kept forever as the script always did), so the script
-// takes it as an argument instead of computing and formatting it per call.
+// stepped back is the script's own to count), or "0" for none: twice the
+// least lifetime (expiresAfter's), rounded up, so that later decisions can
+// keep it rather than set one each (redis.lua, Expiry). It is the script's
+// arithmetic, operation for operation (and a refill of 0 µs is kept
+// forever as the script always did), so the script takes it as an
+// argument instead of computing and formatting it per call.
 func scriptTTL(l Limit) string {
 	if !(l.Rate > 0) {
 		return "0"
@@ -529,7 +532,7 @@ func scriptTTL(l Limit) string {
 	if ttl >= keepForever {
 		return "0"
 	}
-	return strconv.FormatInt((ttl+999)/1000, 10)
+	return strconv.FormatInt((2*ttl+999)/1000, 10)
 }
 
 // argCache holds script arguments formatted and boxed once, not once per
@@ -616,19 +619,23 @@ func (r takeReply) result() Result {
 	return res
 }
 
+// storedBytes is the length of a bucket as the script stores it: tokens,
+// last and exp, three little-endian float64 (redis.lua).
+const storedBytes = 24
+
 // parseStateReply reads the take reply of a decision just made, for limit
-// l and cost: allowed ('0' or '1'), the bucket as stored (tokens, last:
-// two little-endian float64), and now (a third) when it is not last. Retry
-// and reset are derived from tokens here, by the model's own operations
-// (decided), exactly as the script would have computed them.
+// l and cost: allowed ('0' or '1'), the bucket as stored (tokens, last,
+// exp), and now (one more float64) when it is not last. Retry and reset
+// are derived from tokens here, by the model's own operations (decided),
+// exactly as the script would have computed them.
 func parseStateReply(reply string, l Limit, cost float64) (takeReply, error) {
 	var r takeReply
-	if (len(reply) != 17 && len(reply) != 25) || (reply[0] != '0' && reply[0] != '1') {
-		return r, fmt.Errorf("bucket: redis take: unexpected reply %q: want allowed and 16 or 24 bytes", reply)
+	if (len(reply) != 1+storedBytes && len(reply) != 1+storedBytes+8) || (reply[0] != '0' && reply[0] != '1') {
+		return r, fmt.Errorf("bucket: redis take: unexpected reply %q: want allowed and %d or %d bytes", reply, storedBytes, storedBytes+8)
 	}
 	at := reply[9:17] // last, which is now
-	if len(reply) == 25 {
-		at = reply[17:]
+	if len(reply) > 1+storedBytes {
+		at = reply[1+storedBytes:]
 	}
 	now, err := readNow(at)
 	if err != nil {

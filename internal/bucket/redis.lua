@@ -2,16 +2,18 @@
 -- The arithmetic is the Go reference model's (model.go), operation for
 -- operation, so results are bit-identical; keep the two in step.
 --
--- KEYS[1]  the bucket: a string of 16 bytes, struct.pack('<dd', tokens,
---          last): the tokens left, then last (µs on the server's clock, a
---          whole number), each a little-endian IEEE 754 double, so a value
---          is stored and replied exactly as computed, with no decimal
+-- KEYS[1]  the bucket: a string of 24 bytes, struct.pack('<ddd', tokens,
+--          last, exp): the tokens left, last (µs on the server's clock, a
+--          whole number) and exp (µs: the key's TTL does not end before it;
+--          0 when it has none), each a little-endian IEEE 754 double, so a
+--          value is stored and replied exactly as computed, with no decimal
 --          formatting or parsing. A bucket an earlier version kept as a hash
 --          {tokens, last} (decimal strings) is read as one and rewritten in
 --          this form.
 -- KEYS[2]  optional request-id record (same slot): a hash {decision, refunded}
--- ARGV     op ("take" | "refund"), burst, rate, cost, the bucket's TTL (ms)
---          when last = now ("0": none), request-id TTL (ms)
+-- ARGV     op ("take" | "refund"), burst, rate, cost, the bucket's TTL (ms,
+--          twice its least lifetime: see Expiry below) when last = now ("0":
+--          none), request-id TTL (ms)
 --
 -- takes    KEYS[1..n] buckets (one server: a batch never goes to a Cluster
 --          this way), ARGV "takes" then burst, rate, cost, TTL for each key
@@ -19,9 +21,9 @@
 --          exactly what "take" would decide (the same function below), for
 --          the cost of one script call instead of n. Replies now (8 bytes,
 --          '<d') then, per key, its allowed ('0' | '1') and its stored
---          bucket (16 bytes, tokens first): 8 + 17n bytes.
+--          bucket (24 bytes, tokens first): 8 + 25n bytes.
 --
--- take   replies allowed ('0' | '1') then the stored bucket (16 bytes), now
+-- take   replies allowed ('0' | '1') then the stored bucket (24 bytes), now
 --        being the bucket's last; when the clock stepped back (last is
 --        ahead of now) now follows (8 bytes, '<d'). Retry and reset follow
 --        from tokens, burst, rate and cost by the model's own operations,
@@ -36,13 +38,14 @@
 -- the script's work inside Redis; next came decimal conversions, tonumber
 -- (a C strtod, run twice by tonumber) and string.format (a C sprintf, 2k
 -- instructions for %d, 4.3k for %.17g), which the binary bucket does
--- without. Numbers in ARGV are read by arithmetic (one strtod), and the
--- bucket's TTL in the usual case comes from the caller, which formats it
--- once per rule (redis.go).
+-- without, and setting a TTL (see Expiry), which most writes skip. Numbers
+-- in ARGV are read by arithmetic (one strtod), and the bucket's TTL in the
+-- usual case comes from the caller, which formats it once per rule
+-- (redis.go).
 --
--- Needs Redis >= 5: TIME before writes relies on effects replication, the
--- default since 5.0 (and the only mode since 7.0), so there is no
--- redis.replicate_commands() call.
+-- Needs Redis >= 6.0 (SET KEEPTTL). TIME before writes relies on effects
+-- replication, the default since 5.0 (and the only mode since 7.0), so
+-- there is no redis.replicate_commands() call.
 --
 -- Redis keeps the writes a script made before an error. So the writes are
 -- ordered to fail safe: a take charges the bucket before it records the
@@ -104,18 +107,19 @@ for i = 1, n do
     burst, rate, cost = ARGV[j] * 1, ARGV[j + 1] * 1, ARGV[j + 2] * 1
   end
 
+  local exp
   tokens, last = nil, nil
   local v = redis.pcall('GET', key)
   if v then
-    if #v == 16 then
-      tokens, last = unpack('<dd', v)
+    if #v == 24 then
+      tokens, last, exp = unpack('<ddd', v)
     elseif v.err then
       -- not a string (pcall's error reply, a table): a bucket of an earlier
       -- version, or another type, which HMGET refuses with WRONGTYPE
       local st = redis.call('HMGET', key, 'tokens', 'last')
       if st[1] and st[2] then tokens, last = tonumber(st[1]), tonumber(st[2]) end
     else
-      return error('bucket ' .. key .. ' holds ' .. #v .. ' bytes, not a Ration token bucket (16)')
+      return error('bucket ' .. key .. ' holds ' .. #v .. ' bytes, not a Ration token bucket (24)')
     end
   end
 
@@ -142,14 +146,18 @@ for i = 1, n do
       tokens = tokens + cost
       if tokens > burst then tokens = burst end
     end
-    s = pack('<dd', tokens, last)
 
-    -- Expiry (model.go expiresAfter): only once the bucket would be full
-    -- again, B/r from last plus a one second margin; rate 0, or a refill
+    -- Expiry (model.go expiresAfter): not before the bucket would be full
+    -- again, t = B/r from last plus a one second margin; rate 0, or a refill
     -- longer than 2^50 µs, keeps the bucket forever (SET without PX drops
-    -- any TTL). With last = now the caller passed it (ARGV[j + 3], the same
-    -- arithmetic in Go); last ahead of now (the clock stepped back) is
-    -- computed here.
+    -- any TTL). The key is given 2t, and exp, a time before which that TTL
+    -- cannot end, rides in the value: a write whose t still fits before exp
+    -- keeps the TTL (SET KEEPTTL), which costs some 5k instructions less
+    -- than setting one (Redis 7 also rewrites PX into PXAT to propagate
+    -- it). So a key lives from t to 2t past its last write, and is given a
+    -- TTL about once per t, not once per decision. With last = now the
+    -- caller passed 2t in ms (ARGV[j + 3], the same arithmetic in Go);
+    -- last ahead of now (the clock stepped back) is computed here.
     local ttl = ARGV[j + 3]
     if last ~= now then
       ttl = '0'
@@ -157,13 +165,24 @@ for i = 1, n do
       if rate > 0 then full = math.ceil(burst / rate * 1e6) end
       if full > 0 and full < 1125899906842624 then
         local t = full + (last - now) + 1000000
-        if t < 1125899906842624 then ttl = fmt('%d', math.ceil(t / 1000)) end
+        if t < 1125899906842624 then ttl = fmt('%d', math.ceil(t / 500)) end
       end
     end
-    if ttl ~= '0' then
-      redis.call('SET', key, s, 'PX', ttl)
-    else
+    if ttl == '0' then
+      s = pack('<ddd', tokens, last, 0)
       redis.call('SET', key, s)
+    else
+      -- span is 2t rounded up to whole ms, so span / 2 >= t. Redis counts a
+      -- TTL from its own clock, read after TIME (at most 999 µs short of
+      -- now once truncated to ms): a PX of span ends after now - 1000 + span.
+      local span = ttl * 1000
+      if exp and exp >= now + span / 2 and exp <= now + span then
+        s = pack('<ddd', tokens, last, exp)
+        redis.call('SET', key, s, 'KEEPTTL')
+      else
+        s = pack('<ddd', tokens, last, now - 1000 + span)
+        redis.call('SET', key, s, 'PX', ttl)
+      end
     end
   end
   if out then

@@ -280,6 +280,7 @@ func (sc *scriptCheck) takes(f fataler, costs []float64) {
 		sc.lastNow = max(sc.lastNow, got[i].Now)
 	}
 	sc.checkState(f)
+	sc.checkTTL(f, got[0].Now)
 }
 
 func (sc *scriptCheck) take(f fataler, cost float64, id string) {
@@ -308,6 +309,9 @@ func (sc *scriptCheck) take(f fataler, cost float64, id string) {
 	}
 	sc.lastNow = max(sc.lastNow, got.Now)
 	sc.checkState(f)
+	if !got.Replayed {
+		sc.checkTTL(f, got.Now)
+	}
 }
 
 // checkRecord compares a request id's record with the model's decision, bit
@@ -361,7 +365,8 @@ func (sc *scriptCheck) refund(f fataler, cost float64, id string) {
 			rec.refunded = true
 		}
 	}
-	if want && sc.exists {
+	wrote := want && sc.exists
+	if wrote {
 		sc.st, sc.hash = bucket.Refund(sc.st, sc.l, cost, now), false
 	}
 	if got != want {
@@ -369,6 +374,9 @@ func (sc *scriptCheck) refund(f fataler, cost float64, id string) {
 	}
 	sc.lastNow = max(sc.lastNow, now)
 	sc.checkState(f)
+	if wrote {
+		sc.checkTTL(f, now)
+	}
 }
 
 // inject writes a state directly, as another writer (or a clock that has
@@ -393,59 +401,62 @@ func (sc *scriptCheck) inject(f fataler, st bucket.State, hash bool) {
 	sc.st, sc.exists, sc.hash = st, true, hash
 }
 
-// packBucket is a bucket as the script stores it: tokens, then last (µs),
-// two little-endian float64.
+// packBucket is a bucket as the script stores it: tokens, last (µs) and
+// exp (µs, 0 here: no TTL known), three little-endian float64.
 func packBucket(st bucket.State) string {
 	b := binary.LittleEndian.AppendUint64(nil, math.Float64bits(st.Tokens))
-	return string(binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(st.Last))))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(st.Last)))
+	return string(binary.LittleEndian.AppendUint64(b, 0))
 }
 
 // readBucket reads the bucket stored at key (see packBucket); ok is false
 // when there is none.
 func readBucket(ctx context.Context, c *redis.Client, key string) (st bucket.State, ok bool, err error) {
-	st, ok, hash, err := readAnyBucket(ctx, c, key)
+	st, _, ok, hash, err := readAnyBucket(ctx, c, key)
 	if err == nil && hash {
 		err = fmt.Errorf("%s is a hash (the form of earlier versions), not the script's", key)
 	}
 	return st, ok, err
 }
 
-// readAnyBucket reads the bucket stored at key in the script's form or, as
-// hash reports, as earlier versions stored it.
-func readAnyBucket(ctx context.Context, c *redis.Client, key string) (st bucket.State, ok, hash bool, err error) {
+// readAnyBucket reads the bucket stored at key in the script's form, with
+// its exp (µs before which its TTL cannot end, 0 for none), or, as hash
+// reports, as earlier versions stored it.
+func readAnyBucket(ctx context.Context, c *redis.Client, key string) (st bucket.State, exp float64, ok, hash bool, err error) {
 	typ, err := c.Type(ctx, key).Result()
 	if err != nil {
-		return st, false, false, fmt.Errorf("TYPE %s: %w", key, err)
+		return st, 0, false, false, fmt.Errorf("TYPE %s: %w", key, err)
 	}
 	switch typ {
 	case "none":
-		return st, false, false, nil
+		return st, 0, false, false, nil
 	case "hash":
 		h, err := c.HGetAll(ctx, key).Result()
 		if err != nil {
-			return st, false, true, fmt.Errorf("HGETALL %s: %w", key, err)
+			return st, 0, false, true, fmt.Errorf("HGETALL %s: %w", key, err)
 		}
 		var err1, err2 error
 		st.Tokens, err1 = strconv.ParseFloat(h["tokens"], 64)
 		st.Last, err2 = strconv.ParseInt(h["last"], 10, 64)
 		if err := errors.Join(err1, err2); err != nil || len(h) != 2 {
-			return st, false, true, fmt.Errorf("HGETALL %s = %v: %v", key, h, err)
+			return st, 0, false, true, fmt.Errorf("HGETALL %s = %v: %v", key, h, err)
 		}
-		return st, true, true, nil
+		return st, 0, true, true, nil
 	}
 	v, err := c.Get(ctx, key).Result()
 	if err != nil {
-		return st, false, false, fmt.Errorf("GET %s (a %s): %w", key, typ, err)
+		return st, 0, false, false, fmt.Errorf("GET %s (a %s): %w", key, typ, err)
 	}
-	if len(v) != 16 {
-		return st, false, false, fmt.Errorf("GET %s = %q: %d bytes, want 16", key, v, len(v))
+	if len(v) != 24 {
+		return st, 0, false, false, fmt.Errorf("GET %s = %q: %d bytes, want 24", key, v, len(v))
 	}
 	last := math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[8:])))
 	if last != math.Trunc(last) {
-		return st, false, false, fmt.Errorf("GET %s: last %v is not whole microseconds", key, last)
+		return st, 0, false, false, fmt.Errorf("GET %s: last %v is not whole microseconds", key, last)
 	}
 	st.Tokens, st.Last = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[:8]))), int64(last)
-	return st, true, false, nil
+	exp = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[16:])))
+	return st, exp, true, false, nil
 }
 
 func (sc *scriptCheck) drop(f fataler) {
@@ -460,7 +471,7 @@ func (sc *scriptCheck) drop(f fataler) {
 // bit.
 func (sc *scriptCheck) checkState(f fataler) {
 	f.Helper()
-	st, ok, hash, err := readAnyBucket(context.Background(), sc.c, sc.key)
+	st, _, ok, hash, err := readAnyBucket(context.Background(), sc.c, sc.key)
 	if err != nil {
 		f.Fatalf("stored bucket: %v", err)
 	}
@@ -472,6 +483,54 @@ func (sc *scriptCheck) checkState(f fataler) {
 	}
 	if ok && (math.Float64bits(st.Tokens) != math.Float64bits(sc.st.Tokens) || st.Last != sc.st.Last) {
 		f.Fatalf("stored tokens=%v (%x) last=%d, model %v (%x) %d", st.Tokens, math.Float64bits(st.Tokens), st.Last, sc.st.Tokens, math.Float64bits(sc.st.Tokens), sc.st.Last)
+	}
+}
+
+// checkTTL checks the expiry of the bucket just written at server time now
+// (the script's): its recorded exp, exactly, is no earlier than the model's
+// expiry (now + expiresAfter) and no later than twice as far; the key's own
+// TTL, read between two TIME readings, cannot end before exp (up to the
+// millisecond Redis counts in), nor after twice the model's lifetime (up
+// to a few ms). A
+// bucket the model keeps forever has neither.
+func (sc *scriptCheck) checkTTL(f fataler, now int64) {
+	f.Helper()
+	ctx := context.Background()
+	_, exp, _, _, err := readAnyBucket(ctx, sc.c, sc.key)
+	if err != nil {
+		f.Fatalf("stored bucket: %v", err)
+	}
+	t0, err1 := sc.c.Time(ctx).Result()
+	pttl, err2 := sc.c.PTTL(ctx, sc.key).Result()
+	t1, err3 := sc.c.Time(ctx).Result()
+	if err := errors.Join(err1, err2, err3); err != nil {
+		f.Fatalf("TIME, PTTL, TIME: %v", err)
+	}
+	life := bucket.ExpiresAfter(sc.st, sc.l, now)
+	if life == 0 {
+		if exp != 0 || pttl != -1 {
+			f.Fatalf("bucket kept forever by the model (limit %+v): exp %v, PTTL %v; want 0 and none", sc.l, exp, pttl)
+		}
+		return
+	}
+	need := float64(now + life)
+	if exp < need || exp > float64(now+2*life+1000) {
+		f.Fatalf("exp %.0f, want in [now+life %.0f, now+2*life %d] (now %d, life %d µs, limit %+v)", exp, need, now+2*life, now, life, sc.l)
+	}
+	if pttl < 0 {
+		f.Fatalf("PTTL %v; want a TTL (life %d µs)", pttl, life)
+	}
+	// Redis reads its clock in whole ms between the two TIME readings.
+	ms := pttl.Milliseconds()
+	latest := (t1.UnixMicro()/1000 + ms + 1) * 1000
+	earliest := (t0.UnixMicro()/1000 + ms) * 1000
+	if float64(latest) < exp {
+		f.Fatalf("the key's TTL ends by %d µs, before exp %.0f (PTTL %v)", latest, exp, pttl)
+	}
+	// The TTL is 2*life rounded up to a ms, counted from when SET ran,
+	// after TIME: allow a few ms.
+	if earliest > now+2*life+5000 {
+		f.Fatalf("the key's TTL ends after %d µs, later than now + 2*life %d + 5ms (PTTL %v)", earliest, now+2*life, pttl)
 	}
 }
 
@@ -708,8 +767,16 @@ func TestRedisExpiry(t *testing.T) {
 	l := bucket.Limit{Burst: 10, Rate: 4}
 	mustTake(t, s, bucket.Request{Key: k, Limit: l, Cost: 10, RequestID: "id"})
 	ttf := l.TimeToFull()
-	if got := pttl(k); got < ttf || got > ttf+bucket.ExpiryMargin+time.Millisecond {
-		t.Errorf("bucket PTTL = %v; want in [time to full %v, + margin %v]", got, ttf, bucket.ExpiryMargin)
+	// A new key gets twice its least lifetime (time to full plus margin),
+	// so that the decisions that follow within it keep that TTL.
+	life := ttf + bucket.ExpiryMargin
+	first := pttl(k)
+	if first < 2*life-time.Second || first > 2*life+time.Millisecond {
+		t.Errorf("bucket PTTL = %v; want 2 x (time to full %v + margin %v)", first, ttf, bucket.ExpiryMargin)
+	}
+	mustTake(t, s, bucket.Request{Key: k, Limit: l, Cost: 1})
+	if got := pttl(k); got > first || got < life {
+		t.Errorf("PTTL after a second take = %v; want the first one's (%v) kept, and >= %v", got, first, life)
 	}
 	if got := pttl(bucket.RequestIDKey(k, "id")); got <= ridTTL-10*time.Second || got > ridTTL {
 		t.Errorf("request id PTTL = %v; want about %v", got, ridTTL)

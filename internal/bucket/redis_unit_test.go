@@ -208,8 +208,8 @@ func TestParseTakeReply(t *testing.T) {
 					allowed = "1"
 				}
 				for _, reply := range []string{
-					allowed + packFloats(want.tokens, float64(now)),                                // last is now
-					allowed + packFloats(want.tokens, float64(now+5e6)) + packFloats(float64(now)), // last ahead
+					allowed + packFloats(want.tokens, float64(now), 0),                                   // last is now
+					allowed + packFloats(want.tokens, float64(now+5e6), 7e15) + packFloats(float64(now)), // last ahead
 				} {
 					got, err := parseStateReply(reply, l, cost)
 					if err != nil || got.replayed || got.now != now || got.allowed != want.allowed ||
@@ -222,8 +222,8 @@ func TestParseTakeReply(t *testing.T) {
 			}
 		}
 	}
-	for _, bad := range []string{"", "1", "2" + packFloats(1, float64(now)), "1" + packFloats(1), "1" + packFloats(1, float64(now)) + "x",
-		"1" + packFloats(1, 1.5), "1" + packFloats(1, -1), "1" + packFloats(1, math.NaN()), "1" + packFloats(1, float64(now), 1<<53),
+	for _, bad := range []string{"", "1", "2" + packFloats(1, float64(now), 0), "1" + packFloats(1, float64(now)), "1" + packFloats(1, float64(now), 0) + "x",
+		"1" + packFloats(1, 1.5, 0), "1" + packFloats(1, -1, 0), "1" + packFloats(1, math.NaN(), 0), "1" + packFloats(1, float64(now), 0, 1<<53),
 		"1 1 " + strconv.FormatInt(now, 10)} {
 		if r, err := parseStateReply(bad, Limit{Burst: 10, Rate: 1}, 1); err == nil {
 			t.Errorf("parseStateReply(%q) = %+v; want an error", bad, r)
@@ -270,7 +270,7 @@ func TestParseTakesReply(t *testing.T) {
 		return got, errs
 	}
 	const now = 1700000000000001
-	d := func(allowed string, tokens float64) string { return allowed + packFloats(tokens, now) }
+	d := func(allowed string, tokens float64) string { return allowed + packFloats(tokens, now, now+2e6) }
 	good := packFloats(now) + d("1", 9) + d("0", 0.5) + d("1", 5)
 	got, errs := collect(good)
 	want := []takeReply{
@@ -287,7 +287,7 @@ func TestParseTakesReply(t *testing.T) {
 		reply string
 		from  int // the first request failed; every later one fails too
 	}{
-		{"", 0}, {packFloats(now), 0}, {good[:len(good)-17], 0}, {good + d("1", 2), 0}, {good + " ", 0},
+		{"", 0}, {packFloats(now), 0}, {good[:len(good)-25], 0}, {good + d("1", 2), 0}, {good + " ", 0},
 		{packFloats(0.5) + good[8:], 0}, {packFloats(now) + d("2", 9) + d("0", 0.5) + d("1", 5), 0},
 		{packFloats(now) + d("1", 9) + d("x", 0.5) + d("1", 5), 1}, {packFloats(now) + d("1", 9) + d("0", 0.5) + d("-", 5), 2},
 	} {
@@ -310,7 +310,7 @@ func TestScriptTTL(t *testing.T) {
 	} {
 		want := "0"
 		if us := expiresAfter(State{Last: 1e15}, l, 1e15); us > 0 {
-			want = strconv.FormatInt(int64(math.Ceil(float64(us)/1000)), 10)
+			want = strconv.FormatInt(int64(math.Ceil(float64(2*us)/1000)), 10)
 		}
 		if got := scriptTTL(l); got != want {
 			t.Errorf("scriptTTL(%+v) = %s; want %s", l, got, want)
