@@ -345,6 +345,12 @@ func (c *Core) openStore(ctx context.Context) (Store, error) {
 	default:
 		c.logger.Info("Redis maxmemory-policy is safe", "maxmemory_policy", policy)
 	}
+	switch warning, err := bucket.CheckVersion(cctx, client); {
+	case err != nil:
+		c.logger.Warn("could not read the Redis version; the bucket script needs Redis >= "+bucket.MinRedisVersion, "err", err)
+	case warning != "":
+		c.logger.Error(warning)
+	}
 	st := bucket.NewRedisStore(client, bucket.RedisOptions{Timeout: cfg.DecisionTimeout, Logger: c.logger})
 	c.evictionPolicy = policy
 	c.evictionWarning = warning

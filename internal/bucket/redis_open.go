@@ -476,3 +476,80 @@ func evictionWarning(policy string) string {
 			"come back full (budget returned early, silently). Set maxmemory-policy noeviction", policy)
 	}
 }
+
+// MinRedisVersion is the oldest Redis the bucket script runs on: it keeps
+// a key's TTL across writes with SET KEEPTTL (Redis 6.0).
+const MinRedisVersion = "6.0"
+
+// CheckVersion reads redis_version on every master c decides on and
+// returns a warning naming each one older than MinRedisVersion, whose
+// every Redis-path decision would fail (and go to the rule's failure
+// policy); "" when all are recent enough.
+func CheckVersion(ctx context.Context, c redis.UniversalClient) (warning string, err error) {
+	get := func(ctx context.Context, c redis.Cmdable) (string, error) {
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return "", err
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+				return v, nil
+			}
+		}
+		return "", errors.New("INFO server has no redis_version")
+	}
+	check := func(addr, v string) string {
+		if versionBefore(v, MinRedisVersion) {
+			return fmt.Sprintf("%sredis_version %s is older than %s: the bucket script needs SET KEEPTTL, so every Redis-path decision fails and goes to its rule's failure policy; upgrade Redis", addr, v, MinRedisVersion)
+		}
+		return ""
+	}
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		v, err := get(ctx, c)
+		if err != nil {
+			return "", fmt.Errorf("bucket: read redis_version: %w", err)
+		}
+		return check("", v), nil
+	}
+	var mu sync.Mutex
+	var warnings []string
+	err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		v, err := get(ctx, n)
+		if err != nil {
+			return fmt.Errorf("%s: %w", n.Options().Addr, err)
+		}
+		if w := check(n.Options().Addr+": ", v); w != "" {
+			mu.Lock()
+			warnings = append(warnings, w)
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("bucket: read redis_version: %w", err)
+	}
+	sort.Strings(warnings)
+	return strings.Join(warnings, "; "), nil
+}
+
+// versionBefore reports whether dotted version v is older than min,
+// comparing numbers part by part ("6.0" is not before "6.0.0"). A part
+// that is not a number (a vendor's suffix) ends the comparison there.
+func versionBefore(v, min string) bool {
+	vs, ms := strings.Split(v, "."), strings.Split(min, ".")
+	for i, m := range ms {
+		want, _ := strconv.Atoi(m)
+		if i >= len(vs) {
+			return want > 0
+		}
+		got, err := strconv.Atoi(vs[i])
+		if err != nil {
+			return false
+		}
+		if got != want {
+			return got < want
+		}
+	}
+	return false
+}

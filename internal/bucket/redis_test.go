@@ -194,6 +194,12 @@ func TestRedisStoreCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("CheckVersion on every master", func(t *testing.T) {
+		if w, err := bucket.CheckVersion(ctx, openRedis(t, spec, testTimeout)); err != nil || w != "" {
+			t.Errorf("CheckVersion = %q, %v; want no warning", w, err)
+		}
+	})
+
 	t.Run("CheckEviction on every master", func(t *testing.T) {
 		c := openRedis(t, spec, testTimeout)
 		if p, w, err := bucket.CheckEviction(ctx, c); err != nil || p != "noeviction" || w != "" {
@@ -849,6 +855,17 @@ func TestRedisScriptFlush(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "NOSCRIPT"); n != 1 {
 		t.Errorf("logged the reload %d times, want once per minute:\n%s", n, logs.String())
+	}
+}
+
+// TestCheckVersion: a Redis new enough for the script (the harness's,
+// >= 6.0) draws no warning (a Cluster's masters: TestRedisStoreCluster).
+func TestCheckVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := harness.StartRedis(t)
+	if w, err := bucket.CheckVersion(ctx, openRedis(t, srv.Addr, testTimeout)); err != nil || w != "" {
+		t.Errorf("CheckVersion(%s) = %q, %v; want no warning", srv.Addr, w, err)
 	}
 }
 

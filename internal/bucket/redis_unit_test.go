@@ -317,3 +317,17 @@ func TestScriptTTL(t *testing.T) {
 		}
 	}
 }
+
+func TestVersionBefore(t *testing.T) {
+	for _, tt := range []struct {
+		v    string
+		want bool
+	}{
+		{"5.0.14", true}, {"5", true}, {"4.0.9", true}, {"6.0", false}, {"6", false}, {"6.0.0", false},
+		{"6.2.14", false}, {"7.0.15", false}, {"10.0.0", false}, {"6.0-rc1", false}, {"5.9.9", true},
+	} {
+		if got := versionBefore(tt.v, "6.0"); got != tt.want {
+			t.Errorf("versionBefore(%q, 6.0) = %v; want %v", tt.v, got, tt.want)
+		}
+	}
+}
