@@ -595,7 +595,7 @@ func parseTake(cmd *redis.StringCmd, req Request) (takeReply, error) {
 		return parseHotTakeReply(reply, req.Limit, req.Cost)
 	}
 	if req.RequestID != "" {
-		return parseTakeReply(reply, req.Limit, req.Cost)
+		return parseTakeReply(reply)
 	}
 	return parseStateReply(reply, req.Limit, req.Cost)
 }
@@ -664,12 +664,11 @@ func readNow(b string) (int64, error) {
 	return int64(v), nil
 }
 
-// parseTakeReply reads the take reply to a request with a request id, for
-// limit l and cost, "<allowed> <tokens> <retry s> <reset s> <now µs>
-// <replayed>": the decision as its record holds it. A replay answers with
-// the waits as they were decided, even if the rule's shape has changed
-// since.
-func parseTakeReply(reply string, l Limit, cost float64) (takeReply, error) {
+// parseTakeReply reads the take reply to a request with a request id,
+// "<allowed> <tokens> <retry s> <reset s> <now µs> <replayed>": the
+// decision as its record holds it, waits included, so a replay answers with
+// them as they were decided even if the rule's shape has changed since.
+func parseTakeReply(reply string) (takeReply, error) {
 	var r takeReply
 	var f [6]string
 	n := 0

@@ -230,16 +230,16 @@ func TestParseTakeReply(t *testing.T) {
 		}
 	}
 
-	// The text form (a request id's record) is taken as it is, whatever the
-	// limit now: it is the decision as it was made.
-	got, err := parseTakeReply("0 0.5 123.25 7 1700000000000001 1", Limit{Burst: 1, Rate: 1}, 1)
+	// The text form (a request id's record) is taken as it is: it is the
+	// decision as it was made, waits included, whatever the limit is now.
+	got, err := parseTakeReply("0 0.5 123.25 7 1700000000000001 1")
 	want := takeReply{decision: decision{tokens: 0.5, retry: 123.25, reset: 7}, now: 1700000000000001, replayed: true}
 	if err != nil || got != want {
 		t.Errorf("text form = %+v, %v; want %+v", got, err, want)
 	}
 	for _, bad := range []string{"", "1", "1 2", "1 2 3", "1 2 3 4", "1 2 3 4 5", "1 2 3 4 5 0 7", "2 1 5 1 1 0", "1 x 1 1 5 0", "1 1 1 1 5.5 0",
 		"1 1 1 1 5 2", "x 1 1 1 5 0", "1 1 1 1 5 0 "} {
-		if r, err := parseTakeReply(bad, Limit{Burst: 10, Rate: 1}, 1); err == nil {
+		if r, err := parseTakeReply(bad); err == nil {
 			t.Errorf("parseTakeReply(%q) = %+v; want an error", bad, r)
 		}
 	}
