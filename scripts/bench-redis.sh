@@ -38,7 +38,7 @@ echo "== redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), $
 for p in 1 16; do
   printf 'redis-benchmark EVALSHA take, 64 clients, pipeline %-2s: ' "$p"
   redis-benchmark -p "$port" -q -n 300000 -c 64 -P "$p" -r 10000 \
-    EVALSHA "$sha" 1 'ration:{bench|__rand_int__}' take 1e9 1e6 1 2002000 |
+    EVALSHA "$sha" 1 'ration:{bench|__rand_int__}' take 1e+09 1e+06 1 2002000 |
     tr '\r' '\n' | grep 'requests per second' | sed 's/.*: //'
 done
 redis-cli -p "$port" INFO commandstats | grep '^cmdstat_evalsha' |

@@ -19,7 +19,8 @@ import (
 // scriptBefore is the bucket script as it was at 9abcb1c, before issue 16's
 // second round of cuts: BenchmarkScriptCost measures it beside today's in
 // the same run, so that the comparison does not depend on the machine's load
-// at two different times. It reads and writes the same bucket hash.
+// at two different times. It keeps a bucket as a hash (today's script as a
+// string), so each script runs on keys of its own.
 //
 //go:embed testdata/redis-9abcb1c.lua
 var scriptBefore string
@@ -175,4 +176,43 @@ func usecPerCall(b *testing.B, stats, cmd string) float64 {
 	}
 	b.Fatalf("no usec_per_call in %q", v)
 	return 0
+}
+
+// TestBenchScriptsPassAgentArgs: the redis-benchmark rows of
+// scripts/bench.sh and scripts/bench-redis.sh run the bucket script with
+// the arguments the agent itself would pass for their rules; a script or
+// store change that moves those (the TTL the store passes, say) must move
+// them too, or the ceiling measures another script call than the agent's.
+func TestBenchScriptsPassAgentArgs(t *testing.T) {
+	s := bucket.NewRedisStore(nil, bucket.RedisOptions{DisableAutoPipeline: true})
+	for _, tt := range []struct {
+		file  string
+		limit bucket.Limit
+	}{
+		{"../../scripts/bench.sh", bucket.Limit{Burst: 1e6, Rate: 1e6}},
+		{"../../scripts/bench-redis.sh", bucket.Limit{Burst: 1e9, Rate: 1e6}},
+	} {
+		src, err := os.ReadFile(tt.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := strings.Join(s.ScriptArgv(bucket.Request{Key: "k", Limit: tt.limit, Cost: 1}), " ")
+		n := 0
+		for line := range strings.SplitSeq(string(src), "\n") {
+			_, args, ok := strings.Cut(line, "}' ")
+			if !ok || !strings.HasPrefix(args, "take ") {
+				continue
+			}
+			n++
+			args, _, _ = strings.Cut(args, ")")
+			args, _, _ = strings.Cut(args, `"`)
+			args, _, _ = strings.Cut(args, " |")
+			if args = strings.TrimSpace(args); args != want {
+				t.Errorf("%s: EVALSHA ... %s; the agent passes %s for %+v", tt.file, args, want, tt.limit)
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no EVALSHA ... take line found", tt.file)
+		}
+	}
 }
