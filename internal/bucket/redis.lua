@@ -60,7 +60,11 @@ local op = ARGV[1]
 local tm = redis.call('TIME')
 local now = tm[1] * 1000000 + tm[2]
 
-local takes, take = op == 'takes', op ~= 'refund'
+local takes = op == 'takes'
+local take = takes or op == 'take'
+if not take and op ~= 'refund' then
+  return error('unknown operation ' .. tostring(op) .. ': want take, takes or refund')
+end
 local rkey
 if not takes then rkey = KEYS[2] end
 

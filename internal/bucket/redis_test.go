@@ -754,6 +754,26 @@ func TestRedisForeignValue(t *testing.T) {
 	}
 }
 
+// TestScriptRefusesUnknownOperation: the script, called directly with an
+// operation it does not know, answers an error naming it and writes
+// nothing (no bucket appears).
+func TestScriptRefusesUnknownOperation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := harness.StartRedis(t)
+	c := srv.Client()
+	k := bucket.Key("op", "s")
+	for _, op := range []string{"tak", "TAKE", ""} {
+		err := c.Eval(ctx, bucket.ScriptSource, []string{k}, op, "10", "1", "1", "2000").Err()
+		if err == nil || !strings.Contains(err.Error(), "unknown operation") {
+			t.Errorf("op %q: %v; want an unknown operation error", op, err)
+		}
+	}
+	if n, err := c.Exists(ctx, k).Result(); err != nil || n != 0 {
+		t.Errorf("EXISTS %s = %d, %v after refused calls; want no bucket", k, n, err)
+	}
+}
+
 func TestRedisExpiry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
