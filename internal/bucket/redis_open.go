@@ -407,39 +407,27 @@ func redactSpec(spec string) string {
 // or forbidden on managed Redis); the caller should then warn that it could
 // not check.
 func CheckEviction(ctx context.Context, c redis.UniversalClient) (policy string, warning string, err error) {
-	get := func(ctx context.Context, c redis.Cmdable) (string, error) {
-		m, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	var mu sync.Mutex
+	byNode := map[string]string{}
+	err = eachMaster(ctx, c, func(ctx context.Context, addr string, n redis.Cmdable) error {
+		m, err := n.ConfigGet(ctx, "maxmemory-policy").Result()
 		if err != nil {
-			return "", err
+			return err
 		}
 		p, ok := m["maxmemory-policy"]
 		if !ok {
-			return "", errors.New("CONFIG GET maxmemory-policy returned nothing")
-		}
-		return p, nil
-	}
-	cc, ok := c.(*redis.ClusterClient)
-	if !ok {
-		p, err := get(ctx, c)
-		if err != nil {
-			return "", "", fmt.Errorf("bucket: read maxmemory-policy: %w", err)
-		}
-		return p, evictionWarning(p), nil
-	}
-	var mu sync.Mutex
-	byNode := map[string]string{}
-	err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-		p, err := get(ctx, n)
-		if err != nil {
-			return fmt.Errorf("%s: %w", n.Options().Addr, err)
+			return errors.New("CONFIG GET maxmemory-policy returned nothing")
 		}
 		mu.Lock()
-		byNode[n.Options().Addr] = p
+		byNode[addr] = p
 		mu.Unlock()
 		return nil
 	})
 	if err != nil {
 		return "", "", fmt.Errorf("bucket: read maxmemory-policy: %w", err)
+	}
+	if p, ok := byNode[""]; ok { // one server, not a Cluster
+		return p, evictionWarning(p), nil
 	}
 	var warnings, parts []string
 	distinct := map[string]bool{}
@@ -460,6 +448,23 @@ func CheckEviction(ctx context.Context, c redis.UniversalClient) (policy string,
 		policy = strings.Join(parts, ",")
 	}
 	return policy, strings.Join(warnings, "; "), nil
+}
+
+// eachMaster runs fn on c's one server (addr "") or, for a Cluster, on
+// every master (concurrently; addr names it, and an error from fn is
+// prefixed with it), and returns the first error.
+func eachMaster(ctx context.Context, c redis.UniversalClient, fn func(ctx context.Context, addr string, n redis.Cmdable) error) error {
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return fn(ctx, "", c)
+	}
+	return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		addr := n.Options().Addr
+		if err := fn(ctx, addr, n); err != nil {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		return nil
+	})
 }
 
 func evictionWarning(policy string) string {
@@ -486,42 +491,29 @@ const MinRedisVersion = "6.0"
 // every Redis-path decision would fail (and go to the rule's failure
 // policy); "" when all are recent enough.
 func CheckVersion(ctx context.Context, c redis.UniversalClient) (warning string, err error) {
-	get := func(ctx context.Context, c redis.Cmdable) (string, error) {
-		info, err := c.Info(ctx, "server").Result()
-		if err != nil {
-			return "", err
-		}
-		for line := range strings.SplitSeq(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-				return v, nil
-			}
-		}
-		return "", errors.New("INFO server has no redis_version")
-	}
-	check := func(addr, v string) string {
-		if versionBefore(v, MinRedisVersion) {
-			return fmt.Sprintf("%sredis_version %s is older than %s: the bucket script needs SET KEEPTTL, so every Redis-path decision fails and goes to its rule's failure policy; upgrade Redis", addr, v, MinRedisVersion)
-		}
-		return ""
-	}
-	cc, ok := c.(*redis.ClusterClient)
-	if !ok {
-		v, err := get(ctx, c)
-		if err != nil {
-			return "", fmt.Errorf("bucket: read redis_version: %w", err)
-		}
-		return check("", v), nil
-	}
 	var mu sync.Mutex
 	var warnings []string
-	err = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-		v, err := get(ctx, n)
+	err = eachMaster(ctx, c, func(ctx context.Context, addr string, n redis.Cmdable) error {
+		info, err := n.Info(ctx, "server").Result()
 		if err != nil {
-			return fmt.Errorf("%s: %w", n.Options().Addr, err)
+			return err
 		}
-		if w := check(n.Options().Addr+": ", v); w != "" {
+		v := ""
+		for line := range strings.SplitSeq(info, "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+				v = rest
+				break
+			}
+		}
+		if v == "" {
+			return errors.New("INFO server has no redis_version")
+		}
+		if versionBefore(v, MinRedisVersion) {
+			if addr != "" {
+				addr += ": "
+			}
 			mu.Lock()
-			warnings = append(warnings, w)
+			warnings = append(warnings, fmt.Sprintf("%sredis_version %s is older than %s: the bucket script needs SET KEEPTTL, so every Redis-path decision fails and goes to its rule's failure policy; upgrade Redis", addr, v, MinRedisVersion))
 			mu.Unlock()
 		}
 		return nil

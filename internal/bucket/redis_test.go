@@ -391,20 +391,23 @@ func (sc *scriptCheck) refund(f fataler, cost float64, id string) {
 // which the script must read as the same state and rewrite in its own form.
 func (sc *scriptCheck) inject(f fataler, st bucket.State, hash bool) {
 	f.Helper()
-	ctx := context.Background()
-	var err error
-	if hash {
-		err = sc.c.Del(ctx, sc.key).Err()
-		if err == nil {
-			err = sc.c.HSet(ctx, sc.key, "tokens", strconv.FormatFloat(st.Tokens, 'g', -1, 64), "last", st.Last).Err()
-		}
-	} else {
-		err = sc.c.Set(ctx, sc.key, packBucket(st), 0).Err()
-	}
-	if err != nil {
+	if err := writeBucket(context.Background(), sc.c, sc.key, st, hash); err != nil {
 		f.Fatalf("inject %+v (hash %v): %v", st, hash, err)
 	}
 	sc.st, sc.exists, sc.hash = st, true, hash
+}
+
+// writeBucket stores st at key as the script does (packBucket, no TTL) or,
+// with hash, as earlier versions did (a hash of decimal strings), replacing
+// whatever key held.
+func writeBucket(ctx context.Context, c *redis.Client, key string, st bucket.State, hash bool) error {
+	if !hash {
+		return c.Set(ctx, key, packBucket(st), 0).Err()
+	}
+	if err := c.Del(ctx, key).Err(); err != nil {
+		return err
+	}
+	return c.HSet(ctx, key, "tokens", strconv.FormatFloat(st.Tokens, 'g', -1, 64), "last", st.Last).Err()
 }
 
 // packBucket is a bucket as the script stores it: tokens, last (µs) and
@@ -698,12 +701,7 @@ func TestRedisClockBackwards(t *testing.T) {
 		ahead := tm.UnixMicro() + 10_000_000 // last written by a clock 10s ahead
 		k := bucket.Key("clock", strconv.FormatBool(hash))
 		l := bucket.Limit{Burst: 10, Rate: 1000}
-		if hash {
-			err = c.HSet(ctx, k, "tokens", "3", "last", ahead).Err()
-		} else {
-			err = c.Set(ctx, k, packBucket(bucket.State{Tokens: 3, Last: ahead}), 0).Err()
-		}
-		if err != nil {
+		if err := writeBucket(ctx, c, k, bucket.State{Tokens: 3, Last: ahead}, hash); err != nil {
 			t.Fatal(err)
 		}
 		res := mustTake(t, s, bucket.Request{Key: k, Limit: l, Cost: 1})
