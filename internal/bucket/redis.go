@@ -229,7 +229,9 @@ func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.StringCmd, eval
 // decides each exactly as its own call would, on one reading of the
 // server's clock: the script's call overhead, its TIME and its number
 // parsing are paid once per call instead of once per decision. An error of
-// such a call (the network, a timeout) is every one of its decisions'.
+// such a call (the network, a timeout) is every one of its decisions'; a
+// key holding something other than a bucket fails only its own decision,
+// with the error a lone take on it gets, and is left as it was.
 func (s *RedisStore) TakeBatch(ctx context.Context, reqs []Request, out []Outcome) {
 	out = out[:len(reqs)]
 	s.takeBatch(ctx, reqs, func(i int, r takeReply, err error) {
@@ -360,6 +362,10 @@ func parseTakesReply(reply string, reqs []Request, answer func(j int, r takeRepl
 	for j := range reqs {
 		d := reply[8+each*j:]
 		flag := d[0]
+		if flag == 'e' {
+			answer(j, takeReply{}, foreignValue(reqs[j].Key, readFloat(d[1:9])))
+			continue
+		}
 		if flag != '0' && flag != '1' {
 			bad(j, fmt.Errorf("decision %d: allowed %q, not 0 or 1", j+1, flag))
 			return
@@ -368,6 +374,17 @@ func parseTakesReply(reply string, reqs []Request, answer func(j int, r takeRepl
 		r.decision = decided(flag == '1', readFloat(d[1:9]), reqs[j].Limit, reqs[j].Cost)
 		answer(j, r, nil)
 	}
+}
+
+// foreignValue is the error of a decision in a "takes" call whose key held
+// something other than a bucket (the script left it untouched): size bytes
+// of a string, or another type when size is -1. It reads as the error a
+// lone take gets from the script for the same key.
+func foreignValue(key string, size float64) error {
+	if size < 0 {
+		return fmt.Errorf("bucket: redis take: WRONGTYPE: key %q holds a value of another type, not a Ration token bucket", key)
+	}
+	return fmt.Errorf("bucket: redis take: key %q holds %v bytes, not a Ration token bucket (%d)", key, size, storedBytes)
 }
 
 // Refund gives req.Cost back to req.Key's bucket, capped at its burst. With a

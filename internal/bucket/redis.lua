@@ -21,7 +21,12 @@
 --          exactly what "take" would decide (the same function below), for
 --          the cost of one script call instead of n. Replies now (8 bytes,
 --          '<d') then, per key, its allowed ('0' | '1') and its stored
---          bucket (24 bytes, tokens first): 8 + 25n bytes.
+--          bucket (24 bytes, tokens first): 8 + 25n bytes. A key holding
+--          something other than a bucket fails only its own decision: 'e'
+--          then '<ddd' of its length in bytes (-1: another type), 0, 0, and
+--          the key is left as it was; a take answers such a key with an
+--          error. (The keys of one call can be different callers' decisions,
+--          which one foreign key must not fail.)
 --
 -- take   replies allowed ('0' | '1') then the stored bucket (24 bytes), now
 --        being the bucket's last; when the clock stepped back (last is
@@ -111,7 +116,7 @@ for i = 1, n do
     burst, rate, cost = ARGV[j] * 1, ARGV[j + 1] * 1, ARGV[j + 2] * 1
   end
 
-  local exp
+  local exp, bad
   tokens, last = nil, nil
   local v = redis.pcall('GET', key)
   if v then
@@ -120,8 +125,16 @@ for i = 1, n do
     elseif v.err then
       -- not a string (pcall's error reply, a table): a bucket of an earlier
       -- version, or another type, which HMGET refuses with WRONGTYPE
-      local st = redis.call('HMGET', key, 'tokens', 'last')
-      if st[1] and st[2] then tokens, last = tonumber(st[1]), tonumber(st[2]) end
+      local st
+      if takes then
+        st = redis.pcall('HMGET', key, 'tokens', 'last')
+        if st.err then bad = -1 end
+      else
+        st = redis.call('HMGET', key, 'tokens', 'last')
+      end
+      if not bad and st[1] and st[2] then tokens, last = tonumber(st[1]), tonumber(st[2]) end
+    elseif takes then
+      bad = #v
     else
       return error('bucket ' .. key .. ' holds ' .. #v .. ' bytes, not a Ration token bucket (24)')
     end
@@ -129,7 +142,7 @@ for i = 1, n do
 
   -- A refund that finds no bucket has nothing to do: a missing bucket is
   -- full, with nothing to give back and nothing to write.
-  if take or tokens then
+  if not bad and (take or tokens) then
     if tokens then
       local elapsed = now - last
       if elapsed < 0 then elapsed = 0 end
@@ -190,8 +203,13 @@ for i = 1, n do
     end
   end
   if out then
-    out[2 * i] = allowed
-    out[2 * i + 1] = s
+    if bad then
+      out[2 * i] = 'e'
+      out[2 * i + 1] = pack('<ddd', bad, 0, 0)
+    else
+      out[2 * i] = allowed
+      out[2 * i + 1] = s
+    end
   end
 end
 

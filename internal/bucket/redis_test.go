@@ -752,6 +752,70 @@ func TestRedisForeignValue(t *testing.T) {
 	}
 }
 
+// TestRedisTakesForeignValue: in one "takes" call, a key holding something
+// other than a bucket fails its own decision only (with the error a lone
+// take gets) and is left as it was; the decisions around it are made.
+func TestRedisTakesForeignValue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := harness.StartRedis(t)
+	c := srv.Client()
+	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
+	l := bucket.Limit{Burst: 10, Rate: 0}
+	good, short, list := bucket.Key(t.Name(), "good"), bucket.Key(t.Name(), "short"), bucket.Key(t.Name(), "list")
+	if err := c.Set(ctx, short, "hello", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RPush(ctx, list, "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	dump := func(k string) string {
+		v, err := c.Dump(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := map[string]string{short: dump(short), list: dump(list)}
+	mustTake(t, s, bucket.Request{Key: bucket.Key(t.Name(), "warm"), Limit: l, Cost: 1})
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{good, short, good, list, good}
+	reqs := make([]bucket.Request, len(keys))
+	for i, k := range keys {
+		reqs[i] = bucket.Request{Key: k, Limit: l, Cost: 1}
+	}
+	out := make([]bucket.Outcome, len(reqs))
+	s.TakeBatch(ctx, reqs, out)
+	stats, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := scriptCalls(t, stats); n != 1 {
+		t.Fatalf("%d script calls for one batch; want 1 (a takes call)", n)
+	}
+	wantErr := map[int]string{1: `holds 5 bytes`, 3: "WRONGTYPE"}
+	left := 9.0
+	for i, o := range out {
+		if want, ok := wantErr[i]; ok {
+			if o.Err == nil || !strings.Contains(o.Err.Error(), want) || errors.Is(o.Err, bucket.ErrUnavailable) {
+				t.Errorf("decision %d (%s) = %+v, %v; want an error saying %q, not ErrUnavailable", i, keys[i], o.Result, o.Err, want)
+			}
+			continue
+		}
+		if o.Err != nil || !o.Result.Allowed || o.Result.Remaining != left {
+			t.Errorf("decision %d (%s) = %+v, %v; want admitted, %v left", i, keys[i], o.Result, o.Err, left)
+		}
+		left--
+	}
+	for k, v := range before {
+		if dump(k) != v {
+			t.Errorf("%s changed by the batch", k)
+		}
+	}
+}
+
 // TestScriptRefusesUnknownOperation: the script, called directly with an
 // operation it does not know, answers an error naming it and writes
 // nothing (no bucket appears).

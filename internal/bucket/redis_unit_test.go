@@ -283,6 +283,17 @@ func TestParseTakesReply(t *testing.T) {
 			t.Errorf("decision %d = %+v, %v; want %+v", j, got[j], errs[j], want[j])
 		}
 	}
+	// A foreign value fails its own decision only.
+	got, errs = collect(packFloats(now) + d("1", 9) + "e" + packFloats(5, 0, 0) + d("1", 5))
+	if errs[0] != nil || got[0] != want[0] || errs[2] != nil || got[2] != want[2] {
+		t.Errorf("decisions around a foreign value = %+v %v, %+v %v; want %+v, %+v", got[0], errs[0], got[2], errs[2], want[0], want[2])
+	}
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), `key "b" holds 5 bytes`) {
+		t.Errorf("foreign value's decision: error %v; want one naming key \"b\" and its 5 bytes", errs[1])
+	}
+	if _, errs = collect(packFloats(now) + d("1", 9) + d("0", 0.5) + "e" + packFloats(-1, 0, 0)); errs[2] == nil || !strings.Contains(errs[2].Error(), "WRONGTYPE") || errs[0] != nil {
+		t.Errorf("another type: errors %v; want WRONGTYPE for the third decision only", errs)
+	}
 	for _, tt := range []struct {
 		reply string
 		from  int // the first request failed; every later one fails too
