@@ -178,3 +178,62 @@ func TestAutoWithoutLeases(t *testing.T) {
 		t.Fatalf("reasons %v: want the store's admissions until the promotion, then the failure policy", reasons)
 	}
 }
+
+// switchRules is a RuleSource an operator's reload changes.
+type switchRules struct{ p atomic.Pointer[rules.Set] }
+
+func (s *switchRules) Current() *rules.Set { return s.p.Load() }
+
+// TestModeChangeStartsAfresh: a rule switched between mode redis and mode
+// auto (a rules reload, same name and shape) decides each mode's subjects
+// from buckets of its own (bucket.HotKey), as docs/configuration.md says:
+// the first switch to auto starts the subject's bucket full, a switch back
+// finds the mode-redis bucket as it was left, and no decision goes to the
+// failure policy on the way.
+func TestModeChangeStartsAfresh(t *testing.T) {
+	t.Parallel()
+	srv := harness.StartRedis(t)
+	client, err := bucket.OpenRedis(srv.Addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	auto := map[string]string{"redis": "\n", "auto": "\n    auto: {promote_above: 100000}\n"}
+	parse := func(mode string) *rules.Set {
+		t.Helper()
+		set, err := rules.Parse("mode.yaml", []byte(`
+rules:
+  - name: api
+    match: {tenant: "*"}
+    burst: 100
+    rate: 1
+    on_failure: fail_closed
+    mode: `+mode+auto[mode]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return set
+	}
+	src := new(switchRules)
+	src.p.Store(parse("redis"))
+	svc, err := agent.New(agent.Options{Rules: src, Store: bucket.NewRedisStore(client, bucket.RedisOptions{}), DecisionTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := agent.Request{Descriptors: map[string]string{"tenant": "t"}}
+	left := map[string]float64{"redis": 100, "auto": 100} // each mode's own bucket
+	for _, mode := range []string{"redis", "auto", "redis", "auto"} {
+		src.p.Store(parse(mode))
+		for range 3 {
+			left[mode]--
+			resp, err := svc.Decide(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// rate 1/s: at most a token or so refills during the test
+			if want := left[mode]; !resp.Allowed || resp.Reason != agent.ReasonOK || resp.Remaining < want || resp.Remaining > want+2 {
+				t.Fatalf("mode %s: %+v; want admitted from its own bucket, about %v left", mode, resp, want)
+			}
+		}
+	}
+}
