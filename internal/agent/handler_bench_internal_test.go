@@ -24,6 +24,10 @@ import (
 // encoded, as the gRPC server's codec and handler do. The difference
 // between the two is what Envoy's API costs over Ration's own.
 //
+// allow-server is the same call as the server makes it: Allow's request
+// read and its answer written by the agent's codec (wire.go), not by
+// protobuf's reflection.
+//
 //	go test -run '^$' -bench Handlers -benchmem ./internal/agent/
 func BenchmarkHandlers(b *testing.B) {
 	set, err := rules.Parse("bench.yaml", []byte(`
@@ -72,6 +76,26 @@ rules:
 			if _, err := proto.Marshal(resp); err != nil {
 				b.Fatal(err)
 			}
+		}
+	})
+	// allow as the server runs it (allowHandler): its codec reads the
+	// request (decodeAllow) and writes the answer.
+	b.Run("allow-server", func(b *testing.B) {
+		b.ReportAllocs()
+		c := newCodec()
+		i := 0
+		for b.Loop() {
+			i++
+			dec := func(v any) error { return c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(allow[i%keys])}, v) }
+			a, err := allowHandler(g, ctx, dec, nil)
+			if err != nil || !a.(*allowAnswer).allowed {
+				b.Fatalf("Allow = %v, %v", a, err)
+			}
+			bs, err := c.Marshal(a)
+			if err != nil {
+				b.Fatal(err)
+			}
+			bs.Free()
 		}
 	})
 	b.Run("envoy", func(b *testing.B) {

@@ -63,7 +63,15 @@ func checkDecodeBatch(t *testing.T, wire []byte) {
 		if i >= MaxBatch {
 			break
 		}
-		w, g := fromProto(pr), got.reqs[i]
+		checkSameRequest(t, wire, i, fromProto(pr), got.reqs[i])
+	}
+}
+
+// checkSameRequest fails unless g, request i decoded from wire, is w as
+// proto.Unmarshal and fromProto read it.
+func checkSameRequest(t *testing.T, wire []byte, i int, w, g Request) {
+	t.Helper()
+	{
 		gd := g.Descriptors
 		if g.pairs != nil {
 			if gd != nil {
@@ -103,26 +111,12 @@ func wireSeeds(tb testing.TB) [][]byte {
 	for i := range rules.MaxDescriptors + 3 {
 		many["k"+strconv.Itoa(i)] = "v"
 	}
-	req := func(fields ...[]byte) []byte { // an AllowRequest's bytes
-		var b []byte
-		for _, f := range fields {
-			b = append(b, f...)
-		}
-		return b
-	}
-	str := func(num protowire.Number, s string) []byte {
-		return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), s)
-	}
-	entry := func(k, v string) []byte { return str(1, string(append(str(1, k), str(2, v)...))) }
 	batch := func(reqs ...[]byte) []byte {
 		var b []byte
 		for _, r := range reqs {
 			b = protowire.AppendBytes(protowire.AppendTag(b, 1, protowire.BytesType), r)
 		}
 		return b
-	}
-	varint := func(num protowire.Number, v uint64) []byte {
-		return protowire.AppendVarint(protowire.AppendTag(nil, num, protowire.VarintType), v)
 	}
 	return [][]byte{
 		{},
@@ -151,6 +145,137 @@ func wireSeeds(tb testing.TB) [][]byte {
 		protowire.AppendTag(nil, protowire.MaxValidNumber+1, protowire.VarintType),
 		{0x08},
 		{0x00},
+	}
+}
+
+// req is an AllowRequest's bytes: its fields' in turn.
+func req(fields ...[]byte) []byte {
+	var b []byte
+	for _, f := range fields {
+		b = append(b, f...)
+	}
+	return b
+}
+
+// str is a string field, varint a varint field, entry a descriptors entry.
+func str(num protowire.Number, s string) []byte {
+	return protowire.AppendString(protowire.AppendTag(nil, num, protowire.BytesType), s)
+}
+
+func varint(num protowire.Number, v uint64) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(nil, num, protowire.VarintType), v)
+}
+
+func entry(k, v string) []byte { return str(1, string(append(str(1, k), str(2, v)...))) }
+
+// FuzzDecodeAllowWire holds decodeAllow, the server's reading of a unary
+// Allow, to proto.Unmarshal as FuzzDecodeBatch holds decodeBatch.
+func FuzzDecodeAllowWire(f *testing.F) {
+	for _, m := range allowSeeds(f) {
+		f.Add(m)
+	}
+	f.Fuzz(func(t *testing.T, wire []byte) {
+		checkDecodeAllow(t, wire)
+	})
+}
+
+// TestDecodeAllowSeeds runs FuzzDecodeAllowWire's seeds on every go test.
+func TestDecodeAllowSeeds(t *testing.T) {
+	for i, m := range allowSeeds(t) {
+		t.Run(strconv.Itoa(i), func(t *testing.T) { checkDecodeAllow(t, m) })
+	}
+}
+
+func checkDecodeAllow(t *testing.T, wire []byte) {
+	t.Helper()
+	var want rationv1.AllowRequest
+	werr := proto.Unmarshal(wire, &want)
+	// Decoded twice into one allowWire, released between: what a pooled
+	// one held before must not show.
+	got := new(allowWire)
+	if err := decodeAllow(allowSeeds(t)[1], got); err != nil {
+		t.Fatal(err)
+	}
+	got.release()
+	gerr := decodeAllow(append([]byte(nil), wire...), got)
+	if (werr == nil) != (gerr == nil) {
+		t.Fatalf("% x: proto.Unmarshal error %v, decodeAllow error %v", wire, werr, gerr)
+	}
+	if gerr != nil {
+		if !strings.Contains(gerr.Error(), "AllowRequest") || strings.Contains(gerr.Error(), "AllowBatchRequest") {
+			t.Fatalf("% x: decodeAllow error %q does not name AllowRequest", wire, gerr)
+		}
+		return
+	}
+	checkSameRequest(t, wire, 0, fromProto(&want), got.req)
+}
+
+// allowSeeds are AllowRequests as clients write them, and as they might
+// not (see wireSeeds).
+func allowSeeds(tb testing.TB) [][]byte {
+	tb.Helper()
+	marshal := func(m proto.Message) []byte {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return b
+	}
+	many := map[string]string{}
+	for i := range rules.MaxDescriptors + 3 {
+		many["k"+strconv.Itoa(i)] = "v"
+	}
+	return [][]byte{
+		{},
+		marshal(&rationv1.AllowRequest{Descriptors: map[string]string{"user": "u1", "endpoint": "search"}}),
+		marshal(&rationv1.AllowRequest{Rule: "r", Subject: "s", Cost: 2.5, RequestId: "id-1"}),
+		marshal(&rationv1.AllowRequest{Descriptors: many}),
+		marshal(&rationv1.AllowRequest{Descriptors: map[string]string{"": ""}, Cost: math.Inf(1)}),
+		req(entry("a", "1"), entry("b", "2"), entry("a", "3")), // the last "a" wins
+		req(str(2, "r1"), str(2, "r2"), str(3, "s")),           // so does the last rule
+		req(varint(1, 7), varint(2, 1), str(9, "unknown")),     // known fields of another type are skipped
+		req(str(1, string(append(varint(1, 3), str(2, "v")...)))),
+		req(str(2, "\xff")), // not UTF-8
+		req(entry("k", "\xfe")),
+		req(protowire.AppendTag(nil, 7, protowire.StartGroupType), protowire.AppendTag(nil, 7, protowire.EndGroupType)),
+		req(protowire.AppendTag(nil, 7, protowire.EndGroupType)),
+		append(req(entry("x", "y")), 0x0a, 0x05, 'a'), // truncated
+		protowire.AppendTag(nil, protowire.MaxValidNumber+1, protowire.VarintType),
+		{0x08},
+		{0x00},
+	}
+}
+
+// TestAllowAnswerEncoding: a unary Allow's answer as the codec writes it
+// (allowAnswer) is byte for byte what proto.Marshal writes of the
+// AllowResponse grpcServer.Allow makes of the same decision.
+func TestAllowAnswerEncoding(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	durs := []time.Duration{0, 1, time.Millisecond, time.Millisecond + 1, time.Hour, -time.Second, math.MaxInt64}
+	floats := []float64{0, math.Copysign(0, -1), 0.5, 1, 127.9, 1e6, 1e300, math.Inf(1), math.Inf(-1), math.NaN(), -3}
+	strs := []string{"", "r", strings.Repeat("y", 127), strings.Repeat("z", 300), "ünï"}
+	c := newCodec()
+	for round := range 500 {
+		r := Response{
+			Allowed: rng.IntN(2) == 0, RetryAfter: durs[rng.IntN(len(durs))], Remaining: floats[rng.IntN(len(floats))],
+			Limit: floats[rng.IntN(len(floats))], Rate: floats[rng.IntN(len(floats))], Reset: durs[rng.IntN(len(durs))],
+			Rule: strs[rng.IntN(len(strs))], Reason: Reason(rng.IntN(int(ReasonEmergency) + 1)),
+		}
+		pr := &rationv1.AllowResponse{}
+		toProto(r, pr)
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs, err := c.Marshal(&allowAnswer{answerFrom(&r, nil)}) // released to the pool
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := bs.Materialize()
+		bs.Free()
+		if !bytes.Equal(got, want) {
+			t.Fatalf("round %d: %+v: codec wrote\n% x\nproto.Marshal\n% x", round, r, got, want)
+		}
 	}
 }
 
