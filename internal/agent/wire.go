@@ -472,12 +472,19 @@ func allowHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 		a.answer = answerFrom(&resp, nil)
 		return a, nil
 	}
+	return intercept(ctx, srv, rationv1.RateLimiter_Allow_FullMethodName, in, interceptor, answer)
+}
+
+// intercept runs answer on in through the server's interceptor, if any,
+// as a generated handler does with its request.
+func intercept[W any](ctx context.Context, srv any, method string, in W, interceptor grpc.UnaryServerInterceptor,
+	answer func(context.Context, W) (any, error)) (any, error) {
 	if interceptor == nil {
 		return answer(ctx, in)
 	}
-	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rationv1.RateLimiter_Allow_FullMethodName}
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: method}
 	return interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
-		return answer(ctx, req.(*allowWire))
+		return answer(ctx, req.(W))
 	})
 }
 
@@ -511,13 +518,7 @@ func allowBatchHandler(srv any, ctx context.Context, dec func(any) error, interc
 		}
 		return d, nil
 	}
-	if interceptor == nil {
-		return answer(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rationv1.RateLimiter_AllowBatch_FullMethodName}
-	return interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
-		return answer(ctx, req.(*batchWire))
-	})
+	return intercept(ctx, srv, rationv1.RateLimiter_AllowBatch_FullMethodName, in, interceptor, answer)
 }
 
 // appendBatchResponse appends r as proto.Marshal writes it (fields in

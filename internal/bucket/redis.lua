@@ -24,9 +24,9 @@
 --          bucket (24 bytes, tokens first): 8 + 25n bytes. A key holding
 --          something other than a bucket fails only its own decision: 'e'
 --          then '<ddd' of its length in bytes (-1: another type), 0, 0, and
---          the key is left as it was; a take answers such a key with an
---          error. (The keys of one call can be different callers' decisions,
---          which one foreign key must not fail.)
+--          the key is left as it was, so that one foreign key does not
+--          fail a batch's decisions on other keys; a take answers such a
+--          key with an error.
 --
 -- take   replies allowed ('0' | '1') then the stored bucket (24 bytes), now
 --        being the bucket's last; when the clock stepped back (last is
