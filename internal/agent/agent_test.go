@@ -671,8 +671,14 @@ func TestAllowBatchAndStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A bad request is answered in its turn, and the stream goes on.
+	for _, r := range []*rationv1.AllowRequest{{Descriptors: map[string]string{"user": "erin"}, Cost: -1}, {Descriptors: map[string]string{"user": "erin"}, Cost: 20}} {
+		if err := stream.Send(r); err != nil {
+			t.Fatal(err)
+		}
+	}
 	_ = stream.CloseSend()
-	var got []bool
+	var got []*rationv1.AllowResponse
 	for {
 		r, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -681,10 +687,12 @@ func TestAllowBatchAndStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, r.Allowed)
+		got = append(got, r)
 	}
-	if len(got) != 3 || !got[0] || !got[1] || got[2] {
-		t.Fatalf("stream answers = %v, want [true true false] (40+40 of 100, then 40 > 20)", got)
+	if len(got) != 5 || !got[0].Allowed || !got[1].Allowed || got[2].Allowed || !got[4].Allowed ||
+		got[3].Reason != rationv1.Reason_REASON_INVALID || !strings.Contains(got[3].Error, "cost") || got[4].Remaining != 0 {
+		t.Fatalf("stream answers = %v; want admitted, admitted, denied (40+40 of 100, then 40 > 20), "+
+			"REASON_INVALID naming the cost, admitted with 0 left", got)
 	}
 }
 

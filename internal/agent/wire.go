@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"io"
 	"math"
 	"strings"
 	"sync"
@@ -385,8 +386,8 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return c.CodecV2.Unmarshal(data, v)
 }
 
-// serviceDesc is rationv1.RateLimiter_ServiceDesc with Allow's request
-// read as an allowWire and AllowBatch's as a batchWire.
+// serviceDesc is rationv1.RateLimiter_ServiceDesc with the requests of
+// Allow and AllowStream read as allowWires and AllowBatch's as a batchWire.
 func serviceDesc() *grpc.ServiceDesc {
 	desc := rationv1.RateLimiter_ServiceDesc
 	desc.Methods = append([]grpc.MethodDesc(nil), desc.Methods...)
@@ -398,15 +399,22 @@ func serviceDesc() *grpc.ServiceDesc {
 			desc.Methods[i].Handler = allowBatchHandler
 		}
 	}
+	desc.Streams = append([]grpc.StreamDesc(nil), desc.Streams...)
+	for i := range desc.Streams {
+		if desc.Streams[i].StreamName == "AllowStream" {
+			desc.Streams[i].Handler = allowStreamHandler
+		}
+	}
 	return &desc
 }
 
 // Allow's request is read by decodeRequest too, and its answer written by
 // answer.append: a unary call then builds no Go map of descriptors and no
 // protobuf message either way, which in process was 16 allocations and
-// 1000 B per call (BenchmarkHandlers). grpcServer.Allow, the generated
-// interface's method, stays for in-process callers; the server does not
-// call it.
+// 1000 B per call (BenchmarkHandlers). AllowStream's messages are read
+// and written the same way (allowStreamHandler). grpcServer.Allow and
+// grpcServer.AllowStream, the generated interface's methods, stay for
+// in-process callers; the server does not call them.
 
 // allowWire is Allow's request as decodeAllow reads it.
 type allowWire struct {
@@ -486,6 +494,33 @@ func intercept[W any](ctx context.Context, srv any, method string, in W, interce
 	return interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
 		return answer(ctx, req.(W))
 	})
+}
+
+// allowStreamHandler is grpcServer.AllowStream with each request read as an
+// allowWire and each answer written as an allowAnswer: the same answers,
+// in order, a request's error in its own answer (REASON_INVALID).
+func allowStreamHandler(srv any, stream grpc.ServerStream) error {
+	g := srv.(*grpcServer)
+	ctx := stream.Context()
+	in := new(allowWire) // reused: each message replaces what it holds
+	for {
+		err := stream.RecvMsg(in)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		resp, derr := g.svc.Decide(ctx, in.req)
+		a, _ := allowAnswers.Get().(*allowAnswer)
+		if a == nil {
+			a = new(allowAnswer)
+		}
+		a.answer = answerFrom(&resp, derr)
+		if err := stream.SendMsg(a); err != nil { // the codec releases a
+			return err
+		}
+	}
 }
 
 // allowAnswer is allowHandler's answer: an AllowResponse's fields, which
