@@ -333,7 +333,7 @@ func newCodec() codec { return codec{encoding.GetCodecV2(proto.Name)} }
 // rest goes to protobuf.
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	switch r := v.(type) {
-	case *allowAnswer: // allowHandler's answer
+	case *allowAnswer: // the answer of allowHandler or allowStreamHandler
 		bp := answerBufs.Get(r.size())
 		*bp = r.append((*bp)[:0])
 		r.release()
@@ -473,12 +473,7 @@ func allowHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 		if err != nil {
 			return nil, grpcError(err)
 		}
-		a, _ := allowAnswers.Get().(*allowAnswer)
-		if a == nil {
-			a = new(allowAnswer)
-		}
-		a.answer = answerFrom(&resp, nil)
-		return a, nil
+		return newAllowAnswer(answerFrom(&resp, nil)), nil
 	}
 	return intercept(ctx, srv, rationv1.RateLimiter_Allow_FullMethodName, in, interceptor, answer)
 }
@@ -512,22 +507,28 @@ func allowStreamHandler(srv any, stream grpc.ServerStream) error {
 			return err
 		}
 		resp, derr := g.svc.Decide(ctx, in.req)
-		a, _ := allowAnswers.Get().(*allowAnswer)
-		if a == nil {
-			a = new(allowAnswer)
-		}
-		a.answer = answerFrom(&resp, derr)
+		a := newAllowAnswer(answerFrom(&resp, derr))
 		if err := stream.SendMsg(a); err != nil { // the codec releases a
 			return err
 		}
 	}
 }
 
-// allowAnswer is allowHandler's answer: an AllowResponse's fields, which
-// the codec writes as proto.Marshal would (TestAllowAnswerEncoding).
+// allowAnswer is the answer of allowHandler and allowStreamHandler: an
+// AllowResponse's fields, which the codec writes as proto.Marshal would
+// (TestAllowAnswerEncoding) and then releases.
 type allowAnswer struct{ answer }
 
 var allowAnswers sync.Pool // of *allowAnswer
+
+func newAllowAnswer(a answer) *allowAnswer {
+	x, _ := allowAnswers.Get().(*allowAnswer)
+	if x == nil {
+		x = new(allowAnswer)
+	}
+	x.answer = a
+	return x
+}
 
 func (a *allowAnswer) release() {
 	*a = allowAnswer{}
