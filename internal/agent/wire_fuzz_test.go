@@ -118,7 +118,7 @@ func wireSeeds(tb testing.TB) [][]byte {
 		}
 		return b
 	}
-	return [][]byte{
+	seeds := [][]byte{
 		{},
 		marshal(&rationv1.AllowBatchRequest{Requests: []*rationv1.AllowRequest{
 			{Descriptors: map[string]string{"user": "u1", "endpoint": "search"}},
@@ -132,20 +132,16 @@ func wireSeeds(tb testing.TB) [][]byte {
 			{Descriptors: many}, {Descriptors: many},
 			{Rule: "r", Subject: "s"}, {Rule: "r", Subject: "s"}, {Descriptors: map[string]string{"user": "u1"}},
 		}}),
-		batch(req(entry("a", "1"), entry("b", "2"), entry("a", "3"))),    // the last "a" wins
-		batch(req(str(2, "r1"), str(2, "r2"), str(3, "s"))),              // so does the last rule
-		batch(req(varint(1, 7), varint(2, 1), str(9, "unknown"))),        // known fields of another type are skipped
-		batch(req(str(1, string(append(varint(1, 3), str(2, "v")...))))), // an entry whose key is a varint
-		batch(req(str(2, "\xff"))),                                       // not UTF-8
-		batch(req(entry("k", "\xfe"))),
-		batch(req(protowire.AppendTag(nil, 7, protowire.StartGroupType), protowire.AppendTag(nil, 7, protowire.EndGroupType))),
-		batch(req(protowire.AppendTag(nil, 7, protowire.EndGroupType))),
 		append(batch(req(entry("x", "y"))), varint(2, 5)...), // an unknown batch field
 		append(batch(req(entry("x", "y"))), 0x0a, 0x05, 'a'), // truncated
 		protowire.AppendTag(nil, protowire.MaxValidNumber+1, protowire.VarintType),
 		{0x08},
 		{0x00},
 	}
+	for _, r := range oddRequests() {
+		seeds = append(seeds, batch(r))
+	}
+	return seeds
 }
 
 // req is an AllowRequest's bytes: its fields' in turn.
@@ -167,6 +163,22 @@ func varint(num protowire.Number, v uint64) []byte {
 }
 
 func entry(k, v string) []byte { return str(1, string(append(str(1, k), str(2, v)...))) }
+
+// oddRequests are AllowRequests as a client might not write them: fields
+// repeated, of another wire type, groups, strings that are not UTF-8. Both
+// decoders' seeds hold them (a batch's each in a batch of one).
+func oddRequests() [][]byte {
+	return [][]byte{
+		req(entry("a", "1"), entry("b", "2"), entry("a", "3")),    // the last "a" wins
+		req(str(2, "r1"), str(2, "r2"), str(3, "s")),              // so does the last rule
+		req(varint(1, 7), varint(2, 1), str(9, "unknown")),        // known fields of another type are skipped
+		req(str(1, string(append(varint(1, 3), str(2, "v")...)))), // an entry whose key is a varint
+		req(str(2, "\xff")), // not UTF-8
+		req(entry("k", "\xfe")),
+		req(protowire.AppendTag(nil, 7, protowire.StartGroupType), protowire.AppendTag(nil, 7, protowire.EndGroupType)),
+		req(protowire.AppendTag(nil, 7, protowire.EndGroupType)),
+	}
+}
 
 // FuzzDecodeAllowWire holds decodeAllow, the server's reading of a unary
 // Allow, to proto.Unmarshal as FuzzDecodeBatch holds decodeBatch.
@@ -225,25 +237,17 @@ func allowSeeds(tb testing.TB) [][]byte {
 	for i := range rules.MaxDescriptors + 3 {
 		many["k"+strconv.Itoa(i)] = "v"
 	}
-	return [][]byte{
+	return append([][]byte{
 		{},
 		marshal(&rationv1.AllowRequest{Descriptors: map[string]string{"user": "u1", "endpoint": "search"}}),
 		marshal(&rationv1.AllowRequest{Rule: "r", Subject: "s", Cost: 2.5, RequestId: "id-1"}),
 		marshal(&rationv1.AllowRequest{Descriptors: many}),
 		marshal(&rationv1.AllowRequest{Descriptors: map[string]string{"": ""}, Cost: math.Inf(1)}),
-		req(entry("a", "1"), entry("b", "2"), entry("a", "3")), // the last "a" wins
-		req(str(2, "r1"), str(2, "r2"), str(3, "s")),           // so does the last rule
-		req(varint(1, 7), varint(2, 1), str(9, "unknown")),     // known fields of another type are skipped
-		req(str(1, string(append(varint(1, 3), str(2, "v")...)))),
-		req(str(2, "\xff")), // not UTF-8
-		req(entry("k", "\xfe")),
-		req(protowire.AppendTag(nil, 7, protowire.StartGroupType), protowire.AppendTag(nil, 7, protowire.EndGroupType)),
-		req(protowire.AppendTag(nil, 7, protowire.EndGroupType)),
 		append(req(entry("x", "y")), 0x0a, 0x05, 'a'), // truncated
 		protowire.AppendTag(nil, protowire.MaxValidNumber+1, protowire.VarintType),
 		{0x08},
 		{0x00},
-	}
+	}, oddRequests()...)
 }
 
 // TestAllowAnswerEncoding: a unary Allow's answer as the codec writes it

@@ -727,29 +727,47 @@ func TestRedisForeignValue(t *testing.T) {
 	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
 	c := srv.Client()
 	l := bucket.Limit{Burst: 10, Rate: 1}
-	for _, tt := range []struct {
-		name, want string
-		set        func(k string) error
-	}{
-		{"short string", "holds 5 bytes", func(k string) error { return c.Set(ctx, k, "hello", 0).Err() }},
-		{"list", "WRONGTYPE", func(k string) error { return c.RPush(ctx, k, "x").Err() }},
-	} {
-		k := bucket.Key("foreign", tt.name)
-		if err := tt.set(k); err != nil {
-			t.Fatal(err)
+	for _, fv := range foreignValues {
+		k := bucket.Key("foreign", fv.name)
+		before := fv.plant(t, c, k)
+		_, err := s.Take(ctx, bucket.Request{Key: k, Limit: l, Cost: 1})
+		if err == nil || !strings.Contains(err.Error(), fv.want) || errors.Is(err, bucket.ErrUnavailable) {
+			t.Errorf("%s: take = %v; want an error saying %q, not ErrUnavailable", fv.name, err, fv.want)
 		}
-		before, err := c.Dump(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = s.Take(ctx, bucket.Request{Key: k, Limit: l, Cost: 1})
-		if err == nil || !strings.Contains(err.Error(), tt.want) || errors.Is(err, bucket.ErrUnavailable) {
-			t.Errorf("%s: take = %v; want an error saying %q, not ErrUnavailable", tt.name, err, tt.want)
-		}
-		if after, err := c.Dump(ctx, k).Result(); err != nil || after != before {
-			t.Errorf("%s: key changed by a failed take (%v)", tt.name, err)
+		if dumpKey(t, c, k) != before {
+			t.Errorf("%s: key changed by a failed take", fv.name)
 		}
 	}
+}
+
+// foreign is a value another program might have left at a bucket's key,
+// and what the error of a decision on it must say.
+type foreign struct {
+	name, want string
+	set        func(c *redis.Client, k string) error
+}
+
+var foreignValues = []foreign{
+	{"short string", "holds 5 bytes", func(c *redis.Client, k string) error { return c.Set(context.Background(), k, "hello", 0).Err() }},
+	{"list", "WRONGTYPE", func(c *redis.Client, k string) error { return c.RPush(context.Background(), k, "x").Err() }},
+}
+
+// plant stores the value at k and returns k's DUMP, to compare with later.
+func (fv foreign) plant(t *testing.T, c *redis.Client, k string) string {
+	t.Helper()
+	if err := fv.set(c, k); err != nil {
+		t.Fatal(err)
+	}
+	return dumpKey(t, c, k)
+}
+
+func dumpKey(t *testing.T, c *redis.Client, k string) string {
+	t.Helper()
+	v, err := c.Dump(context.Background(), k).Result()
+	if err != nil {
+		t.Fatalf("DUMP %s: %v", k, err)
+	}
+	return v
 }
 
 // TestRedisTakesForeignValue: in one "takes" call, a key holding something
@@ -762,26 +780,19 @@ func TestRedisTakesForeignValue(t *testing.T) {
 	c := srv.Client()
 	s := bucket.NewRedisStore(openRedis(t, srv.Addr, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
 	l := bucket.Limit{Burst: 10, Rate: 0}
-	good, short, list := bucket.Key(t.Name(), "good"), bucket.Key(t.Name(), "short"), bucket.Key(t.Name(), "list")
-	if err := c.Set(ctx, short, "hello", 0).Err(); err != nil {
-		t.Fatal(err)
+	good := bucket.Key(t.Name(), "good")
+	before := map[string]string{}
+	var bad []string // foreignValues' keys, in turn
+	for _, fv := range foreignValues {
+		k := bucket.Key(t.Name(), fv.name)
+		before[k] = fv.plant(t, c, k)
+		bad = append(bad, k)
 	}
-	if err := c.RPush(ctx, list, "x").Err(); err != nil {
-		t.Fatal(err)
-	}
-	dump := func(k string) string {
-		v, err := c.Dump(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-	before := map[string]string{short: dump(short), list: dump(list)}
 	mustTake(t, s, bucket.Request{Key: bucket.Key(t.Name(), "warm"), Limit: l, Cost: 1})
 	if err := c.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	keys := []string{good, short, good, list, good}
+	keys := []string{good, bad[0], good, bad[1], good}
 	reqs := make([]bucket.Request, len(keys))
 	for i, k := range keys {
 		reqs[i] = bucket.Request{Key: k, Limit: l, Cost: 1}
@@ -795,7 +806,7 @@ func TestRedisTakesForeignValue(t *testing.T) {
 	if n := scriptCalls(t, stats); n != 1 {
 		t.Fatalf("%d script calls for one batch; want 1 (a takes call)", n)
 	}
-	wantErr := map[int]string{1: `holds 5 bytes`, 3: "WRONGTYPE"}
+	wantErr := map[int]string{1: foreignValues[0].want, 3: foreignValues[1].want}
 	left := 9.0
 	for i, o := range out {
 		if want, ok := wantErr[i]; ok {
@@ -810,7 +821,7 @@ func TestRedisTakesForeignValue(t *testing.T) {
 		left--
 	}
 	for k, v := range before {
-		if dump(k) != v {
+		if dumpKey(t, c, k) != v {
 			t.Errorf("%s changed by the batch", k)
 		}
 	}
