@@ -393,6 +393,12 @@ func (s *Service) match(set *rules.Set, req *Request, buf []rules.Match) ([]rule
 		if req.Subject == "" || len(req.Subject) > MaxSubjectLen {
 			return nil, fmt.Errorf("%w: subject must be 1 to %d bytes, got %d", ErrInvalidRequest, MaxSubjectLen, len(req.Subject))
 		}
+		if req.Subject == rules.DefaultSubject {
+			// It names a default-share rule's default quota, every
+			// subject's at once; refused for every rule, so that the answer
+			// does not change with a reload of the rule's mode.
+			return nil, fmt.Errorf("%w: subject %q is reserved (it names a rule's default quota); give the subject's descriptors or another subject", ErrInvalidRequest, rules.DefaultSubject)
+		}
 		r, ok := set.Rule(req.Rule)
 		if !ok {
 			return nil, fmt.Errorf("%w: %w %q", ErrInvalidRequest, ErrUnknownRule, truncate(req.Rule))

@@ -446,6 +446,12 @@ func (l *Leases) Take(ctx context.Context, r *rules.Rule, subject string, cost f
 // back where the tokens came from (Refund's shared).
 func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, shared, ok bool) {
 	if r.Lease.DefaultShare > 0 && subject != "" {
+		if subject == rules.DefaultSubject {
+			// The rule's default quota is never spent on itself: it is
+			// every subject's. The agent refuses this name before it gets
+			// here; no caller may make a quota its own copy.
+			return bucket.Result{}, false, false
+		}
 		return l.takeShared(ctx, r, subject, cost, now)
 	}
 	q := l.lookup(r.Name, subject)
@@ -606,7 +612,8 @@ func waits(h *lease.Holding, allowed bool, cost float64) (reset, retryAfter time
 // together instead of one after another.
 func (l *Leases) Prepare(r *rules.Rule, subject string) {
 	if r.Lease.DefaultShare > 0 && subject != "" {
-		// Its decisions wait for the rule's default lease, if for anything.
+		// Its decisions wait for the rule's default lease, if for anything
+		// (and DefaultSubject's are refused by Spend).
 		if l.lookup(r.Name, rules.DefaultSubject) == nil {
 			l.addDefault(r)
 		}

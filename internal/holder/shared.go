@@ -43,6 +43,10 @@ func (l *Leases) addDefault(r *rules.Rule) *quota {
 // copyOf gives q a copy of d's holding (a fresh clone), unless it has one
 // of d already, and registers it with d so that it mirrors d from now on.
 func (l *Leases) copyOf(d, q *quota) {
+	if d == q {
+		// A quota is never its own copy: both locks are one mutex.
+		return
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	q.mu.Lock()
