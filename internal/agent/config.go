@@ -34,6 +34,7 @@ type Config struct {
 	ReloadInterval  time.Duration // -reload-interval, RATION_RELOAD_INTERVAL
 	Breaker         breaker.Config
 	ShutdownTimeout time.Duration // -shutdown-timeout, RATION_SHUTDOWN_TIMEOUT
+	StallTimeout    time.Duration // -stall-timeout, RATION_STALL_TIMEOUT: 0 is StallLimit's default
 	LogLevel        string        // -log-level, RATION_LOG_LEVEL
 	LogFormat       string        // -log-format, RATION_LOG_FORMAT: text or json
 	Record          string        // -record, RATION_RECORD: admission log file (off when empty)
@@ -104,6 +105,17 @@ func DefaultConfig() Config {
 	}
 }
 
+// StallLimit is how long a decision may be in flight, or the lease loop go
+// without a step, before the agent calls itself wedged: -stall-timeout, or
+// by default longer than any healthy decision takes (each of its waits is
+// bounded by the decision timeout) and than a renewal call (2s).
+func (c Config) StallLimit() time.Duration {
+	if c.StallTimeout > 0 {
+		return c.StallTimeout
+	}
+	return 5*time.Second + 4*c.DecisionTimeout
+}
+
 // DevConfig is DefaultConfig for a first try: in-memory store and the
 // embedded sample rules unless -rules names a file.
 func DevConfig() Config {
@@ -147,7 +159,8 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "reload-interval", Env: "RELOAD_INTERVAL", Usage: "how often the rules file is checked for changes", Value: &c.ReloadInterval},
 		{Flag: "breaker-threshold", Env: "BREAKER_THRESHOLD", Usage: "consecutive store failures that open the circuit breaker", Value: &c.Breaker.Threshold},
 		{Flag: "breaker-probe-interval", Env: "BREAKER_PROBE_INTERVAL", Usage: "pause between store probes while the breaker is open", Value: &c.Breaker.ProbeInterval},
-		{Flag: "shutdown-timeout", Env: "SHUTDOWN_TIMEOUT", Usage: "graceful shutdown limit on SIGTERM and SIGINT", Value: &c.ShutdownTimeout},
+		{Flag: "shutdown-timeout", Env: "SHUTDOWN_TIMEOUT", Usage: "graceful shutdown limit on SIGTERM and SIGINT; past it the process exits whatever is in flight", Value: &c.ShutdownTimeout},
+		{Flag: "stall-timeout", Env: "STALL_TIMEOUT", Usage: "a decision in flight, or a lease renewal loop without a step, for longer than this turns /healthz to 503 (wedged); 0: 5s + 4 x -decision-timeout", Value: &c.StallTimeout},
 		{Flag: "log-level", Env: "LOG_LEVEL", Usage: "debug, info, warn or error", Value: &c.LogLevel},
 		{Flag: "log-format", Env: "LOG_FORMAT", Usage: logformat.Usage, Value: &c.LogFormat},
 		{Flag: "record", Env: "RECORD", Usage: "append every decision to this admission log (for ration-check and the chaos suite; about 0.3 µs per decision); off when empty", Value: &c.Record},
@@ -238,6 +251,9 @@ func (c Config) CheckCore() error {
 	}
 	if c.ReloadInterval <= 0 {
 		errs = append(errs, fmt.Errorf("-reload-interval %v: must be positive", c.ReloadInterval))
+	}
+	if c.StallTimeout != 0 && c.StallTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("-stall-timeout %v: must be 0 (the default) or at least 1s", c.StallTimeout))
 	}
 	if err := c.Breaker.Validate(); err != nil {
 		errs = append(errs, err)

@@ -43,6 +43,7 @@ type Core struct {
 	watcher        *rules.Watcher
 	rules          *acceptedRules // the rules in force, when a rules file is watched
 	holder         *holder.Leases
+	loop           interface{ Run(context.Context) } // the holder's renewal loop, or a replacement's (CoreOptions.Leases)
 	holderDone     chan struct{}
 	devCoordinator DevCoordinator
 	tls            *tlsfiles.Source // the agent's TLS material, nil without it
@@ -145,6 +146,20 @@ func NewCore(ctx context.Context, cfg Config, o CoreOptions) (*Core, error) {
 		return nil, err
 	}
 	c.Service = svc
+	if c.holder != nil {
+		c.loop = c.holder
+	} else if l, ok := leases.(interface{ Run(context.Context) }); ok {
+		// A replacement with a loop of its own runs, and is waited for at
+		// Close, as the holder's would be.
+		c.loop = l
+	}
+	var stepped func() time.Time
+	if st, ok := leases.(interface{ Stepped() time.Time }); ok {
+		stepped = st.Stepped
+	}
+	svc.watch = newWatchdog(cfg.StallLimit(), watchTick, stepped, c.logger, func(wedged bool) {
+		svc.metrics.wedged.Set(map[bool]float64{false: 0, true: 1}[wedged])
+	})
 	if cfg.Record != "" {
 		stop, err := svc.StartRecording(cfg.Record, cfg.AgentID)
 		if err != nil {
@@ -194,9 +209,10 @@ func (c *Core) Run(ctx context.Context, onReady func()) {
 	c.cancel = cancel
 	go c.Service.RunProber(runCtx)
 	go c.Service.RunHotMarks(runCtx)
-	if c.holder != nil {
+	go c.Service.watch.run(runCtx)
+	if c.loop != nil {
 		c.holderDone = make(chan struct{})
-		go func() { defer close(c.holderDone); c.holder.Run(runCtx) }()
+		go func() { defer close(c.holderDone); c.loop.Run(runCtx) }()
 	}
 	if c.watcher != nil {
 		go c.watcher.Run(runCtx)
@@ -232,6 +248,15 @@ func (c *Core) waitReady(ctx context.Context, onReady func()) {
 
 // Ready reports whether the store has answered once (Run's probe).
 func (c *Core) Ready() bool { return c.ready.Load() }
+
+// Wedged is why the agent no longer does its job (a decision in flight,
+// or the lease loop without a step, for longer than the stall limit),
+// "" while it does.
+func (c *Core) Wedged() string { return c.Service.watch.wedged() }
+
+// watchTick is the watchdog's resolution: a wedge shows on /healthz
+// within the stall limit plus two ticks.
+const watchTick = time.Second
 
 // StartRules is the rules the core started with.
 func (c *Core) StartRules() *rules.Set { return c.set }

@@ -170,6 +170,12 @@ func (s *Service) Decide(ctx context.Context, req Request) (Response, error) {
 // DecideBatch answers many independent requests; all their Redis charges go
 // out in one pipelined round trip. out and errs must be as long as reqs.
 func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Response, errs []error) {
+	if w := s.watch; w != nil {
+		e := w.begin()
+		s.decideBatch(ctx, reqs, out, errs, 0)
+		w.end(e) // not deferred: a panic leaves it counted, as stuck as it is
+		return
+	}
 	s.decideBatch(ctx, reqs, out, errs, 0)
 }
 

@@ -27,6 +27,7 @@ type metrics struct {
 	storeErrors          *prometheus.CounterVec   // kind
 	breakerShortCircuits prometheus.Counter
 	breakerOpen          prometheus.Gauge
+	wedged               prometheus.Gauge
 	fallbackActive       prometheus.Gauge
 	fallbackActivations  *prometheus.CounterVec // rule, policy
 	overshootBound       *prometheus.GaugeVec   // rule
@@ -72,6 +73,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ration_breaker_open",
 			Help: "1 while the store's circuit breaker is open (store known down), else 0.",
+		}),
+		wedged: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_agent_wedged",
+			Help: "1 while a decision has been in flight, or the lease renewal loop without a step, for longer than -stall-timeout: /healthz answers 503 so that the orchestrator restarts the agent; else 0.",
 		}),
 		fallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ration_fallback_active",
@@ -131,7 +136,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.hotSubjects, m.hotPromotions, m.hotMarks, m.hotFull)
 	reg.MustRegister(m.replays, m.decisions, m.noRule, m.invalid, m.duration, m.storeErrors, m.breakerShortCircuits,
-		m.breakerOpen, m.fallbackActive, m.fallbackActivations, m.overshootBound, m.refunds, m.grpcPanics,
+		m.breakerOpen, m.wedged, m.fallbackActive, m.fallbackActivations, m.overshootBound, m.refunds, m.grpcPanics,
 		m.rulesLoaded, m.rulesReloads, m.redisEvictionSafe)
 	return m
 }

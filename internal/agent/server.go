@@ -155,7 +155,13 @@ func (s *Server) metricsHandler() http.Handler {
 }
 
 func (s *Server) probes(mux *http.ServeMux) {
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if cause := s.core.Wedged(); cause != "" {
+			http.Error(w, "wedged: "+cause, http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.Ready() {
 			http.Error(w, "not ready: store has not answered yet", http.StatusServiceUnavailable)
@@ -182,6 +188,10 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 // Ready reports whether the agent has rules and the store answered once.
 func (s *Server) Ready() bool { return s.core.Ready() }
 
+// Wedged is why /healthz fails (the agent no longer does its job), ""
+// while it does not.
+func (s *Server) Wedged() string { return s.core.Wedged() }
+
 // Reload re-reads the rules file now (SIGHUP). Invalid files keep the old
 // rules and return the problems, and so do rules this agent cannot run (a
 // mode: redis rule in an agent without -redis), for as long as the file
@@ -189,7 +199,9 @@ func (s *Server) Ready() bool { return s.core.Ready() }
 func (s *Server) Reload() error { return s.core.Reload() }
 
 // Shutdown stops accepting, lets in-flight requests finish within ctx, and
-// releases the store.
+// releases the leases and the store. It returns once ctx is done whatever
+// a handler or the background work is doing: a wedged agent must still
+// stop when told to.
 func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	s.health.Shutdown()
@@ -207,7 +219,24 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if herr := s.http.Shutdown(ctx); herr != nil && err == nil {
 		err = herr
 	}
-	s.closeAll()
+	if ctx.Err() != nil {
+		// Past the limit: connections still open (handlers that never
+		// returned) are cut, not waited for.
+		_ = s.http.Close()
+		if s.metrics != nil {
+			_ = s.metrics.Close()
+		}
+	}
+	closed := make(chan struct{})
+	go func() { s.closeAll(); close(closed) }()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		s.logger.Error("shutdown limit reached before the leases were released and the store closed; stopping anyway", "err", ctx.Err())
+		if err == nil {
+			err = ctx.Err()
+		}
+	}
 	return err
 }
 

@@ -65,6 +65,7 @@ type Service struct {
 	rec      *recorder      // nil unless recording (-record)
 	ids      *requestRecord // nil when Options.RequestRecords < 0
 	hot      *hotKeys       // promoted subjects of mode auto rules (hot.go)
+	watch    *watchdog      // nil: decisions are not watched (Core sets it)
 }
 
 // New builds a Service. It does not contact the store; see Probe.

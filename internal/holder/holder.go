@@ -391,6 +391,10 @@ type Leases struct {
 
 	// down is when renewals started failing (unix nanos), 0 while healthy.
 	down atomic.Int64
+	// stepped is when the loop last took a step (unix nanos): woke for a
+	// round, or started a call. A live loop steps at least once a Tick or
+	// once a RequestTimeout; Stepped lets a watchdog tell one that hangs.
+	stepped atomic.Int64
 }
 
 // New builds a Leases; call Run to start renewing.
@@ -878,6 +882,7 @@ func (l *Leases) Run(ctx context.Context) {
 	t := time.NewTicker(l.o.Tick)
 	defer t.Stop()
 	for {
+		l.stepped.Store(time.Now().UnixNano())
 		select {
 		case <-ctx.Done():
 			rctx, cancel := l.callCtx(context.WithoutCancel(ctx))
@@ -894,10 +899,22 @@ func (l *Leases) Run(ctx context.Context) {
 // callCtx is ctx bounded by RequestTimeout for one Renew or Release call,
 // or ctx itself when the Client bounds its calls (RequestTimeout < 0).
 func (l *Leases) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	l.stepped.Store(time.Now().UnixNano())
 	if l.o.RequestTimeout < 0 {
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, l.o.RequestTimeout)
+}
+
+// Stepped is when the renewal loop last took a step (woke up, or started
+// a Renew or Release call); zero before Run. A loop that is alive steps at
+// least every Tick, or every RequestTimeout while a call is out.
+func (l *Leases) Stepped() time.Time {
+	n := l.stepped.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // Round runs one round of the renewal loop, what Run does at each tick,
