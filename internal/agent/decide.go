@@ -531,6 +531,9 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 				}
 				if k := s.hot.spendable(st.req.Key, leaseNow); k != nil {
 					s.spendHot(ctx, st, k, leaseNow)
+					// The spend may have waited for the promotion's first
+					// grant: what comes after is checked at the time now.
+					leaseNow = s.leases.Now()
 					continue
 				}
 			}
@@ -550,7 +553,14 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 						continue
 					}
 				}
-				if res, shared, ok := s.leases.Spend(ctx, st.rule, st.subject, st.req.Cost, leaseNow); ok {
+				res, shared, ok := s.leases.Spend(ctx, st.rule, st.subject, st.req.Cost, leaseNow)
+				// A Spend may wait for a new quota's first grant (up to the
+				// decision timeout): the steps after it are checked against
+				// the clock after the wait, or they would spend leases that
+				// expired meanwhile, and mark hot keys that lapsed, as if
+				// still valid. The Ref path above never waits.
+				leaseNow = s.leases.Now()
+				if ok {
 					st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
 					st.shared = shared
 					st.reason = verdict(res.Allowed)
