@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# make mutations (and make test): every patch in test/mutations removes or
+# breaks one protection of Ration on purpose, and the test its header names
+# must then fail. A protection that no test misses when it is removed is
+# either not needed or not tested. Each patch's header says what it
+# breaks ("breaks: ...") and which test must catch it ("test: <package>
+# <go test -run pattern>"). All patches are applied, one at a time, to one
+# copy of this work tree (so the build cache serves what a patch does not
+# touch); nothing here is changed.
+#
+#   scripts/mutations.sh                      # all of them
+#   scripts/mutations.sh reserved-subject     # test/mutations/reserved-subject.patch
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+patches=()
+if [ $# -gt 0 ]; then
+  for n in "$@"; do patches+=("test/mutations/$n.patch"); done
+else
+  patches=(test/mutations/*.patch)
+fi
+src="$tmp/src"
+mkdir -p "$src"
+git ls-files -z | xargs -0 cp --parents -t "$src"
+bad=0
+for p in "${patches[@]}"; do
+  name=$(basename "$p" .patch)
+  read -r pkg pattern <<<"$(sed -n 's/^test: //p' "$p")"
+  if [ -z "${pkg:-}" ] || [ -z "${pattern:-}" ]; then
+    echo "mutations: $name: no 'test: <package> <pattern>' line"
+    bad=1
+    continue
+  fi
+  if ! (cd "$src" && git apply "$OLDPWD/$p" 2>"$tmp/apply.txt"); then
+    echo "mutations: $name: the patch no longer applies; refresh it:"
+    cat "$tmp/apply.txt"
+    bad=1
+    continue
+  fi
+  out="$tmp/$name.txt"
+  if (cd "$src" && go test -count=1 -timeout 5m -run "$pattern" "$pkg") >"$out" 2>&1; then
+    echo "mutations: $name NOT caught by $pkg $pattern:"
+    sed -n 's/^breaks: /  breaks: /p' "$p"
+    bad=1
+  elif grep -q -e '^--- FAIL' -e '^panic: ' "$out"; then
+    echo "mutations: $name caught by $(grep -m1 '^--- FAIL' "$out" | sed 's/^--- FAIL: //; s/ (.*//') ($pkg)"
+  else
+    echo "mutations: $name failed without a failing test (a build error?):"
+    tail -20 "$out"
+    bad=1
+  fi
+  (cd "$src" && git apply -R "$OLDPWD/$p")
+done
+exit $bad
