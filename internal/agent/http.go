@@ -2,28 +2,12 @@ package agent
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"net/http"
-	"strconv"
 
 	"github.com/ration-dev/ration/internal/header"
 )
 
-// MaxBodyBytes bounds a POST /v1/allow body.
-const MaxBodyBytes = 64 << 10
-
-// allowJSON is the body of POST /v1/allow.
-type allowJSON struct {
-	Descriptors map[string]string `json:"descriptors,omitempty"`
-	Rule        string            `json:"rule,omitempty"`
-	Subject     string            `json:"subject,omitempty"`
-	Cost        *float64          `json:"cost,omitempty"` // absent means 1; 0 is an error
-	RequestID   string            `json:"request_id,omitempty"`
-}
-
-// answerJSON is its answer.
+// answerJSON is the answer of POST /v1/allow.
 type answerJSON struct {
 	Allowed      bool    `json:"allowed"`
 	RetryAfterMs int64   `json:"retry_after_ms"`
@@ -37,62 +21,6 @@ type answerJSON struct {
 
 type errorJSON struct {
 	Error string `json:"error"`
-}
-
-// DecodeAllow parses a POST /v1/allow body strictly: unknown fields,
-// trailing data and oversized bodies are errors wrapping ErrInvalidRequest.
-func DecodeAllow(r io.Reader) (Request, error) {
-	dec := json.NewDecoder(io.LimitReader(r, MaxBodyBytes+1))
-	dec.DisallowUnknownFields()
-	var in allowJSON
-	if err := dec.Decode(&in); err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return Request{}, fmt.Errorf("%w: body is empty, truncated or larger than %d bytes", ErrInvalidRequest, MaxBodyBytes)
-		}
-		return Request{}, fmt.Errorf("%w: body: %w", ErrInvalidRequest, err)
-	}
-	if dec.More() {
-		return Request{}, fmt.Errorf("%w: body: trailing data after the JSON object", ErrInvalidRequest)
-	}
-	if dec.InputOffset() > MaxBodyBytes {
-		return Request{}, fmt.Errorf("%w: body larger than %d bytes", ErrInvalidRequest, MaxBodyBytes)
-	}
-	req := Request{Descriptors: in.Descriptors, Rule: in.Rule, Subject: in.Subject, RequestID: in.RequestID}
-	if in.Cost != nil {
-		if *in.Cost <= 0 {
-			return Request{}, fmt.Errorf("%w: cost %v must be positive", ErrInvalidRequest, *in.Cost)
-		}
-		req.Cost = *in.Cost
-	}
-	return req, nil
-}
-
-// DecodeCheck turns a check URL's query into a request: every parameter is a
-// descriptor except cost and request_id. A repeated parameter is an error
-// (which value would be meant is ambiguous).
-func DecodeCheck(q map[string][]string) (Request, error) {
-	req := Request{Descriptors: make(map[string]string, len(q))}
-	for k, vs := range q {
-		if len(vs) != 1 {
-			return Request{}, fmt.Errorf("%w: query parameter %q given %d times", ErrInvalidRequest, truncate(k), len(vs))
-		}
-		switch k {
-		case "cost":
-			c, err := strconv.ParseFloat(vs[0], 64)
-			if err != nil {
-				return Request{}, fmt.Errorf("%w: cost %q is not a number", ErrInvalidRequest, truncate(vs[0]))
-			}
-			if c == 0 {
-				return Request{}, fmt.Errorf("%w: cost must be positive", ErrInvalidRequest)
-			}
-			req.Cost = c
-		case "request_id":
-			req.RequestID = vs[0]
-		default:
-			req.Descriptors[k] = vs[0]
-		}
-	}
-	return req, nil
 }
 
 func (s *Service) handleAllow(w http.ResponseWriter, r *http.Request) {
@@ -132,7 +60,7 @@ func (s *Service) handleCheck(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "use GET", http.StatusMethodNotAllowed)
 		return
 	}
-	req, err := DecodeCheck(r.URL.Query())
+	req, err := DecodeCheck(r.URL.RawQuery)
 	if err != nil {
 		s.metrics.invalid.Inc() // Decide counts the requests it refuses itself
 	} else {
