@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"strings"
@@ -37,7 +38,8 @@ import (
 var errWire = errors.New("agent: malformed AllowBatchRequest")
 
 // errWireUTF8 is a string field that is not UTF-8, which proto3 refuses.
-var errWireUTF8 = errors.New("agent: AllowBatchRequest: string field contains invalid UTF-8")
+// It comes as a *wireUTF8Error naming the field (wireinvalid.go).
+var errWireUTF8 = errors.New("string is not valid UTF-8")
 
 // batchWire is AllowBatch's request as decodeBatch reads it.
 type batchWire struct {
@@ -47,6 +49,9 @@ type batchWire struct {
 	n int
 	// pairs backs the requests' descriptors.
 	pairs rules.Pairs
+	// invalid: a request's string is not UTF-8; the batch is refused
+	// with InvalidArgument naming it (wireinvalid.go).
+	invalid error
 }
 
 var wirePool sync.Pool // of *batchWire
@@ -120,7 +125,7 @@ func decodeBatch(buf []byte, bw *batchWire) error {
 			before := len(pairs)
 			req, pairs, err = decodeRequest(s[start:off], pairs)
 			if err != nil {
-				return err
+				return inRequest(bw.n, err)
 			}
 			if bw.n < MaxBatch {
 				bw.reqs = append(bw.reqs, req)
@@ -242,7 +247,7 @@ func decodeRequest(m string, pairs rules.Pairs) (Request, rules.Pairs, error) {
 			str := m[off+n-len(v) : off+n]
 			off += n
 			if !utf8.ValidString(str) {
-				return req, pairs, errWireUTF8
+				return req, pairs, &wireUTF8Error{field: requestFields[num]}
 			}
 			str = strings.Clone(str)
 			switch num {
@@ -296,7 +301,7 @@ func decodeEntry(e string) (k, v string, err error) {
 			str := e[off+n-len(val) : off+n]
 			off += n
 			if !utf8.ValidString(str) {
-				return "", "", errWireUTF8
+				return "", "", entryUTF8Error(num == 1, k, str)
 			}
 			if num == 1 {
 				k = str
@@ -379,9 +384,9 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	// back to gRPC's pool when this returns.
 	switch w := v.(type) {
 	case *batchWire:
-		return decodeBatch(data.Materialize(), w)
+		return invalidString(decodeBatch(data.Materialize(), w), &w.invalid)
 	case *allowWire:
-		return decodeAllow(data.Materialize(), w)
+		return invalidString(decodeAllow(data.Materialize(), w), &w.invalid)
 	}
 	return c.CodecV2.Unmarshal(data, v)
 }
@@ -420,6 +425,9 @@ func serviceDesc() *grpc.ServiceDesc {
 type allowWire struct {
 	req   Request
 	pairs rules.Pairs // backs req's descriptors
+	// invalid: a string is not UTF-8; req is not to be decided, the
+	// answer is InvalidArgument naming the field (wireinvalid.go).
+	invalid error
 }
 
 var allowWires sync.Pool // of *allowWire
@@ -435,11 +443,8 @@ func (aw *allowWire) release() {
 	allowWires.Put(aw)
 }
 
-// Allow's own names for decodeRequest's errors, which name AllowBatch's.
-var (
-	errWireAllow     = errors.New("agent: malformed AllowRequest")
-	errWireAllowUTF8 = errors.New("agent: AllowRequest: string field contains invalid UTF-8")
-)
+// errWireAllow is Allow's own name for a malformed request.
+var errWireAllow = errors.New("agent: malformed AllowRequest")
 
 // decodeAllow reads an AllowRequest into aw, as decodeBatch reads each of
 // a batch's: buf must not change afterwards (descriptors point into it).
@@ -448,7 +453,7 @@ func decodeAllow(buf []byte, aw *allowWire) error {
 	aw.pairs = pairs
 	switch {
 	case errors.Is(err, errWireUTF8):
-		return errWireAllowUTF8
+		return fmt.Errorf("agent: AllowRequest: %w", err)
 	case err != nil:
 		return errWireAllow
 	}
@@ -469,6 +474,10 @@ func allowHandler(srv any, ctx context.Context, dec func(any) error, interceptor
 	// The answer goes to the codec as *allowAnswer (codec.Marshal). A nil
 	// *allowAnswer must not become a non-nil any beside an error.
 	answer := func(ctx context.Context, aw *allowWire) (any, error) {
+		if aw.invalid != nil {
+			g.svc.metrics.invalid.Inc()
+			return nil, grpcError(aw.invalid)
+		}
 		resp, err := g.svc.Decide(ctx, aw.req)
 		if err != nil {
 			return nil, grpcError(err)
@@ -506,7 +515,13 @@ func allowStreamHandler(srv any, stream grpc.ServerStream) error {
 		if err != nil {
 			return err
 		}
-		resp, derr := g.svc.Decide(ctx, in.req)
+		var resp Response
+		derr := in.invalid
+		if derr == nil {
+			resp, derr = g.svc.Decide(ctx, in.req)
+		} else {
+			g.svc.metrics.invalid.Inc()
+		}
 		a := newAllowAnswer(answerFrom(&resp, derr))
 		if err := stream.SendMsg(a); err != nil { // the codec releases a
 			return err
@@ -548,6 +563,10 @@ func allowBatchHandler(srv any, ctx context.Context, dec func(any) error, interc
 	// The answer goes to the codec as *decided (codec.Marshal). A nil
 	// *decided must not become a non-nil any beside an error.
 	answer := func(ctx context.Context, bw *batchWire) (any, error) {
+		if bw.invalid != nil {
+			g.svc.metrics.invalid.Inc()
+			return nil, grpcError(bw.invalid)
+		}
 		d, err := g.decideBatch(ctx, bw.reqs, bw.n)
 		if err != nil {
 			return nil, err

@@ -1,0 +1,183 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// rawCodec sends and receives messages as the bytes given: a client's
+// proto.Marshal refuses strings that are not UTF-8, a hostile client
+// does not.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
+func (rawCodec) Unmarshal(b []byte, v any) error {
+	*v.(*[]byte) = append([]byte(nil), b...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+func appendStr(b []byte, num int, s string) []byte {
+	return protowire.AppendString(protowire.AppendTag(b, protowire.Number(num), protowire.BytesType), s)
+}
+
+// rawAllow is an AllowRequest written field by field, its strings as they
+// are (descriptors in the order given, as key, value, key, value...).
+type rawAllow struct {
+	desc                   []string
+	rule, subject, request string
+	cost                   float64
+}
+
+func (r rawAllow) wire() []byte {
+	var b []byte
+	for i := 0; i+1 < len(r.desc); i += 2 {
+		e := appendStr(appendStr(nil, 1, r.desc[i]), 2, r.desc[i+1])
+		b = protowire.AppendBytes(protowire.AppendTag(b, 1, protowire.BytesType), e)
+	}
+	if r.rule != "" {
+		b = appendStr(b, 2, r.rule)
+	}
+	if r.subject != "" {
+		b = appendStr(b, 3, r.subject)
+	}
+	if r.cost != 0 {
+		b = protowire.AppendFixed64(protowire.AppendTag(b, 4, protowire.Fixed64Type), math.Float64bits(r.cost))
+	}
+	if r.request != "" {
+		b = appendStr(b, 5, r.request)
+	}
+	return b
+}
+
+// json is the same request as a /v1/allow body, its strings as they are.
+func (r rawAllow) json() string {
+	var f []string
+	if len(r.desc) > 0 {
+		var d []string
+		for i := 0; i+1 < len(r.desc); i += 2 {
+			d = append(d, `"`+r.desc[i]+`":"`+r.desc[i+1]+`"`)
+		}
+		f = append(f, `"descriptors":{`+strings.Join(d, ",")+`}`)
+	}
+	for _, kv := range [][2]string{{"rule", r.rule}, {"subject", r.subject}, {"request_id", r.request}} {
+		if kv[1] != "" {
+			f = append(f, `"`+kv[0]+`":"`+kv[1]+`"`)
+		}
+	}
+	return "{" + strings.Join(f, ",") + "}"
+}
+
+// A string that is not UTF-8 is refused the same way on HTTP and gRPC:
+// 400 and INVALID_ARGUMENT (Allow, AllowBatch; an AllowStream request's
+// own REASON_INVALID answer, the stream going on), each naming the field,
+// and nothing is charged, not even a batch's good requests.
+func TestInvalidUTF8RefusedAlikeOnHTTPAndGRPC(t *testing.T) {
+	a := startAgent(t, strictRules)
+	conn, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	raw := grpc.ForceCodec(rawCodec{})
+	tests := []struct {
+		name       string
+		req        func(u string) rawAllow
+		grpcField  string
+		httpField  string
+		probeValue string // a user value the request could be taken for
+	}{
+		{"subject", func(u string) rawAllow { return rawAllow{rule: "per-user", subject: "user=" + u + "\xff"} },
+			"subject:", `"subject"`, "\uFFFD"},
+		{"descriptor value", func(u string) rawAllow { return rawAllow{desc: []string{"user", u + "\xfe"}} },
+			`descriptors["user"]`, `descriptors["user"]`, "\uFFFD"},
+		{"descriptor key", func(u string) rawAllow { return rawAllow{desc: []string{"user\xff", u, "tenant", u}} },
+			`descriptors: key "user\xff"`, `"descriptors": key`, ""},
+		{"request_id", func(u string) rawAllow { return rawAllow{desc: []string{"user", u}, request: "r\xc3"} },
+			"request_id:", `"request_id"`, ""},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			u := "g" + string(rune('a'+i))
+			bad := tt.req(u)
+			var probe map[string]string
+			if tt.probeValue != "" {
+				probe = map[string]string{"user": u + tt.probeValue}
+			}
+
+			in, out := bad.wire(), []byte(nil)
+			err := conn.Invoke(ctx, rationv1.RateLimiter_Allow_FullMethodName, &in, &out, raw)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.grpcField) {
+				t.Errorf("Allow = %v, want INVALID_ARGUMENT naming %s", err, tt.grpcField)
+			}
+
+			good := rawAllow{desc: []string{"tenant", u + "-batch"}}.wire()
+			var batch []byte
+			for _, m := range [][]byte{good, bad.wire()} {
+				batch = protowire.AppendBytes(protowire.AppendTag(batch, 1, protowire.BytesType), m)
+			}
+			err = conn.Invoke(ctx, rationv1.RateLimiter_AllowBatch_FullMethodName, &batch, &out, raw)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "requests[1]."+tt.grpcField) {
+				t.Errorf("AllowBatch = %v, want INVALID_ARGUMENT naming requests[1].%s", err, tt.grpcField)
+			}
+
+			st, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true},
+				rationv1.RateLimiter_AllowStream_FullMethodName, raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after := rawAllow{desc: []string{"tenant", u + "-stream"}}.wire()
+			for _, m := range [][]byte{bad.wire(), after} {
+				if err := st.SendMsg(&m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := st.CloseSend(); err != nil {
+				t.Fatal(err)
+			}
+			var answers []*rationv1.AllowResponse
+			for range 2 {
+				var b []byte
+				if err := st.RecvMsg(&b); err != nil {
+					t.Fatalf("AllowStream: %v", err)
+				}
+				r := new(rationv1.AllowResponse)
+				if err := proto.Unmarshal(b, r); err != nil {
+					t.Fatal(err)
+				}
+				answers = append(answers, r)
+			}
+			if r := answers[0]; r.Reason != rationv1.Reason_REASON_INVALID || !strings.Contains(r.Error, tt.grpcField) {
+				t.Errorf("AllowStream's answer to the bad request = %v, want REASON_INVALID naming %s", r, tt.grpcField)
+			}
+			if r := answers[1]; !r.Allowed {
+				t.Errorf("AllowStream's next answer = %v, want the stream going on", r)
+			}
+
+			code, msg := a.httpDo(t, "POST", "/v1/allow", bad.json())
+			var e struct {
+				Error string `json:"error"`
+			}
+			if json.Unmarshal([]byte(msg), &e) != nil || code != 400 || !strings.Contains(e.Error, tt.httpField) {
+				t.Errorf("POST /v1/allow %q = %d %s, want 400 naming %s", bad.json(), code, msg, tt.httpField)
+			}
+
+			a.fullBurst(t, u, probe)
+			a.fullBurst(t, u+"-batch", nil)
+		})
+	}
+}
