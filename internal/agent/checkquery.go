@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/ration-dev/ration/internal/rules"
 )
 
 // Names of the /v1/check parameters that are not descriptors.
@@ -29,7 +31,9 @@ const (
 // are skipped. The error wraps ErrInvalidRequest and names the parameter,
 // or the pair's position when its key cannot be read.
 func DecodeCheck(rawQuery string) (Request, error) {
-	req := Request{Descriptors: make(map[string]string, strings.Count(rawQuery, "&")+1)}
+	// Sized for a request Decide can take, not for what a hostile query
+	// of 64 KiB of "&" would ask.
+	req := Request{Descriptors: make(map[string]string, min(strings.Count(rawQuery, "&")+1, rules.MaxDescriptors))}
 	var haveCost, haveID bool
 	for n, off := 1, 0; off <= len(rawQuery); n++ {
 		pair, _, _ := strings.Cut(rawQuery[off:], "&")

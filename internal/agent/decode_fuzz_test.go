@@ -241,3 +241,43 @@ func FuzzDecodeCheck(f *testing.F) {
 		}
 	})
 }
+
+// What is exact is read, however it is written: escapes, surrogate pairs,
+// U+FFFD sent as such, whitespace, "+" for a space, empty pairs, null
+// descriptors. (The fuzz targets hold what is accepted to be exact; this
+// holds the strict decoders to accepting it.)
+func TestStrictDecodersAcceptExactInput(t *testing.T) {
+	allows := []struct {
+		body string
+		want agent.Request
+	}{
+		{`{"descriptors":{"user":"\ud83d\ude00 \u00e9 \ufffd \\ud800 \"q\""}}`,
+			agent.Request{Descriptors: map[string]string{"user": "\U0001F600 é \uFFFD \\ud800 \"q\""}}},
+		{"{\"descriptors\":{\"user\":\"\xef\xbf\xbd\xf0\x9f\x98\x80\"}}",
+			agent.Request{Descriptors: map[string]string{"user": "\uFFFD\U0001F600"}}},
+		{" {\n\t\"rule\" : \"per-user\" ,\r\n \"subject\":\"user=a\", \"cost\": 2.5e0, \"request_id\" :\"r-1\"} \n",
+			agent.Request{Rule: "per-user", Subject: "user=a", Cost: 2.5, RequestID: "r-1"}},
+		{`{"descriptors":null,"rule":"r","subject":"s"}`, agent.Request{Rule: "r", Subject: "s"}},
+		{`{"descriptors":{"c\u006fst":"x","Cost":"y"}}`, agent.Request{Descriptors: map[string]string{"cost": "x", "Cost": "y"}}},
+	}
+	for _, tt := range allows {
+		got, err := agent.DecodeAllow(strings.NewReader(tt.body))
+		if err != nil || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("DecodeAllow(%q) = %+v, %v; want %+v", tt.body, got, err, tt.want)
+		}
+	}
+	checks := []struct {
+		query string
+		want  agent.Request
+	}{
+		{"a+b=c%20d%2B&%3B=%26&e=", agent.Request{Descriptors: map[string]string{"a b": "c d+", ";": "&", "e": ""}}},
+		{"&user=a&&cost=2.5&request_id=r-1&", agent.Request{Descriptors: map[string]string{"user": "a"}, Cost: 2.5, RequestID: "r-1"}},
+		{"user=%C3%A9%F0%9F%98%80", agent.Request{Descriptors: map[string]string{"user": "é\U0001F600"}}},
+	}
+	for _, tt := range checks {
+		got, err := agent.DecodeCheck(tt.query)
+		if err != nil || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("DecodeCheck(%q) = %+v, %v; want %+v", tt.query, got, err, tt.want)
+		}
+	}
+}
