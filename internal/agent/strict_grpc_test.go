@@ -119,6 +119,7 @@ func TestInvalidUTF8RefusedAlikeOnHTTPAndGRPC(t *testing.T) {
 				probe = map[string]string{"user": u + tt.probeValue}
 			}
 
+			invalidBefore := metricValue(t, a.srv.Registry, "ration_requests_invalid_total", nil)
 			in, out := bad.wire(), []byte(nil)
 			err := conn.Invoke(ctx, rationv1.RateLimiter_Allow_FullMethodName, &in, &out, raw)
 			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.grpcField) {
@@ -176,6 +177,10 @@ func TestInvalidUTF8RefusedAlikeOnHTTPAndGRPC(t *testing.T) {
 				t.Errorf("POST /v1/allow %q = %d %s, want 400 naming %s", bad.json(), code, msg, tt.httpField)
 			}
 
+			// Allow, AllowBatch, AllowStream's request, POST /v1/allow.
+			if n := metricValue(t, a.srv.Registry, "ration_requests_invalid_total", nil) - invalidBefore; n != 4 {
+				t.Errorf("ration_requests_invalid_total rose by %v, want 4 (each refusal once)", n)
+			}
 			a.fullBurst(t, u, probe)
 			a.fullBurst(t, u+"-batch", nil)
 		})
