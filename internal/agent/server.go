@@ -95,7 +95,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		if s.metricsLn, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
 			return nil, fmt.Errorf("agent: -metrics listen %s: %w", cfg.MetricsAddr, err)
 		}
-		s.metrics = &http.Server{Handler: httpsafe.Recover(s.metricsHandler(), logger), ReadHeaderTimeout: 5 * time.Second,
+		s.metrics = &http.Server{Handler: httpsafe.Recover(s.metricsHandler(), logger), ErrorLog: httpsafe.ErrorLog(logger, time.Minute), ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	}
 	// The codec is protobuf's but for AllowBatch's request (wire.go).
@@ -112,7 +112,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING) // until the store answers
 	healthpb.RegisterHealthServer(s.grpc, s.health)
-	s.http = &http.Server{Handler: httpsafe.Recover(s.Handler(), logger), ReadHeaderTimeout: 5 * time.Second,
+	s.http = &http.Server{Handler: httpsafe.Recover(s.Handler(), logger), ErrorLog: httpsafe.ErrorLog(logger, time.Minute), ReadHeaderTimeout: 5 * time.Second,
 		// A check is one small request: a client that takes longer to
 		// send it, or to read the answer, holds a connection for nothing.
 		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,

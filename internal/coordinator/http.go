@@ -43,7 +43,7 @@ func (n *Node) serveHTTP() error {
 		fmt.Fprintln(w, "ok")
 	})
 	n.serveStatus(mux)
-	n.httpServer = &http.Server{Handler: httpsafe.Recover(mux, n.logger), ReadHeaderTimeout: 5 * time.Second,
+	n.httpServer = &http.Server{Handler: httpsafe.Recover(mux, n.logger), ErrorLog: httpsafe.ErrorLog(n.logger, time.Minute), ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 64 << 10}
 	n.wg.Add(2)
