@@ -149,6 +149,9 @@ type step struct {
 	// skip: not decided in this pass (another attempt of the same request
 	// is in flight; see resolveWaiting).
 	skip bool
+	// never: a shadow rule that could never admit the request as sent
+	// (neverAdmits); denied, and never charged.
+	never bool
 }
 
 // item is one request of a batch while it is being decided.
@@ -429,10 +432,7 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 	for _, m := range matches {
 		// A scope: global redis rule's bucket in this region is the
 		// region's weighted share.
-		limit, ok := m.Rule.Limit(s.cfg.Region)
-		if !ok {
-			return steps, fmt.Errorf("%w: rule %s is scope: global and has no share for region %q", ErrInvalidRequest, m.Rule.Name, s.cfg.Region)
-		}
+		limit, shared := m.Rule.Limit(s.cfg.Region)
 		key := m.Key // made with the subject, when the match made it
 		// A leased rule's bucket key is made only if a path needs it (the
 		// record of request ids, an emergency bucket: step.key): spent on
@@ -448,26 +448,12 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 		st.rule, st.subject, st.item, st.rid = m.Rule, m.Subject, idx, req.RequestID
 		br := &st.req
 		br.Key, br.Limit, br.Cost, br.RequestID = key, limit, req.Cost, req.RequestID
-		if lazyKey {
-			br.Key = pendingKey // what Validate checks of it: Key never makes an empty key
-		}
-		if err := br.Validate(); err != nil {
-			return steps[:len(steps)-1], fmt.Errorf("%w: rule %s: %w", ErrInvalidRequest, m.Rule.Name, err)
-		}
-		if lazyKey {
-			br.Key = ""
-		}
-		// The coordinator names a leased quota rule|subject and refuses
-		// longer names; such a request can never be granted, and sent on it
-		// would fail the renewal of every lease of this agent.
-		if m.Rule.Mode == rules.ModeLeased {
-			if n := len(m.Rule.Name) + 1 + len(m.Subject); n > lease.MaxNameLen {
-				return steps[:len(steps)-1], fmt.Errorf("%w: rule %s is leased and its quota id (rule|subject) would be %d bytes, at most %d: use a shorter subject (descriptor values)",
-					ErrInvalidRequest, m.Rule.Name, n, lease.MaxNameLen)
+		if err := s.checkStep(m, br, shared, lazyKey); err != nil {
+			if !m.Rule.Shadow {
+				return steps[:len(steps)-1], err
 			}
-			if !utf8.ValidString(m.Subject) {
-				return steps[:len(steps)-1], fmt.Errorf("%w: rule %s is leased and its subject is not valid UTF-8", ErrInvalidRequest, m.Rule.Name)
-			}
+			neverAdmits(st)
+			continue
 		}
 		if m.Rule.Mode == rules.ModeAuto {
 			s.prepareAuto(set, m, br)
@@ -521,7 +507,7 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 	s.prepareLeases(steps)
 	for i := range steps {
 		st := &steps[i]
-		if st.replayed || st.skip {
+		if st.replayed || st.skip || st.never {
 			continue // path stays pathNone: nothing is charged
 		}
 		if st.req.Hot != nil {
@@ -708,7 +694,7 @@ func (s *Service) prepareLeases(steps []step) {
 	}
 	n := 0
 	for i := range steps {
-		if st := &steps[i]; st.rule.Mode == rules.ModeLeased && !st.replayed && !st.skip {
+		if st := &steps[i]; st.rule.Mode == rules.ModeLeased && !st.replayed && !st.skip && !st.never {
 			if n++; n > 1 {
 				break
 			}
@@ -719,7 +705,7 @@ func (s *Service) prepareLeases(steps []step) {
 	}
 	var last *step
 	for i := range steps {
-		if st := &steps[i]; st.rule.Mode == rules.ModeLeased && !st.replayed && !st.skip {
+		if st := &steps[i]; st.rule.Mode == rules.ModeLeased && !st.replayed && !st.skip && !st.never {
 			// A batch often holds runs of one hot subject: Prepare is a
 			// lookup that changes nothing for a quota already prepared.
 			if last != nil && last.rule == st.rule && last.subject == st.subject {
@@ -871,10 +857,15 @@ func (s *Service) combine(dst *Response, steps []step) {
 	var sawUnavailable, sawEmergency bool
 	for i := range steps {
 		st := &steps[i]
-		switch st.reason {
-		case ReasonUnavailable:
+		// A shadow rule decided by its failure policy says nothing of how
+		// the rules in force decided: it would report an answer they made
+		// on their buckets as made without the store (and the check
+		// endpoint would leave out the quota fields it has).
+		switch {
+		case st.rule.Shadow:
+		case st.reason == ReasonUnavailable:
 			sawUnavailable = true
-		case ReasonEmergency:
+		case st.reason == ReasonEmergency:
 			sawEmergency = true
 		}
 		if !st.allowed {

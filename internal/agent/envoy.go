@@ -46,7 +46,8 @@ const MaxEnvoyDescriptors = rules.MaxDescriptors
 //     fail_closed rule makes the call fail with UNAVAILABLE, unless another
 //     descriptor is over limit (429 outranks 503). Envoy then applies its
 //     filter's failure_mode_deny, exactly as when the agent is unreachable.
-//   - Invalid input (no descriptors, bad keys or values, cost above burst,
+//   - Invalid input (no descriptors, bad keys or values, cost above the
+//     burst of a rule in force (a shadow rule's only counts its denial),
 //     limit overrides, negative hits) answers INVALID_ARGUMENT and touches
 //     no bucket.
 type envoyServer struct {

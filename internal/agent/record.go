@@ -56,13 +56,19 @@ func (r *recorder) batch(start int64, steps []step, out []Response) {
 		if st.skip {
 			continue // decided again later, and logged then
 		}
+		allowed := out[st.item].Allowed
+		if st.rule.Shadow && !st.allowed && !st.replayed {
+			// A shadow rule's denial charged nothing, though the request
+			// went on: the checker must not count it against the quota.
+			allowed = false
+		}
 		rec := admission.Record{
 			At:        time.Duration(end),
 			Latency:   time.Duration(end - start),
 			Agent:     r.agent,
 			Quota:     recordQuota(st),
 			Cost:      st.req.Cost,
-			Allowed:   out[st.item].Allowed,
+			Allowed:   allowed,
 			Path:      st.path.String(),
 			Reason:    st.reason.String(),
 			RequestID: st.rid,
