@@ -170,8 +170,9 @@ func (s *Service) Decide(ctx context.Context, req Request) (Response, error) {
 	return out[0], errs[0]
 }
 
-// DecideBatch answers many independent requests; all their Redis charges go
-// out in one pipelined round trip. out and errs must be as long as reqs.
+// DecideBatch answers many independent requests; their Redis charges go out
+// pipelined, in store calls of at most storeChunk (chargeStoreBatch). out
+// and errs must be as long as reqs.
 func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Response, errs []error) {
 	if w := s.watch; w != nil {
 		e := w.begin()
@@ -727,33 +728,18 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 		}
 		return
 	}
+	if n > 1 {
+		s.chargeStoreBatch(ctx, steps, n)
+		return
+	}
 	caller := ctx
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-
-	if n == 1 {
-		for i := range steps {
-			if st := &steps[i]; st.path == pathRedis {
-				res, err := s.store.Take(ctx, st.req)
-				s.storeResult(caller, st, res, err, time.Now())
-				return
-			}
-		}
-	}
-	reqs := make([]bucket.Request, 0, n)
 	for i := range steps {
-		if steps[i].path == pathRedis {
-			reqs = append(reqs, steps[i].req)
-		}
-	}
-	outs := make([]bucket.Outcome, n)
-	s.store.TakeBatch(ctx, reqs, outs)
-	now := time.Now()
-	j := 0
-	for i := range steps {
-		if steps[i].path == pathRedis {
-			s.storeResult(caller, &steps[i], outs[j].Result, outs[j].Err, now)
-			j++
+		if st := &steps[i]; st.path == pathRedis {
+			res, err := s.store.Take(ctx, st.req)
+			s.storeResult(caller, st, res, err, time.Now())
+			return
 		}
 	}
 }
@@ -796,10 +782,31 @@ func noCancel() {}
 // deadline passed first) says nothing about the store, so it neither
 // counts against the circuit breaker nor starts the fallback's outage.
 func (s *Service) storeResult(caller context.Context, st *step, res bucket.Result, err error, now time.Time) {
+	switch s.adoptStore(caller, st, res, err) {
+	case storeFailed:
+		s.storeFailure(now)
+	case storeAnswered:
+		s.storeSuccess(now)
+	}
+}
+
+// storeHealth is what one store answer says of the store.
+type storeHealth uint8
+
+const (
+	storeSilent   storeHealth = iota // nothing: the caller hung up first
+	storeAnswered                    // the store answered
+	storeFailed                      // the store did not answer in time, or failed
+)
+
+// adoptStore makes the store's answer (res, or err) st's, and says what it
+// tells of the store; storeResult and chargeStoreBatch count that once per
+// store call.
+func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result, err error) storeHealth {
 	if err != nil && caller.Err() != nil {
 		s.metrics.storeErrors.WithLabelValues("caller_gone").Inc()
 		st.path = pathFallback
-		return
+		return storeSilent
 	}
 	if err != nil {
 		// Validation happened before I/O, so any error here is the store's:
@@ -808,18 +815,29 @@ func (s *Service) storeResult(caller context.Context, st *step, res bucket.Resul
 			s.logger.Error("unexpected store error", "rule", st.rule.Name, "err", err)
 		}
 		s.metrics.storeErrors.WithLabelValues(storeErrorKind(err)).Inc()
-		s.breaker.Failure(now)
-		s.fallback.failure(now)
 		st.path = pathFallback
-		return
+		return storeFailed
 	}
-	s.breaker.Success(now)
-	s.fallback.success(now)
 	st.res, st.allowed = res, res.Allowed
 	st.reason = verdict(res.Allowed)
 	// A replayed admission was charged by the first attempt; refunding it
 	// (with its id) is still right if this attempt ends denied.
 	st.charged = res.Allowed
+	return storeAnswered
+}
+
+// storeFailure counts a store call that failed against the circuit breaker
+// and starts the fallback's outage episode.
+func (s *Service) storeFailure(now time.Time) {
+	s.breaker.Failure(now)
+	s.fallback.failure(now)
+}
+
+// storeSuccess counts a store call that was answered: it closes the
+// breaker's count and ends an outage episode.
+func (s *Service) storeSuccess(now time.Time) {
+	s.breaker.Success(now)
+	s.fallback.success(now)
 }
 
 func verdict(allowed bool) Reason {
