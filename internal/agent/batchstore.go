@@ -32,22 +32,28 @@ const storeChunk = 1024
 // opened the breaker at once, and sent every other caller's decisions to
 // their failure policy for a probe interval.
 func (s *Service) chargeStoreBatch(caller context.Context, steps []step, n int) {
-	size := min(n, storeChunk)
-	reqs := make([]bucket.Request, 0, size)
-	at := make([]int, 0, size) // the step of each of reqs
-	outs := make([]bucket.Outcome, size)
+	at := make([]int, 0, n)
 	for i := range steps {
-		if steps[i].path != pathRedis {
-			continue
-		}
-		reqs, at = append(reqs, steps[i].req), append(at, i)
-		if len(reqs) == size {
-			s.storeCall(caller, steps, reqs, at, outs)
-			reqs, at = reqs[:0], at[:0]
+		if steps[i].path == pathRedis {
+			at = append(at, i)
 		}
 	}
-	if len(reqs) > 0 {
-		s.storeCall(caller, steps, reqs, at, outs)
+	s.storeSteps(caller, steps, at)
+}
+
+// storeSteps decides steps[at[j]] in the store, in at's order, in calls of
+// at most storeChunk.
+func (s *Service) storeSteps(caller context.Context, steps []step, at []int) {
+	size := min(len(at), storeChunk)
+	reqs := make([]bucket.Request, size)
+	outs := make([]bucket.Outcome, size)
+	for len(at) > 0 {
+		part := at[:min(len(at), size)]
+		at = at[len(part):]
+		for j, i := range part {
+			reqs[j] = steps[i].req
+		}
+		s.storeCall(caller, steps, reqs[:len(part)], part, outs)
 	}
 }
 

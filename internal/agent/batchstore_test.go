@@ -127,3 +127,52 @@ func TestMaxBatchDoesNotOpenBreaker(t *testing.T) {
 	}
 	t.Logf("%d single decisions beside the batch", singles)
 }
+
+// A store call of a batch that times out counts once against the circuit
+// breaker, as a unary decision's call does: the batch's items fall to
+// their policy (503 here), but the breaker, 3 failures from opening, stays
+// closed, and the next single decision is the store's. Counted per item,
+// one batch of 500 slow charges was 500 failures and opened the breaker
+// for every caller. The link passes 20 kB/s: the batch's 500 charges need
+// seconds, a single decision's some milliseconds.
+func TestBatchStoreCallCountsOnceAgainstBreaker(t *testing.T) {
+	r := harness.StartRedis(t)
+	slow := harness.StartThrottle(t, r.Addr, 0)
+	a := startAgentOn(t, slow.Addr, batchBesideRules, func(cfg *agent.Config) {
+		cfg.DecisionTimeout = 300 * time.Millisecond
+	})
+	a.redis = r
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// At full speed first: Redis learns the scripts (a script's first
+	// call sends its text, kilobytes that the slow link would time out).
+	a.allow(t, &rationv1.AllowRequest{Descriptors: map[string]string{"s": "warm"}})
+	if _, err := a.rl.AllowBatch(ctx, &rationv1.AllowBatchRequest{Requests: []*rationv1.AllowRequest{
+		{Descriptors: map[string]string{"b": "warm-1"}}, {Descriptors: map[string]string{"b": "warm-2"}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	slow.SetRate(20e3)
+
+	reqs := make([]*rationv1.AllowRequest, 500)
+	for i := range reqs {
+		reqs[i] = &rationv1.AllowRequest{Descriptors: map[string]string{"b": fmt.Sprint("slow-item-", i)}}
+	}
+	resp, err := a.rl.AllowBatch(ctx, &rationv1.AllowBatchRequest{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resp.Responses[len(reqs)-1]; r.Allowed || r.Reason != rationv1.Reason_REASON_UNAVAILABLE {
+		t.Fatalf("last item of a batch the store could not answer in time = %v %v, want its fail_closed policy (unavailable)", r.Allowed, r.Reason)
+	}
+	if v := metricValue(t, a.srv.Registry, "ration_breaker_open", nil); v != 0 {
+		t.Errorf("ration_breaker_open = %v after one failed store call, want 0 (threshold 3)", v)
+	}
+	single := a.allow(t, &rationv1.AllowRequest{Descriptors: map[string]string{"s": "after"}})
+	if !single.Allowed || single.Reason != rationv1.Reason_REASON_OK {
+		t.Errorf("single decision after the batch = %v %v, want the store's ok", single.Allowed, single.Reason)
+	}
+	if v := metricValue(t, a.srv.Registry, "ration_breaker_short_circuits_total", nil); v != 0 {
+		t.Errorf("ration_breaker_short_circuits_total = %v, want 0", v)
+	}
+}

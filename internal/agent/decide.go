@@ -661,8 +661,7 @@ func (s *Service) adoptPromotions(ctx context.Context, steps []step, sentAt int6
 
 // decideAfterLapse decides steps[again] in the store again once wait (the
 // rest of their marks, at most 2*hotPause) has passed: by then the store
-// decides them, or has promoted them anew. It is the rare path of a
-// promotion being let go, so the steps go one by one.
+// decides them, or has promoted them anew.
 func (s *Service) decideAfterLapse(ctx context.Context, steps []step, again []int, wait time.Duration) {
 	t := time.NewTimer(wait)
 	select {
@@ -671,17 +670,9 @@ func (s *Service) decideAfterLapse(ctx context.Context, steps []step, again []in
 	}
 	t.Stop()
 	sentAt := s.leases.Now()
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.DecisionTimeout)
-	defer cancel()
-	for _, i := range again {
-		st := &steps[i]
-		if !s.breaker.Allow() {
-			st.path = pathFallback
-			continue
-		}
-		res, err := s.store.Take(cctx, st.req)
-		s.storeResult(ctx, st, res, err, time.Now())
-	}
+	// As a batch's first store calls: a batch of one hot subject may have
+	// thousands of such steps, too many for one decision timeout one by one.
+	s.storeSteps(ctx, steps, again)
 	s.adoptPromotions(ctx, steps, sentAt, again)
 }
 

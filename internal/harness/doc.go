@@ -2,7 +2,8 @@
 // redis-server primaries, replicas, Sentinels and Clusters (redis*.go), each
 // on free loopback ports in its own temporary directory, stopped by
 // t.Cleanup, with its log dumped when the test fails. Raft cluster helpers
-// live in their own files.
+// live in their own files; StartThrottle (throttle.go) puts a slow link
+// (a byte rate per connection) in front of any of them.
 //
 // It is imported only by _test.go files and by test/chaos. Everything is
 // parallel-safe: no package globals, every helper takes the testing.TB that
