@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/harness"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -164,7 +166,11 @@ func TestShadowRuleNeverRefuses(t *testing.T) {
 	}
 	rulesYAML := string(example) + shadowExtraRules
 	c := harness.StartCoordinators(t, 1, rulesYAML)
-	a := startAgent(t, rulesYAML, func(cfg *agent.Config) { cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",") })
+	logPath := filepath.Join(t.TempDir(), "admissions.log")
+	a := startAgent(t, rulesYAML, func(cfg *agent.Config) {
+		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
+		cfg.Record = logPath
+	})
 	longTenant := strings.Repeat("t", 250) // tenant-search-leased-shadow|endpoint=search,tenant=ttt... is over 256 bytes
 
 	tests := []struct {
@@ -220,6 +226,26 @@ func TestShadowRuleNeverRefuses(t *testing.T) {
 	}
 	if len(keys) != 0 {
 		t.Errorf("keys charged in a shadow rule's name: %q; a request it could never admit charges nothing", keys)
+	}
+
+	// The admission log records each shadow denial as charging nothing:
+	// the overshoot checker finds no quota over its burst.
+	shadowRecs := 0
+	for _, r := range readLog(t, logPath) {
+		if strings.Contains(r.Quota, "shadow|") {
+			shadowRecs++
+			if r.Allowed {
+				t.Errorf("admission log: %+v recorded as admitted; a shadow rule's denial charged nothing", r)
+			}
+		}
+	}
+	if shadowRecs != 2*len(entries) {
+		t.Errorf("admission log: %d records of the shadow rules, want %d", shadowRecs, 2*len(entries))
+	}
+	for _, rep := range admission.CheckAll(readLog(t, logPath)) {
+		if rep.Overshoot > 0 {
+			t.Errorf("admission log: quota %s over its burst %v by %v", rep.Quota, rep.Burst, rep.Overshoot)
+		}
 	}
 
 	// The rules in force still refuse what they could never admit.
