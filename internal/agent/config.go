@@ -157,7 +157,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "id", Env: "AGENT_ID", Usage: "agent id, unique per agent: two agents must never share one (default: host name)", Value: &c.AgentID},
 		{Flag: "decision-timeout", Env: "DECISION_TIMEOUT", Usage: "longest a decision waits on the store before the rule's failure policy applies, at most 10s", Value: &c.DecisionTimeout},
 		{Flag: "reload-interval", Env: "RELOAD_INTERVAL", Usage: "how often the rules file is checked for changes", Value: &c.ReloadInterval},
-		{Flag: "breaker-threshold", Env: "BREAKER_THRESHOLD", Usage: "consecutive store failures that open the circuit breaker", Value: &c.Breaker.Threshold},
+		{Flag: "breaker-threshold", Env: "BREAKER_THRESHOLD", Usage: "consecutive failed store calls (one per decision, or per call of at most 1024 charges of a batch) that open the circuit breaker", Value: &c.Breaker.Threshold},
 		{Flag: "breaker-probe-interval", Env: "BREAKER_PROBE_INTERVAL", Usage: "pause between store probes while the breaker is open", Value: &c.Breaker.ProbeInterval},
 		{Flag: "shutdown-timeout", Env: "SHUTDOWN_TIMEOUT", Usage: "graceful shutdown limit on SIGTERM and SIGINT; past it the process exits whatever is in flight", Value: &c.ShutdownTimeout},
 		{Flag: "stall-timeout", Env: "STALL_TIMEOUT", Usage: "a decision in flight, or a lease renewal loop without a step, for longer than this turns /healthz to 503 (wedged); 0: 5s + 4 x -decision-timeout", Value: &c.StallTimeout},
