@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test deps bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
+.PHONY: help dev build install docs test deps mutations bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -36,7 +36,7 @@ docs: ## regenerate the generated tables in docs/ from the code (their tests fai
 deps: ## install what the tests need (redis-server) when missing
 	@./scripts/ensure-deps.sh
 
-test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real redis-server, Raft, nginx, caddy, chromium), every chaos scenario, the simulator and its mutations, the client module, deploy checks
+test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real redis-server, Raft, nginx, caddy, chromium), every chaos scenario, the simulator and its mutations, the deliberate bugs of test/mutations, the client module, deploy checks
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1; }
 	@# go mod tidy must leave every module's go.mod and go.sum as committed
 	@# (-diff changes nothing: it prints what it would change and fails).
@@ -53,9 +53,15 @@ test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real r
 	@# patch names (deterministic: one tree, one verdict). It once slipped
 	@# unseen while this ran only by hand.
 	./scripts/sim-mutations.sh
+	@# Every protection broken on purpose (test/mutations) must fail the
+	@# test its patch names.
+	./scripts/mutations.sh
 	cd proto && $(GO) vet ./...
 	cd client && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
+
+mutations: deps ## every protection broken on purpose (test/mutations/*.patch): the test each patch names must fail
+	./scripts/mutations.sh
 
 bench: deps ## benchmarks: model, stores, agent load vs. redis-benchmark ceiling
 	./scripts/bench.sh

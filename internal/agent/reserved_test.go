@@ -144,6 +144,15 @@ func TestReservedNamesOnEveryPath(t *testing.T) {
 		!strings.Contains(err.Error(), "reserved") {
 		t.Fatalf(`Allow{tenant-reports, "*"} = %v, want INVALID_ARGUMENT naming the reserved subject`, err)
 	}
+	// Nothing a refused request named was charged: the reserved subject
+	// has no bucket in Redis under any rule.
+	for _, rule := range ruleNames {
+		for _, key := range []string{"ration:{" + rule + "|*}", "ration:{" + rule + "|*}:auto"} {
+			if n, err := a.redis.Client().Exists(context.Background(), key).Result(); err != nil || n != 0 {
+				t.Fatalf("Redis key %s exists (%d, %v): a refused subject was charged", key, n, err)
+			}
+		}
+	}
 	// Every rule still decides a good request afterwards.
 	for _, d := range []map[string]string{
 		{"tenant": "acme", "endpoint": "reports"}, {"tenant": "acme", "endpoint": "search"}, {"user": "alice"},
