@@ -62,59 +62,127 @@ type RedisTLS struct {
 // Enabled reports whether any field is set.
 func (t RedisTLS) Enabled() bool { return t != RedisTLS{} }
 
-// config makes the tls.Config of the client. The files are read now (so
-// that a bad file is an error at start-up) and again, for new connections,
-// when they change: cert-manager and other rotators replace them in place,
-// and a connection made after the rotation must present the new client
-// certificate and trust the new CA without a restart. Connections already
-// open keep the material they were made with.
-func (t RedisTLS) config() (*tls.Config, error) {
+// redisTLSDialer makes the TLS connections of a rediss:// client. It dials
+// itself, rather than handing go-redis a tls.Config, because the name a
+// server's certificate is checked against must be known for each
+// connection: crypto/tls tells a verification callback only the SNI it
+// sent, and it sends none for an IP address, so a callback that checked
+// that name checked nothing when Sentinel or Cluster handed out a server by
+// IP. Here the name is the ServerName setting or else the host dialled,
+// IP addresses included (checked against the certificate's IP SANs), and
+// a connection with no name to check is refused.
+type redisTLSDialer struct {
+	t       RedisTLS
+	files   *redisTLSFiles
+	timeout time.Duration
+}
+
+// newRedisTLSDialer reads the files now (so that a bad file is an error at
+// start-up) and again, for new connections, when they change: cert-manager
+// and other rotators replace them in place, and a connection made after
+// the rotation must present the new client certificate and trust the new
+// CA without a restart. Connections already open keep the material they
+// were made with.
+func newRedisTLSDialer(t RedisTLS, timeout time.Duration) (*redisTLSDialer, error) {
 	if (t.Cert == "") != (t.Key == "") {
 		return nil, errors.New("redis TLS: a client certificate needs both its certificate and its key")
 	}
-	f := &redisTLSFiles{t: t, interval: time.Second}
-	if _, err := f.current(); err != nil {
+	if t.ServerName != "" {
+		if err := checkServerName(t.ServerName); err != nil {
+			return nil, err
+		}
+	}
+	d := &redisTLSDialer{t: t, files: &redisTLSFiles{t: t, interval: time.Second}, timeout: timeout}
+	if _, err := d.files.current(); err != nil {
 		return nil, err
 	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
-	if t.Cert != "" {
+	return d, nil
+}
+
+// checkServerName refuses a -redis-tls-server-name that no certificate can
+// match, so that a typo is an error at start-up rather than every
+// handshake failing.
+func checkServerName(name string) error {
+	if strings.ContainsAny(name, " /:@?#") && net.ParseIP(name) == nil {
+		return fmt.Errorf("redis TLS: server name %q is not a host name or IP address", name)
+	}
+	return nil
+}
+
+// config is the tls.Config of one connection, whose server certificate must
+// name name (a DNS name, or an IP address matched against IP SANs).
+func (d *redisTLSDialer) config(name string) *tls.Config {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}
+	if d.t.Cert != "" {
 		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			m, err := f.current()
+			m, err := d.files.current()
 			if err != nil {
 				return nil, err
 			}
 			return m.cert, nil
 		}
 	}
-	if t.CA != "" {
-		// The roots can change, so the chain is verified here against the
-		// current ones rather than by crypto/tls against a pool fixed now;
-		// the name checked is the one crypto/tls sent (ServerName, or the
-		// host dialed).
-		c.InsecureSkipVerify = true
-		c.VerifyConnection = func(cs tls.ConnectionState) error {
-			m, err := f.current()
-			if err != nil {
-				return err
-			}
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("redis TLS: the server sent no certificate")
-			}
-			inter := x509.NewCertPool()
-			for _, ic := range cs.PeerCertificates[1:] {
-				inter.AddCert(ic)
-			}
-			_, err = cs.PeerCertificates[0].Verify(x509.VerifyOptions{
-				DNSName: cs.ServerName, Roots: m.roots, Intermediates: inter,
-				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-			})
-			if err != nil {
-				return fmt.Errorf("redis TLS: server certificate: %w", err)
-			}
-			return nil
-		}
+	if d.t.CA == "" {
+		// crypto/tls verifies the chain against the system's roots and
+		// ServerName against the certificate, IP SANs included.
+		return c
 	}
-	return c, nil
+	// The roots can change, so the chain is verified here against the
+	// current ones rather than by crypto/tls against a pool fixed now.
+	// InsecureSkipVerify only moves the check: VerifyConnection runs on
+	// every handshake and checks the chain and name itself.
+	c.InsecureSkipVerify = true
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		m, err := d.files.current()
+		if err != nil {
+			return err
+		}
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("redis TLS: the server sent no certificate")
+		}
+		inter := x509.NewCertPool()
+		for _, ic := range cs.PeerCertificates[1:] {
+			inter.AddCert(ic)
+		}
+		_, err = cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+			DNSName: name, Roots: m.roots, Intermediates: inter,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		})
+		if err != nil {
+			return fmt.Errorf("redis TLS: server certificate: %w", err)
+		}
+		return nil
+	}
+	return c
+}
+
+// dial is the go-redis Dialer of every connection of the client: to the
+// servers listed, to Sentinels, and to the primaries and Cluster nodes they
+// name.
+func (d *redisTLSDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	name := d.t.ServerName
+	if name == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil || host == "" {
+			// x509 checks no name when given none: refuse rather than
+			// trust any certificate of the CA.
+			return nil, fmt.Errorf("redis TLS: %q has no host to verify the server's certificate against (set -redis-tls-server-name)", addr)
+		}
+		name = host
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	nd := &net.Dialer{KeepAlive: 5 * time.Minute}
+	raw, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	conn := tls.Client(raw, d.config(name))
+	if err := conn.HandshakeContext(ctx); err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	return conn, nil
 }
 
 // redisTLSFiles is the CA and client certificate of a rediss:// client,
@@ -224,11 +292,16 @@ func OpenRedisTLS(spec string, timeout time.Duration, tlsOpts RedisTLS) (redis.U
 	}
 	switch {
 	case a.tls:
-		c, err := tlsOpts.config()
+		d, err := newRedisTLSDialer(tlsOpts, timeout)
 		if err != nil {
 			return nil, fmt.Errorf("bucket: %w", err)
 		}
-		o.TLSConfig = c
+		o.Dialer = d.dial
+		// go-redis reads TLSConfig only to know that the endpoint is TLS;
+		// every connection is made by the Dialer. Should a path of
+		// go-redis ever dial with it, it verifies against the system's
+		// roots and the host dialled, and fails closed.
+		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	case tlsOpts.Enabled():
 		return nil, fmt.Errorf("bucket: redis address %q: TLS settings given for a plaintext address (use rediss://)", redactSpec(spec))
 	}

@@ -51,6 +51,14 @@ func NewPKIWithCA(t testing.TB, ca *certgen.CA) *PKI {
 // nothing) to a directory of its own, and returns its files.
 func (p *PKI) Issue(name string, uris ...string) tlsfiles.Files {
 	p.t.Helper()
+	return p.IssueFor(name, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, uris...)
+}
+
+// IssueFor is Issue for a holder reached by other names: the certificate
+// names only dnsNames and ips (none of them: a certificate that names no
+// host, which no client checking the name accepts).
+func (p *PKI) IssueFor(name string, dnsNames []string, ips []net.IP, uris ...string) tlsfiles.Files {
+	p.t.Helper()
 	p.mu.Lock()
 	p.n++
 	dir := filepath.Join(p.dir, fmt.Sprintf("%03d-%s", p.n, name))
@@ -59,7 +67,7 @@ func (p *PKI) Issue(name string, uris ...string) tlsfiles.Files {
 		p.t.Fatalf("harness: %v", err)
 	}
 	paths, err := p.CA.WriteFiles(dir, "tls", certgen.Request{
-		CommonName: name, URIs: uris, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
+		CommonName: name, URIs: uris, DNSNames: dnsNames, IPs: ips,
 	})
 	if err != nil {
 		p.t.Fatalf("harness: %v", err)

@@ -17,9 +17,10 @@ const clusterReadyTimeout = 30 * time.Second
 // Node i owns the slots from Slots[i][0] to Slots[i][1], inclusive. Needs
 // Redis >= 7.0 (cluster-port, CLUSTER ADDSLOTSRANGE).
 type Cluster struct {
-	Addrs []string
-	Nodes []*Redis
-	Slots [][2]int
+	Addrs    []string
+	TLSAddrs []string // the nodes' TLS ports (StartCluster WithTLS)
+	Nodes    []*Redis
+	Slots    [][2]int
 
 	t          testing.TB
 	clientOnce sync.Once
@@ -29,14 +30,29 @@ type Cluster struct {
 // StartCluster starts three cluster-enabled servers, splits the 16384 slots
 // evenly among them, joins them with CLUSTER MEET and returns once every
 // node reports cluster_state:ok and knows all three.
-func StartCluster(t testing.TB) *Cluster {
+//
+// opts apply to every node. With WithTLS the nodes also speak TLS to each
+// other (tls-cluster yes) and answer CLUSTER SLOTS with their TLS ports and
+// IP addresses, as a TLS Cluster hands out its nodes; TLSAddrs lists them.
+func StartCluster(t testing.TB, opts ...RedisOption) *Cluster {
 	t.Helper()
 	const n = 3
 	c := &Cluster{t: t}
 	for i := 0; i < n; i++ {
-		node := startRedis(t, redisConfig{cluster: true, lines: []string{"cluster-node-timeout 2000"}})
+		rc := redisConfig{cluster: true}
+		for _, o := range opts {
+			o(&rc)
+		}
+		rc.lines = append(rc.lines, "cluster-node-timeout 2000")
+		if rc.tls != nil {
+			rc.lines = append(rc.lines, "tls-cluster yes", "tls-replication yes")
+		}
+		node := startRedis(t, rc)
 		c.Nodes = append(c.Nodes, node)
 		c.Addrs = append(c.Addrs, node.Addr)
+		if node.TLSAddr != "" {
+			c.TLSAddrs = append(c.TLSAddrs, node.TLSAddr)
+		}
 		c.Slots = append(c.Slots, [2]int{i * 16384 / n, (i+1)*16384/n - 1})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), clusterReadyTimeout)
