@@ -274,7 +274,7 @@ func OpenRedisTLS(spec string, timeout time.Duration, tlsOpts RedisTLS) (redis.U
 	}
 	a, err := parseRedisSpec(spec)
 	if err != nil {
-		return nil, fmt.Errorf("bucket: redis address %q: %w", redactSpec(spec), err)
+		return nil, specError(spec, err)
 	}
 	o := &redis.UniversalOptions{
 		Addrs:                 a.addrs,
@@ -358,20 +358,22 @@ func parseRedisSpec(spec string) (redisSpec, error) {
 		}
 		q, err := url.ParseQuery(query)
 		if err != nil {
-			return a, errors.New("query is not valid percent-encoding")
+			return a, fmt.Errorf("%w: the query is not valid percent-encoding", ErrRedisCredentials)
 		}
 		for k, v := range q {
-			if len(v) != 1 {
-				return a, fmt.Errorf("query parameter %q given %d times", k, len(v))
-			}
+			var dst *string
 			switch k {
 			case "sentinel_username":
-				a.sentinelUser = v[0]
+				dst = &a.sentinelUser
 			case "sentinel_password":
-				a.sentinelPassword = v[0]
+				dst = &a.sentinelPassword
 			default:
 				return a, fmt.Errorf("query parameter %q is not supported (want sentinel_username, sentinel_password)", k)
 			}
+			if len(v) != 1 {
+				return a, fmt.Errorf("%w: query parameter %s given %d times", ErrRedisCredentials, k, len(v))
+			}
+			*dst = v[0]
 		}
 	}
 	authority, path, _ := strings.Cut(rest, "/")
@@ -381,11 +383,11 @@ func parseRedisSpec(spec string) (redisSpec, error) {
 		user, pass, hasPass := strings.Cut(userinfo, ":")
 		var err error
 		if a.user, err = url.PathUnescape(user); err != nil {
-			return a, errors.New("user is not valid percent-encoding")
+			return a, fmt.Errorf("%w: the user is not valid percent-encoding", ErrRedisCredentials)
 		}
 		if hasPass {
 			if a.password, err = url.PathUnescape(pass); err != nil {
-				return a, errors.New("password is not valid percent-encoding")
+				return a, fmt.Errorf("%w: the password is not valid percent-encoding", ErrRedisCredentials)
 			}
 		}
 	}
@@ -440,36 +442,111 @@ func checkHostPort(hp string) error {
 	return nil
 }
 
-// redactSpec hides the passwords in spec (for error messages).
+// redacted stands for a secret in what is printed.
+const redacted = "xxxxx"
+
+// redactSpec is spec as it may be printed: without its user information or
+// any secret query parameter, whatever characters they hold. A malformed
+// spec is the one to print (it is what the operator must fix), so this
+// reads spec by its delimiters alone, both ways a stray delimiter can be
+// read, and hides what either reading calls a secret: the user information
+// as the parser reads it (before the '@' of the part before the first
+// '?') and as a URL with an unencoded '?' or '/' in its password would
+// (before the last '@'), and, from the value of the first query parameter
+// naming a password, user, secret, token or key, everything after it (its
+// value may hold an unencoded '&' or '#'). A user name is kept where both
+// readings agree on it.
 func redactSpec(spec string) string {
-	if base, query, ok := strings.Cut(spec, "?"); ok {
-		if q, err := url.ParseQuery(query); err == nil && q.Has("sentinel_password") {
-			q.Set("sentinel_password", "xxxxx")
-			query = q.Encode()
-		} else if err != nil {
-			query = "xxxxx"
+	start := 0
+	if i := strings.Index(spec, "://"); i >= 0 {
+		start = i + len("://")
+	}
+	hide := make([]bool, len(spec))
+	hideFrom := func(from, to int) {
+		for i := from; i < to; i++ {
+			hide[i] = true
 		}
-		return redactSpec(base) + "?" + query
 	}
-	scheme, rest, ok := strings.Cut(spec, "://")
-	if !ok {
-		return spec
+	// userinfo hides spec[start:at], keeping a user name before a ':'.
+	userinfo := func(at int) {
+		user, _, hasPass := strings.Cut(spec[start:at], ":")
+		if hasPass && !strings.ContainsAny(user, "/?#&=") {
+			hideFrom(start+len(user)+1, at)
+		} else {
+			hideFrom(start, at)
+		}
 	}
-	authority, path, hasPath := strings.Cut(rest, "/")
-	i := strings.LastIndex(authority, "@")
-	if i < 0 {
-		return spec
+	q := strings.IndexByte(spec[start:], '?')
+	if q < 0 {
+		q = len(spec)
+	} else {
+		q += start
 	}
-	user, _, hasPass := strings.Cut(authority[:i], ":")
-	if hasPass {
-		user += ":xxxxx"
+	if at := strings.LastIndexByte(spec[start:q], '@'); at >= 0 {
+		userinfo(start + at)
 	}
-	out := scheme + "://" + user + authority[i:]
-	if hasPath {
-		out += "/" + path
+	if at := strings.LastIndexByte(spec[start:], '@'); at >= 0 && start+at > q {
+		userinfo(start + at)
 	}
-	return out
+	if q < len(spec) {
+		off := q + 1
+		for _, kv := range strings.Split(spec[q+1:], "&") {
+			if k, _, hasValue := strings.Cut(kv, "="); secretParam(k) {
+				if hasValue {
+					off += len(k) + 1
+				}
+				hideFrom(off, len(spec))
+				break
+			}
+			off += len(kv) + 1
+		}
+	}
+	var b strings.Builder
+	for i := 0; i < len(spec); i++ {
+		if !hide[i] {
+			b.WriteByte(spec[i])
+		} else if i == 0 || !hide[i-1] {
+			b.WriteString(redacted)
+		}
+	}
+	return b.String()
 }
+
+// secretParam reports whether query parameter k may carry a credential.
+func secretParam(k string) bool {
+	if u, err := url.QueryUnescape(k); err == nil {
+		k = u
+	}
+	k = strings.ToLower(k)
+	for _, w := range []string{"pass", "user", "secret", "token", "auth", "key"} {
+		if strings.Contains(k, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// specError is the error of a spec that does not parse. Its message
+// quotes parts of spec, which, where the delimiters are not where they
+// should be, can be pieces of a password: so, unless it is one of the
+// parser's errors about credentials (which quote nothing of them), it is
+// the error of the redacted spec, and when that parses (the fault was in
+// what redaction hides) ErrRedisCredentials with how to encode them.
+func specError(spec string, err error) error {
+	red := redactSpec(spec)
+	switch _, rerr := parseRedisSpec(red); {
+	case red == spec || errors.Is(err, ErrRedisCredentials):
+	case rerr != nil:
+		err = rerr
+	default:
+		err = fmt.Errorf("%w: percent-encode '%%', ':', '@', '/', '?', '#', '&' and ',' in the user, password and query values (%%25 %%3A %%40 %%2F %%3F %%23 %%26 %%2C)", ErrRedisCredentials)
+	}
+	return fmt.Errorf("bucket: redis address %q: %w", red, err)
+}
+
+// ErrRedisCredentials is the error of a Redis address whose user
+// information or secret query parameters do not parse.
+var ErrRedisCredentials = errors.New("malformed credentials")
 
 // CheckEviction reads maxmemory-policy (CONFIG GET; on every master of a
 // Cluster) and returns it with a warning, empty only for noeviction. Buckets
