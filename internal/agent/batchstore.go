@@ -84,10 +84,14 @@ func (s *Service) storeCall(caller context.Context, steps []step, reqs []bucket.
 	cancel()
 	now := time.Now()
 	health := storeSilent
+	var failure error // the first failure of the call, the episode's cause
 	for j, i := range at {
 		switch s.adoptStore(caller, &steps[i], outs[j].Result, outs[j].Err) {
 		case storeFailed:
 			health = storeFailed
+			if failure == nil {
+				failure = outs[j].Err
+			}
 		case storeAnswered:
 			if health == storeSilent {
 				health = storeAnswered
@@ -96,7 +100,7 @@ func (s *Service) storeCall(caller context.Context, steps []step, reqs []bucket.
 	}
 	switch health {
 	case storeFailed:
-		s.storeFailure(now)
+		s.storeFailure(now, failure)
 	case storeAnswered:
 		s.storeSuccess(now)
 	}

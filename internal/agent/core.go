@@ -359,8 +359,16 @@ func (c *Core) openStore(ctx context.Context) (Store, error) {
 		return nil, fmt.Errorf("agent: %s: %w", c.opts.name("-redis"), err)
 	}
 	c.closeFns = append(c.closeFns, func() { _ = client.Close() })
+	st := bucket.NewRedisStore(client, bucket.RedisOptions{Timeout: cfg.DecisionTimeout, Logger: c.logger})
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	// A wrong password is said as such, once, at start: the checks below
+	// would only report that they could not read what they check.
+	if err := st.Ping(cctx); errors.Is(err, bucket.ErrAuth) {
+		c.logger.Error("Redis refused the agent's credentials (authentication failed): check the user and password of "+c.opts.name("-redis")+
+			"; until they are right every decision on the store goes to its rule's failure policy", "err", err)
+		return st, nil
+	}
 	policy, warning, err := bucket.CheckEviction(cctx, client)
 	switch {
 	case err != nil:
@@ -376,7 +384,6 @@ func (c *Core) openStore(ctx context.Context) (Store, error) {
 	case warning != "":
 		c.logger.Error(warning)
 	}
-	st := bucket.NewRedisStore(client, bucket.RedisOptions{Timeout: cfg.DecisionTimeout, Logger: c.logger})
 	c.evictionPolicy = policy
 	c.evictionWarning = warning
 	return st, nil

@@ -775,7 +775,7 @@ func noCancel() {}
 func (s *Service) storeResult(caller context.Context, st *step, res bucket.Result, err error, now time.Time) {
 	switch s.adoptStore(caller, st, res, err) {
 	case storeFailed:
-		s.storeFailure(now)
+		s.storeFailure(now, err)
 	case storeAnswered:
 		s.storeSuccess(now)
 	}
@@ -802,7 +802,9 @@ func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result
 	if err != nil {
 		// Validation happened before I/O, so any error here is the store's:
 		// the outcome is uncertain and the rule's policy decides.
-		if !errors.Is(err, bucket.ErrUnavailable) {
+		// An outage and refused credentials are logged once an episode
+		// (fallback.failure), not once a decision.
+		if !errors.Is(err, bucket.ErrUnavailable) && !errors.Is(err, bucket.ErrAuth) {
 			s.logger.Error("unexpected store error", "rule", st.rule.Name, "err", err)
 		}
 		s.metrics.storeErrors.WithLabelValues(storeErrorKind(err)).Inc()
@@ -819,9 +821,10 @@ func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result
 
 // storeFailure counts a store call that failed against the circuit breaker
 // and starts the fallback's outage episode.
-func (s *Service) storeFailure(now time.Time) {
+// err is the failure the episode's first log line names as its cause.
+func (s *Service) storeFailure(now time.Time, err error) {
 	s.breaker.Failure(now)
-	s.fallback.failure(now)
+	s.fallback.failure(now, err)
 }
 
 // storeSuccess counts a store call that was answered: it closes the
@@ -973,6 +976,8 @@ func storeErrorKind(err error) string {
 		return "canceled"
 	case errors.Is(err, bucket.ErrUnavailable):
 		return "unavailable"
+	case errors.Is(err, bucket.ErrAuth):
+		return "auth"
 	default:
 		return "other"
 	}

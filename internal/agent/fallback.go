@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -30,10 +31,17 @@ func newFallback(logger *slog.Logger, m *metrics) *fallback {
 	return &fallback{logger: logger, metrics: m, local: bucket.NewMemoryStore(nil)}
 }
 
-// failure records that the store could not decide.
-func (f *fallback) failure(now time.Time) {
+// failure records that the store could not decide, err saying why. The
+// first failure of an episode is logged with its cause: a store that
+// refuses the agent's credentials is not a store that is down, and the
+// operator fixes the one in -redis, not the network.
+func (f *fallback) failure(now time.Time, err error) {
 	if f.episodeStart.CompareAndSwap(0, now.UnixNano()) {
-		f.logger.Warn("store unreachable: failure policies in force", "since", now)
+		msg := "store unreachable: failure policies in force"
+		if errors.Is(err, bucket.ErrAuth) {
+			msg = "store refused the agent's credentials (authentication failed): failure policies in force"
+		}
+		f.logger.Warn(msg, "since", now, "err", err)
 		f.metrics.fallbackActive.Set(1)
 	}
 }

@@ -64,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"path"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_store_errors_total",
-			Help: "Store calls that failed, by kind (timeout, canceled, unavailable, refund, other; caller_gone: the caller hung up first, not counted against the store).",
+			Help: "Store calls that failed, by kind (timeout, canceled, unavailable, auth: Redis refused the credentials, refund, other; caller_gone: the caller hung up first, not counted against the store).",
 		}, []string{"kind"}),
 		breakerShortCircuits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_breaker_short_circuits_total",

@@ -25,6 +25,11 @@ var (
 	// ErrUnavailable marks a store that could not be reached or answered in
 	// time; the outcome may be uncertain (the charge may have happened).
 	ErrUnavailable = errors.New("bucket store unavailable")
+	// ErrAuth marks a store that refused the client's credentials: a
+	// wrong password or ACL user (WRONGPASS), or none given to a server
+	// that requires one (NOAUTH). Waiting does not fix it; the address's
+	// user information must.
+	ErrAuth = errors.New("redis authentication failed")
 )
 
 // Limit is one rule's bucket shape.

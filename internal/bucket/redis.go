@@ -733,10 +733,32 @@ func (s *RedisStore) noteReload() {
 // fail wraps a Redis error with the operation, and with ErrUnavailable when
 // the store could not be reached or could not apply the decision now.
 func (s *RedisStore) fail(op string, err error) error {
+	if authFailed(err) {
+		return fmt.Errorf("bucket: redis %s: %w: %w", op, ErrAuth, err)
+	}
 	if unavailable(err) {
 		return fmt.Errorf("bucket: redis %s: %w: %w", op, ErrUnavailable, err)
 	}
 	return fmt.Errorf("bucket: redis %s: %w", op, err)
+}
+
+// authFailed reports whether err is Redis refusing the credentials, on the
+// AUTH or HELLO of a new connection or on a command sent without them.
+// Versions before 6 answer "ERR invalid password"; later ones WRONGPASS,
+// or "ERR AUTH ... called without any password configured" when the
+// server requires none.
+func authFailed(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range []string{"WRONGPASS", "NOAUTH", "ERR invalid password", "ERR AUTH ", "ERR invalid username-password pair"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // unavailableCodes are server replies meaning "not now, not here": the
