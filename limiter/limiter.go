@@ -130,9 +130,12 @@ type Config struct {
 
 // RedisTLS is the sidecar's -redis-tls-* flags.
 type RedisTLS struct {
-	CA         string // PEM CA bundle the servers' certificates chain to (empty: system roots)
-	Cert, Key  string // PEM client certificate and key (both or neither)
-	ServerName string // name to verify the servers' certificates against (empty: the host dialed)
+	CA        string // PEM CA bundle the servers' certificates chain to (empty: system roots)
+	Cert, Key string // PEM client certificate and key (both or neither)
+	// ServerName is the name every server's certificate must carry,
+	// Sentinels, primaries and Cluster nodes alike (empty: the host dialed,
+	// an IP address checked against the certificate's IP SANs).
+	ServerName string
 }
 
 // Request is one question: may this request proceed? It is the sidecar's

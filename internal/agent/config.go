@@ -149,7 +149,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "redis-tls-ca", Env: "REDIS_TLS_CA", Usage: "PEM CA bundle a rediss:// server's certificate must chain to (default: the system's roots)", Value: &c.RedisTLS.CA},
 		{Flag: "redis-tls-cert", Env: "REDIS_TLS_CERT", Usage: "PEM client certificate for a rediss:// server that requires one (tls-auth-clients yes)", Value: &c.RedisTLS.Cert},
 		{Flag: "redis-tls-key", Env: "REDIS_TLS_KEY", Usage: "PEM private key of -redis-tls-cert", Value: &c.RedisTLS.Key},
-		{Flag: "redis-tls-server-name", Env: "REDIS_TLS_SERVER_NAME", Usage: "name to verify a rediss:// server's certificate against, when it differs from the host in -redis", Value: &c.RedisTLS.ServerName},
+		{Flag: "redis-tls-server-name", Env: "REDIS_TLS_SERVER_NAME", Usage: "name every rediss:// server's certificate must carry (Sentinels, primaries and Cluster nodes alike), instead of the host or IP address dialled: for Sentinel and Cluster, which hand out servers by IP address, when their certificates name a host", Value: &c.RedisTLS.ServerName},
 		{Flag: "http", Env: "HTTP", Usage: "HTTP listen address (/v1/allow, /v1/check, /metrics, /healthz, /readyz)", Value: &c.HTTPAddr},
 		{Flag: "grpc", Env: "GRPC", Usage: "gRPC listen address (ration.v1.RateLimiter, Envoy's rate-limit service, grpc.health.v1)", Value: &c.GRPCAddr},
 		{Flag: "grpc-workers", Env: "GRPC_WORKERS", Usage: "goroutines that serve gRPC calls one after another (calls beyond them get one each); 0: one goroutine per call", Value: &c.GRPCWorkers},

@@ -38,25 +38,31 @@ import (
 // require a password of their own (the user:password part is the Redis
 // servers'); they are the only query parameters.
 //
-// A user or password containing ':', '@', '/' or ',' must be percent-encoded
-// (%3A, %40, %2F, %2C). IPv6 hosts go in brackets: [::1]:6379.
+// A user or password containing '%', ':', '@', '/', '?', '#', '&' or ','
+// must be percent-encoded (%25, %3A, %40, %2F, %3F, %23, %26, %2C). IPv6
+// hosts go in brackets: [::1]:6379.
 //
 // timeout (> 0) bounds dialling, each read and write, and waiting for a
 // pooled connection; the client also honours context deadlines. Decisions go
 // to primaries only: replicas are never read, and Cluster routing is by slot
 // owner (no latency or random routing). OpenRedis does no I/O; an error names
-// the part of spec that is wrong (passwords are never echoed).
+// the part of spec that is wrong (user information and secret query
+// parameters are never echoed, however malformed: see redactSpec).
 func OpenRedis(spec string, timeout time.Duration) (redis.UniversalClient, error) {
 	return OpenRedisTLS(spec, timeout, RedisTLS{})
 }
 
 // RedisTLS is how a rediss:// connection is verified and authenticated.
 // The zero value verifies the server against the system's roots and the
-// host dialed, and presents no client certificate.
+// host dialed (a host name or an IP address), and presents no client
+// certificate.
 type RedisTLS struct {
-	CA         string // PEM CA bundle the servers' certificates chain to (empty: system roots)
-	Cert, Key  string // PEM client certificate and key, for tls-auth-clients yes (both or neither)
-	ServerName string // name to verify the servers' certificates against (empty: the host dialed)
+	CA        string // PEM CA bundle the servers' certificates chain to (empty: system roots)
+	Cert, Key string // PEM client certificate and key, for tls-auth-clients yes (both or neither)
+	// ServerName is the name every server's certificate must carry,
+	// Sentinels, primaries and Cluster nodes alike (empty: the host dialed,
+	// an IP address checked against the certificate's IP SANs).
+	ServerName string
 }
 
 // Enabled reports whether any field is set.
