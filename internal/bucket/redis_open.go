@@ -545,7 +545,8 @@ func specError(spec string, err error) error {
 	case rerr != nil:
 		err = rerr
 	default:
-		err = fmt.Errorf("%w: percent-encode '%%', ':', '@', '/', '?', '#', '&' and ',' in the user, password and query values (%%25 %%3A %%40 %%2F %%3F %%23 %%26 %%2C)", ErrRedisCredentials)
+		err = fmt.Errorf("%w in what is hidden as %s: percent-encode '%%', ':', '@', '/', '?', '#', '&' and ',' in the user, password and query values (%%25 %%3A %%40 %%2F %%3F %%23 %%26 %%2C); "+
+			"the query takes only sentinel_username and sentinel_password", ErrRedisCredentials, redacted)
 	}
 	return fmt.Errorf("bucket: redis address %q: %w", red, err)
 }

@@ -56,6 +56,26 @@ func TestRedisTLSServerNameWhateverTheAddress(t *testing.T) {
 			})
 		}
 	})
+	t.Run("sentinel", func(t *testing.T) {
+		// The Sentinels hand out the primary as 127.0.0.1, however the
+		// Sentinels themselves were given.
+		s := harness.StartSentinelTLS(t, "m", certs["named"])
+		for _, c := range []tc{
+			{"a host name's certificate, Sentinels by name", "named", "localhost", "", "127.0.0.1"},
+			{"a host name's certificate, its name given", "named", "127.0.0.1", "localhost", ""},
+			{"a host name's certificate, another name given", "named", "localhost", "redis.other.example", "redis.other.example"},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				var sentinels []string
+				for _, a := range s.SentinelTLSAddrs {
+					_, port, _ := net.SplitHostPort(a)
+					sentinels = append(sentinels, net.JoinHostPort(c.host, port))
+				}
+				spec := "rediss-sentinel://" + strings.Join(sentinels, ",") + "/m"
+				checkTLSName(t, spec, bucket.RedisTLS{CA: client.CA, ServerName: c.serverName}, c.wantErr)
+			})
+		}
+	})
 	t.Run("cluster", func(t *testing.T) {
 		// A Cluster answers CLUSTER SLOTS with its nodes' IP addresses,
 		// so every command goes to a node addressed by IP, whatever the

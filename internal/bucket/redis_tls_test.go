@@ -99,9 +99,15 @@ func TestSentinelPassword(t *testing.T) {
 	if err := bad.Set(ctx, "k", "w", 0).Err(); err == nil {
 		t.Fatal("SET through password-protected Sentinels without the password succeeded")
 	}
-	_, err := bucket.OpenRedis("redis-sentinel://"+addrs+"/m?sentinel_password=sentinel-pw&bogus=1", testTimeout)
+	_, err := bucket.OpenRedis("redis-sentinel://"+addrs+"/m?bogus=1&sentinel_password=sentinel-pw", testTimeout)
 	if err == nil || strings.Contains(err.Error(), "sentinel-pw") || !strings.Contains(err.Error(), "bogus") {
 		t.Errorf("unknown query parameter: %v, want refused naming it, without the password", err)
+	}
+	// After a password, what looks like another parameter may be the rest
+	// of a password holding an unencoded '&': it is hidden too.
+	_, err = bucket.OpenRedis("redis-sentinel://"+addrs+"/m?sentinel_password=sentinel-pw&bogus=1", testTimeout)
+	if err == nil || strings.Contains(err.Error(), "sentinel-pw") || strings.Contains(err.Error(), "bogus") {
+		t.Errorf("unknown query parameter after the password: %v, want refused, without the password or what follows it", err)
 	}
 }
 

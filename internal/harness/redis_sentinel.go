@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
 // Sentinel timing: the primary is judged down after sentinelDownAfter
@@ -25,7 +27,9 @@ type SentinelSet struct {
 	Replica       *Redis
 	Sentinels     []*Redis
 	SentinelAddrs []string
-	MasterName    string
+	// SentinelTLSAddrs are the Sentinels' TLS ports (StartSentinelTLS).
+	SentinelTLSAddrs []string
+	MasterName       string
 }
 
 // StartSentinel starts a primary, a replica in sync with it, and three
@@ -33,7 +37,18 @@ type SentinelSet struct {
 // replica and the two other Sentinels (so a failover can be voted).
 func StartSentinel(t testing.TB, name string) *SentinelSet {
 	t.Helper()
-	return startSentinel(t, name, "")
+	return startSentinel(t, name, "", nil)
+}
+
+// StartSentinelTLS is StartSentinel with every server and Sentinel also
+// speaking TLS with the certificate server (WithTLS, no client
+// certificate required), replication and monitoring over TLS: the
+// Sentinels hand out the primary as 127.0.0.1 and its TLS port, as a TLS
+// deployment's Sentinels hand out an IP address. MasterAddr and
+// WaitForFailover, which speak plaintext, are not for such a set.
+func StartSentinelTLS(t testing.TB, name string, server tlsfiles.Files) *SentinelSet {
+	t.Helper()
+	return startSentinel(t, name, "", &server)
 }
 
 // StartSentinelWithPassword is StartSentinel with Sentinels that require
@@ -41,14 +56,22 @@ func StartSentinel(t testing.TB, name string) *SentinelSet {
 // servers themselves require none.
 func StartSentinelWithPassword(t testing.TB, name, password string) *SentinelSet {
 	t.Helper()
-	return startSentinel(t, name, password)
+	return startSentinel(t, name, password, nil)
 }
 
-func startSentinel(t testing.TB, name, password string) *SentinelSet {
+func startSentinel(t testing.TB, name, password string, server *tlsfiles.Files) *SentinelSet {
 	t.Helper()
 	s := &SentinelSet{MasterName: name}
-	s.Primary = StartRedis(t)
-	s.Replica = StartRedis(t, WithReplicaOf(s.Primary.Addr))
+	var tlsOpts []RedisOption
+	if server != nil {
+		tlsOpts = []RedisOption{WithTLS(*server, false), WithConfig("tls-replication yes")}
+	}
+	s.Primary = StartRedis(t, tlsOpts...)
+	primaryPort := s.Primary.Port
+	if server != nil {
+		primaryPort = s.Primary.TLSPort
+	}
+	s.Replica = StartRedis(t, append(tlsOpts, WithReplicaOf("127.0.0.1:"+strconv.Itoa(primaryPort)))...)
 	ctx, cancel := context.WithTimeout(context.Background(), sentinelReadyTimeout)
 	defer cancel()
 	waitFor(ctx, t, "replica "+s.Replica.Addr+" in sync with "+s.Primary.Addr, func() (bool, string) {
@@ -61,7 +84,7 @@ func startSentinel(t testing.TB, name, password string) *SentinelSet {
 	})
 	for i := 0; i < 3; i++ {
 		c := redisConfig{sentinel: true, lines: []string{
-			fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2", name, s.Primary.Port),
+			fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 2", name, primaryPort),
 			fmt.Sprintf("sentinel down-after-milliseconds %s %d", name, sentinelDownAfter.Milliseconds()),
 			fmt.Sprintf("sentinel failover-timeout %s %d", name, sentinelFailoverTimeout.Milliseconds()),
 			fmt.Sprintf("sentinel parallel-syncs %s 1", name),
@@ -70,9 +93,15 @@ func startSentinel(t testing.TB, name, password string) *SentinelSet {
 			WithPassword(password)(&c)
 			c.lines = append(c.lines, "sentinel sentinel-pass "+password)
 		}
+		for _, o := range tlsOpts {
+			o(&c)
+		}
 		sn := startRedis(t, c)
 		s.Sentinels = append(s.Sentinels, sn)
 		s.SentinelAddrs = append(s.SentinelAddrs, sn.Addr)
+		if sn.TLSAddr != "" {
+			s.SentinelTLSAddrs = append(s.SentinelTLSAddrs, sn.TLSAddr)
+		}
 	}
 	for _, sn := range s.Sentinels {
 		waitFor(ctx, t, "sentinel "+sn.Addr+" to see the replica and 2 other sentinels", func() (bool, string) {
