@@ -84,6 +84,21 @@ func TestOpenRedisErrors(t *testing.T) {
 	if _, err := OpenRedis("h:1", 0); err == nil {
 		t.Errorf("OpenRedis with timeout 0 succeeded")
 	}
+	// A server name no certificate can carry is a start-up error, not a
+	// refusal at every handshake.
+	for _, name := range []string{"redis.example:6379", "https://redis.example", "a b"} {
+		if _, err := OpenRedisTLS("rediss://h:1", time.Second, RedisTLS{ServerName: name}); err == nil || !strings.Contains(err.Error(), "is not a host name or IP address") {
+			t.Errorf("ServerName %q: %v, want refused", name, err)
+		}
+	}
+	for _, name := range []string{"redis.example", "10.0.0.1", "::1"} {
+		c, err := OpenRedisTLS("rediss://h:1", time.Second, RedisTLS{ServerName: name})
+		if err != nil {
+			t.Errorf("ServerName %q: %v, want accepted", name, err)
+			continue
+		}
+		_ = c.Close()
+	}
 }
 
 func TestOpenRedisNeverEchoesPassword(t *testing.T) {
