@@ -178,7 +178,9 @@ func (d *redisTLSDialer) dial(ctx context.Context, network, addr string) (net.Co
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
-	nd := &net.Dialer{KeepAlive: 5 * time.Minute}
+	// The keep-alives of go-redis's own dialer, which this replaces: a
+	// silently dead server is noticed within a minute.
+	nd := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 5 * time.Second, Count: 3}}
 	raw, err := nd.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
