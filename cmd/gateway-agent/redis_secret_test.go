@@ -14,7 +14,8 @@ import (
 
 // No -redis, however malformed, gets its password, user information or
 // secret query parameter printed: not in the start-up error, not in a log
-// line (debug level, go-redis's own lines included), whatever special
+// line (debug level, go-redis's own lines included), not as the default
+// -h and a flag error show when it comes from RATION_REDIS, whatever special
 // character the secret holds and wherever it sits. Each secret is
 // secretHead + a special character + secretTail, so a fragment of it on
 // either side of the character is found too.
@@ -52,6 +53,17 @@ func TestRedisSecretsNeverPrinted(t *testing.T) {
 				printed := out
 				if err != nil {
 					printed += "\n" + err.Error()
+				}
+				// From RATION_REDIS, the value is the flag's default,
+				// which -h and a flag error print.
+				env := func(k string) (string, bool) { return spec, k == "RATION_REDIS" }
+				for _, args := range [][]string{{"-h"}, {"-bogus"}} {
+					var stdout, stderr syncBuffer
+					err := run(context.Background(), args, &stdout, &stderr, env)
+					printed += "\n" + stdout.String() + stderr.String()
+					if err != nil {
+						printed += "\n" + err.Error()
+					}
 				}
 				leaked := []string{secretHead, secretTail, secret}
 				if u, uerr := url.PathUnescape(secret); uerr == nil {

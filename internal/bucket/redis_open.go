@@ -453,6 +453,11 @@ func checkHostPort(hp string) error {
 // redacted stands for a secret in what is printed.
 const redacted = "xxxxx"
 
+// RedactRedisSpec is spec, an OpenRedis address, as it may be printed: its
+// user information and secret query parameters replaced by xxxxx,
+// however malformed it is.
+func RedactRedisSpec(spec string) string { return redactSpec(spec) }
+
 // redactSpec is spec as it may be printed: without its user information or
 // any secret query parameter, whatever characters they hold. A malformed
 // spec is the one to print (it is what the operator must fix), so this
@@ -462,8 +467,9 @@ const redacted = "xxxxx"
 // '?') and as a URL with an unencoded '?' or '/' in its password would
 // (before the last '@'), and, from the value of the first query parameter
 // naming a password, user, secret, token or key, everything after it (its
-// value may hold an unencoded '&' or '#'). A user name is kept where both
-// readings agree on it.
+// value may hold an unencoded '&' or '#'). The user name goes too: which
+// part is the user is itself a guess when a delimiter is astray, and a
+// lone password is often written where the user goes (redis://secret@h).
 func redactSpec(spec string) string {
 	start := 0
 	if i := strings.Index(spec, "://"); i >= 0 {
@@ -475,15 +481,6 @@ func redactSpec(spec string) string {
 			hide[i] = true
 		}
 	}
-	// userinfo hides spec[start:at], keeping a user name before a ':'.
-	userinfo := func(at int) {
-		user, _, hasPass := strings.Cut(spec[start:at], ":")
-		if hasPass && !strings.ContainsAny(user, "/?#&=") {
-			hideFrom(start+len(user)+1, at)
-		} else {
-			hideFrom(start, at)
-		}
-	}
 	q := strings.IndexByte(spec[start:], '?')
 	if q < 0 {
 		q = len(spec)
@@ -491,10 +488,10 @@ func redactSpec(spec string) string {
 		q += start
 	}
 	if at := strings.LastIndexByte(spec[start:q], '@'); at >= 0 {
-		userinfo(start + at)
+		hideFrom(start, start+at)
 	}
 	if at := strings.LastIndexByte(spec[start:], '@'); at >= 0 && start+at > q {
-		userinfo(start + at)
+		hideFrom(start, start+at)
 	}
 	if q < len(spec) {
 		off := q + 1

@@ -15,6 +15,10 @@ import (
 type Setting struct {
 	Flag, Env, Usage string
 	Value            any
+	// Redact, when set, is how a value that may hold a secret (a URL with
+	// a password) is printed: the default that -h and a flag error show
+	// is the variable's value, and must not be printed as it is.
+	Redact func(string) string
 }
 
 // Load applies the environment to every setting that has a variable,
@@ -31,6 +35,9 @@ func Load(prefix string, settings []Setting, lookup func(string) (string, bool))
 			continue
 		}
 		if err := set(s.Value, v); err != nil {
+			if s.Redact != nil {
+				v = s.Redact(v)
+			}
 			errs = append(errs, fmt.Errorf("%s%s=%q: %w", prefix, s.Env, v, err))
 		}
 	}
@@ -62,6 +69,11 @@ func Bind(fs *flag.FlagSet, prefix string, settings []Setting) {
 			fs.DurationVar(p, s.Flag, *p, usage)
 		default:
 			panic(fmt.Sprintf("envflag: setting %s has unsupported type %T", s.Flag, s.Value)) // a programming error in a settings table
+		}
+		if f := fs.Lookup(s.Flag); s.Redact != nil && f.DefValue != "" {
+			// DefValue is only printed (usage, -h); the value itself is
+			// unchanged.
+			f.DefValue = s.Redact(f.DefValue)
 		}
 	}
 }

@@ -20,13 +20,13 @@ type cfg struct {
 
 func (c *cfg) settings() []Setting {
 	return []Setting{
-		{"s", "S", "a string", &c.S},
-		{"b", "B", "a bool", &c.B},
-		{"i", "I", "an int", &c.I},
-		{"u", "U", "a uint", &c.U},
-		{"f", "F", "a float", &c.F},
-		{"d", "D", "a duration", &c.D},
-		{"n", "", "flag only", &c.N},
+		{Flag: "s", Env: "S", Usage: "a string", Value: &c.S},
+		{Flag: "b", Env: "B", Usage: "a bool", Value: &c.B},
+		{Flag: "i", Env: "I", Usage: "an int", Value: &c.I},
+		{Flag: "u", Env: "U", Usage: "a uint", Value: &c.U},
+		{Flag: "f", Env: "F", Usage: "a float", Value: &c.F},
+		{Flag: "d", Env: "D", Usage: "a duration", Value: &c.D},
+		{Flag: "n", Env: "", Usage: "flag only", Value: &c.N},
 	}
 }
 
@@ -100,5 +100,31 @@ func TestDescribe(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("Describe[%d] = %+v, want %+v", i, got[i], want[i])
 		}
+	}
+}
+
+// A setting with Redact, from its variable, is printed redacted as the
+// default -h shows, and in Load's error; its value is the variable's.
+func TestRedactedDefault(t *testing.T) {
+	var secret int
+	v := "url-with-hunter2"
+	settings := []Setting{
+		{Flag: "p", Env: "P", Usage: "a URL with a password", Value: &v, Redact: func(string) string { return "xxxxx" }},
+		{Flag: "q", Env: "Q", Usage: "a number that may be secret", Value: &secret, Redact: func(string) string { return "xxxxx" }},
+	}
+	err := Load("X_", settings, env(map[string]string{"X_P": "url-with-hunter3", "X_Q": "hunter4"}))
+	if err == nil || strings.Contains(err.Error(), "hunter4") {
+		t.Errorf("Load = %v, want the malformed X_Q refused without its value", err)
+	}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	Bind(fs, "X_", settings)
+	var usage strings.Builder
+	fs.SetOutput(&usage)
+	fs.PrintDefaults()
+	if strings.Contains(usage.String(), "hunter") || !strings.Contains(usage.String(), `(default "xxxxx")`) {
+		t.Errorf("usage shows the secret default:\n%s", usage.String())
+	}
+	if v != "url-with-hunter3" {
+		t.Errorf("value %q, want the variable's", v)
 	}
 }
