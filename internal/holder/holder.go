@@ -259,6 +259,10 @@ type quota struct {
 	def     *quota
 	cp      *lease.Holding
 	removed bool
+	// owesLess: cp owes less than def's holding (a shrink found it below
+	// the new cap), so it may not be forgotten until the next command of
+	// def's lease has given back the least of the two (see evictable).
+	owesLess bool
 	// The rule's default quota (subject rules.DefaultSubject): never spent
 	// itself; copies are its subjects' copies (under its mu, which is
 	// taken before theirs), and touched is when a subject last used it.
@@ -969,11 +973,14 @@ func (l *Leases) look(qs []*quota, full bool, now, next int64) (pick, int64) {
 		}
 		q.mu.Lock()
 		idle := now-max(q.lastUsed, q.touched.Load()) > l.o.IdleAfter.Microseconds()
+		if idle && q.isDefault && len(q.copies) > 0 {
+			// Its subjects' copies still mirror it: it goes after them
+			// (once full again), and is renewed like a lease in use
+			// meanwhile, or it would lapse and take their balances (and
+			// the debts that keep them) with it.
+			idle = false
+		}
 		switch {
-		case idle && q.isDefault && len(q.copies) > 0:
-			// Its subjects' copies still mirror it: it goes after them.
-			// (They go once full again; renewing it meanwhile costs one
-			// item.)
 		case idle && q.evictable(now):
 			p.idle = append(p.idle, q)
 		case !q.own:

@@ -60,8 +60,18 @@ func startHolder(t *testing.T, c *harness.Coordinators, id string) *holder.Lease
 // leases and waits for it.
 func runHolder(t *testing.T, c *harness.Coordinators, o holder.Options) (h *holder.Leases, stop func()) {
 	t.Helper()
+	return runHolderVia(t, c, o, nil)
+}
+
+// runHolderVia is runHolder with the holder's client made by via from the
+// cluster's real client (nil: the real client itself).
+func runHolderVia(t *testing.T, c *harness.Coordinators, o holder.Options, via func(*coordinator.Client) holder.Client) (h *holder.Leases, stop func()) {
+	t.Helper()
 	client := coordinator.NewClient(c.GRPCAddrs(), coordinator.ClientOptions{CallTimeout: time.Second, MaxAttempts: 3})
 	o.Client = client
+	if via != nil {
+		o.Client = via(client)
+	}
 	o.Logger = logger(t).With("agent_id", o.Holder)
 	if o.ColdStart == 0 {
 		o.ColdStart = 2 * time.Second

@@ -24,8 +24,14 @@ import (
 //
 // A copy is created as a clone of the default lease's holding, which is
 // never spent: it is the copy of a subject untouched so far. For the same
-// reason a copy may be forgotten once it is full again (or its lease is
-// no longer valid): a new clone then holds no more than it did.
+// reason a copy may be forgotten once it is the same as a new clone would
+// be: full again (or its lease no longer valid), and owing what the
+// default lease owes. A shrink leaves a copy that had spent below the new
+// cap owing less than the default lease (what it spent is not there to
+// give back); forgotten then, it would no longer count in the least that
+// the next renewal or release gives back, and the pool would be given
+// tokens the subject already spent. So it is kept until that command has
+// been sent (it zeroes every copy's debt alike).
 //
 // The rest of a subject's budget, 1-f, is its own quota, asked for only
 // once the subject's copy runs dry: subjects that stay within their copy
@@ -55,26 +61,33 @@ func (l *Leases) copyOf(d, q *quota) {
 		return
 	}
 	cp := d.h
-	q.cp, q.def = &cp, d
+	q.cp, q.def, q.owesLess = &cp, d, false
 	d.copies[q] = struct{}{}
 }
 
-// mirror applies fn to every copy of d's holding; d.mu held.
+// mirror applies fn to every copy of d's holding, after d's own holding
+// went through the same step; d.mu held.
 func (d *quota) mirror(fn func(*lease.Holding)) {
 	for c := range d.copies {
 		c.mu.Lock()
 		if c.cp != nil && c.def == d {
 			fn(c.cp)
+			// Only these steps change what a holding owes.
+			c.owesLess = c.cp.Owed < d.h.Owed
 		}
 		c.mu.Unlock()
 	}
 }
 
 // evictable reports whether q's copy, if any, may be forgotten at now: a
-// new clone would hold no more than it does. q.mu held.
+// new clone would hold no more than it does, and give back no more at the
+// next renewal or release. q.mu held.
 func (q *quota) evictable(now int64) bool {
 	cp := q.cp
-	return cp == nil || !cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap
+	if cp == nil {
+		return true
+	}
+	return !q.owesLess && (!cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap)
 }
 
 // takeShared decides cost for subject of r, a rule with a default share:
