@@ -87,13 +87,14 @@ type Store interface {
 // and the caller then applies the rule's failure policy. now comes from Now,
 // read once per batch: a clock read costs more than a leased decision.
 //
-// shared tells where Spend took the tokens from (a subject's copy of its
-// rule's default lease, with lease.default_share, or its own lease), and
-// Refund gives them back there.
+// Spend reports where it took the tokens from (the subject's own lease,
+// or its copy of its rule's default lease with lease.default_share, and
+// which lease), and Refund gives them back there, or nowhere once that
+// lease is gone.
 type Leases interface {
 	Now() int64
-	Spend(ctx context.Context, rule *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, shared, ok bool)
-	Refund(rule *rules.Rule, subject string, cost float64, shared bool)
+	Spend(ctx context.Context, rule *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, src holder.Source, ok bool)
+	Refund(src holder.Source, cost float64)
 	// DownFor is how long the coordinators have been unreachable (0 while
 	// they answer): the emergency policy's clock for leased rules.
 	DownFor() time.Duration
@@ -130,8 +131,8 @@ type step struct {
 	res     bucket.Result
 	allowed bool
 	reason  Reason
-	charged bool // tokens were taken and must be refunded if the request is denied
-	shared  bool // leased: taken from the subject's copy of the default lease
+	charged bool          // tokens were taken and must be refunded if the request is denied
+	src     holder.Source // leased: the lease the tokens were taken from
 	// limit is the bucket the rule has here (req.Limit as prepared; the
 	// failure policy may point req at its emergency bucket): what the
 	// admission log records.
@@ -534,13 +535,14 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 				// A run of steps of one quota (a batch of one hot key)
 				// spends through the Ref the run's first step took.
 				if st.rule == run.rule && st.subject == run.subject {
-					if allowed, remaining, reset, retry, ok := run.ref.SpendAt(st.req.Cost, leaseNow); ok {
+					if allowed, remaining, reset, retry, src, ok := run.ref.SpendFrom(st.req.Cost, leaseNow); ok {
 						st.res = bucket.Result{Allowed: allowed, Remaining: remaining, Reset: reset, RetryAfter: retry}
+						st.src = src
 						st.path, st.allowed, st.charged, st.reason = pathLeased, allowed, allowed, verdict(allowed)
 						continue
 					}
 				}
-				res, shared, ok := s.leases.Spend(ctx, st.rule, st.subject, st.req.Cost, leaseNow)
+				res, src, ok := s.leases.Spend(ctx, st.rule, st.subject, st.req.Cost, leaseNow)
 				// A Spend may wait for a new quota's first grant (up to the
 				// decision timeout): the steps after it are checked against
 				// the clock after the wait, or they would spend leases that
@@ -549,7 +551,7 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 				leaseNow = s.leases.Now()
 				if ok {
 					st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
-					st.shared = shared
+					st.src = src
 					st.reason = verdict(res.Allowed)
 					if s.refs != nil && i+1 < len(steps) && steps[i+1].rule == st.rule && steps[i+1].subject == st.subject {
 						run.rule, run.subject, run.ref = st.rule, st.subject, s.refs.Ref(st.rule, st.subject)
@@ -598,9 +600,9 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 // spendHot decides st on the lease of its promotion k.
 func (s *Service) spendHot(ctx context.Context, st *step, k *hotKey, now int64) {
 	st.hot = k
-	if res, shared, ok := s.leases.Spend(ctx, st.rule, k.subject, st.req.Cost, now); ok {
+	if res, src, ok := s.leases.Spend(ctx, st.rule, k.subject, st.req.Cost, now); ok {
 		st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
-		st.shared = shared
+		st.src = src
 		st.reason = verdict(res.Allowed)
 		k.count.Add(1)
 		return
@@ -953,11 +955,7 @@ func (s *Service) refund(ctx context.Context, steps []step, out []Response) {
 				s.metrics.storeErrors.WithLabelValues("refund").Inc()
 			}
 		case pathLeased:
-			subject := st.subject
-			if st.hot != nil {
-				subject = st.hot.subject
-			}
-			s.leases.Refund(st.rule, subject, st.req.Cost, st.shared)
+			s.leases.Refund(st.src, st.req.Cost)
 		case pathFallback:
 			s.fallback.refund(ctx, st)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -44,15 +45,15 @@ type panickingLeases struct{ start time.Time }
 
 func (l panickingLeases) Now() int64 { return time.Since(l.start).Microseconds() }
 
-func (panickingLeases) Spend(_ context.Context, _ *rules.Rule, subject string, _ float64, now int64) (bucket.Result, bool, bool) {
+func (panickingLeases) Spend(_ context.Context, _ *rules.Rule, subject string, _ float64, now int64) (bucket.Result, holder.Source, bool) {
 	if subject == "tenant=boom" {
 		panic("a bug on the decision path")
 	}
-	return bucket.Result{Allowed: true, Remaining: 1, Now: now}, false, true
+	return bucket.Result{Allowed: true, Remaining: 1, Now: now}, holder.Source{}, true
 }
 
-func (panickingLeases) Refund(*rules.Rule, string, float64, bool) {}
-func (panickingLeases) DownFor() time.Duration                    { return 0 }
+func (panickingLeases) Refund(holder.Source, float64) {}
+func (panickingLeases) DownFor() time.Duration        { return 0 }
 
 const panicRules = `
 rules:

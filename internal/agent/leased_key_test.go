@@ -10,6 +10,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -24,18 +25,18 @@ type countingLeases struct {
 
 func (l *countingLeases) Now() int64 { return time.Since(l.clock).Microseconds() }
 
-func (l *countingLeases) Spend(_ context.Context, _ *rules.Rule, subject string, _ float64, now int64) (bucket.Result, bool, bool) {
+func (l *countingLeases) Spend(_ context.Context, _ *rules.Rule, subject string, _ float64, now int64) (bucket.Result, holder.Source, bool) {
 	if !l.granted {
-		return bucket.Result{}, false, false
+		return bucket.Result{}, holder.Source{}, false
 	}
 	l.mu.Lock()
 	l.spent[subject]++
 	l.mu.Unlock()
-	return bucket.Result{Allowed: true, Remaining: 1, Now: now}, false, true
+	return bucket.Result{Allowed: true, Remaining: 1, Now: now}, holder.Source{}, true
 }
 
-func (*countingLeases) Refund(*rules.Rule, string, float64, bool) {}
-func (*countingLeases) DownFor() time.Duration                    { return 0 }
+func (*countingLeases) Refund(holder.Source, float64) {}
+func (*countingLeases) DownFor() time.Duration        { return 0 }
 
 const leasedKeyRules = `
 rules:

@@ -449,16 +449,15 @@ func (l *Leases) Take(ctx context.Context, r *rules.Rule, subject string, cost f
 	return res, ok
 }
 
-// Spend is Take, and reports whether the tokens came from the subject's
-// copy of its rule's default lease (lease.default_share): a refund must go
-// back where the tokens came from (Refund's shared).
-func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, shared, ok bool) {
+// Spend is Take, and reports where the tokens came from: a refund must go
+// back there (Refund), and only while that lease holds them.
+func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (res bucket.Result, src Source, ok bool) {
 	if r.Lease.DefaultShare > 0 && subject != "" {
 		if subject == rules.DefaultSubject {
 			// The rule's default quota is never spent on itself: it is
 			// every subject's. The agent refuses this name before it gets
 			// here; no caller may make a quota its own copy.
-			return bucket.Result{}, false, false
+			return bucket.Result{}, Source{}, false
 		}
 		return l.takeShared(ctx, r, subject, cost, now)
 	}
@@ -470,14 +469,34 @@ func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost 
 	q.mu.Lock()
 	q.count(cost, now)
 	res, ok, flag := l.spendOwn(q, cost, now)
+	src = q.ownSource()
 	q.mu.Unlock()
 	if flag {
 		// The slice ran dry: the loop decides whether the demand is worth
 		// asking for more at once.
 		l.flag(q)
 	}
-	return res, false, ok
+	return res, src, ok
 }
+
+// Source is where a Spend took its tokens: a subject's own lease or its
+// copy of the rule's default lease, and which lease that was. Refund
+// needs it. The zero Source refunds nothing.
+type Source struct {
+	q  *quota
+	cp *lease.Holding // the copy spent; nil for the own lease
+	id uint64
+}
+
+// Shared reports whether the tokens came from the subject's copy of its
+// rule's default lease (lease.default_share).
+func (s Source) Shared() bool { return s.cp != nil }
+
+// ownSource is the Source of a spend of q's own lease; q.mu held.
+func (q *quota) ownSource() Source { return Source{q: q, id: q.h.Lease.ID} }
+
+// copySource is the Source of a spend of q's copy; q.mu held.
+func (q *quota) copySource() Source { return Source{q: q, cp: q.cp, id: q.cp.Lease.ID} }
 
 // Ref is a quota of this holder found once, for a caller that decides the
 // same (rule, subject) often: its Spend skips the lookup, the first-grant
@@ -521,24 +540,32 @@ func (ref Ref) Spend(cost float64) (allowed bool, remaining float64, reset, retr
 // SpendAt is Spend at now (from Leases.Now), for a caller that decides
 // many requests at one reading of the clock (a batch).
 func (ref Ref) SpendAt(cost float64, now int64) (allowed bool, remaining float64, reset, retryAfter time.Duration, ok bool) {
+	allowed, remaining, reset, retryAfter, _, ok = ref.SpendFrom(cost, now)
+	return allowed, remaining, reset, retryAfter, ok
+}
+
+// SpendFrom is SpendAt, and reports where the tokens came from, for a
+// caller that may refund them (Leases.Refund).
+func (ref Ref) SpendFrom(cost float64, now int64) (allowed bool, remaining float64, reset, retryAfter time.Duration, src Source, ok bool) {
 	q := ref.q
 	if q == nil || !q.answered() {
-		return false, 0, 0, 0, false
+		return false, 0, 0, 0, Source{}, false
 	}
 	q.mu.Lock()
 	if !q.h.Valid(now) {
 		q.mu.Unlock()
-		return false, 0, 0, 0, false
+		return false, 0, 0, 0, Source{}, false
 	}
 	q.count(cost, now)
 	allowed, flag := q.spendValid(cost, now)
 	remaining = q.h.Balance
 	reset, retryAfter = waits(&q.h, allowed, cost)
+	src = q.ownSource()
 	q.mu.Unlock()
 	if flag {
 		ref.l.flag(q) // as Leases.Spend does
 	}
-	return allowed, remaining, reset, retryAfter, true
+	return allowed, remaining, reset, retryAfter, src, true
 }
 
 // count records cost as asked for at now, admitted or not; q.mu held.
@@ -645,24 +672,32 @@ func (l *Leases) Share(rule, subject string) (capacity, rate float64, valid bool
 	return q.h.Lease.Cap, q.h.Lease.Rate, q.h.Valid(now)
 }
 
-// Refund gives back tokens a denied multi-rule request took; they return
-// to the local bucket they came from (never above its cap), never to the
-// coordinator. shared is Spend's: the subject's copy of the default lease.
-func (l *Leases) Refund(r *rules.Rule, subject string, cost float64, shared bool) {
-	q := l.lookup(r.Name, subject)
-	if q == nil {
+// Refund gives back tokens a denied multi-rule request took from src (a
+// Spend's); they return to the local bucket they came from (never above
+// its cap), never to the coordinator. They land only while that bucket
+// still holds the lease they were spent from: once it was dropped,
+// released or let go and another granted (or the copy forgotten and
+// cloned again), the new lease's tokens are the coordinator's count
+// alone, and a refund into it would add tokens it never gave; the refund
+// is dropped (under-admission, never over).
+func (l *Leases) Refund(src Source, cost float64) {
+	q := src.q
+	if q == nil || !(cost > 0) {
 		return
 	}
 	now := l.Now()
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	h := &q.h
-	if shared {
-		h = q.cp // nil once removed: the tokens are lost, never doubled
+	if src.cp != nil {
+		h = q.cp // nil once forgotten: the tokens are lost, never doubled
+		if h != src.cp {
+			return
+		}
 	}
-	if h != nil && h.Valid(now) {
+	if h != nil && h.Lease.ID == src.id && h.Valid(now) {
 		h.Balance = min(h.Lease.Cap, h.Available(now)+cost)
 	}
-	q.mu.Unlock()
 }
 
 // DownFor reports how long renewals have been failing (0 while healthy):

@@ -87,7 +87,7 @@ rules:
 	a1, _ := runHolderVia(t, c, holder.Options{Holder: "a1", IdleAfter: 300 * time.Millisecond}, withoutNudges)
 	const spent = 40
 	for i := range spent {
-		res, fromCopy, ok := a1.Spend(context.Background(), r, "user=x", 1, a1.Now())
+		res, fromCopy, ok := spendShared(a1, context.Background(), r, "user=x", 1, a1.Now())
 		if !ok || !res.Allowed || !fromCopy {
 			t.Fatalf("decision %d: ok %v, allowed %v, from the copy %v; want admitted from the copy", i, ok, res.Allowed, fromCopy)
 		}

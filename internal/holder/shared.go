@@ -93,7 +93,7 @@ func (q *quota) evictable(now int64) bool {
 // takeShared decides cost for subject of r, a rule with a default share:
 // from the subject's copy of the default lease first, then from its own
 // lease, asked for the first time the copy cannot pay.
-func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (bucket.Result, bool, bool) {
+func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (bucket.Result, Source, bool) {
 	d := l.lookup(r.Name, rules.DefaultSubject)
 	if d == nil {
 		d = l.addDefault(r)
@@ -128,22 +128,22 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		if attempt > 0 {
 			// Removed twice in a row under our feet: not worth a third
 			// look; nothing was spent.
-			return bucket.Result{}, false, false
+			return bucket.Result{}, Source{}, false
 		}
 	}
 	q.count(cost, now)
 	if q.cp.Spend(now, cost) {
-		res := result(q.cp, true, cost)
+		res, src := result(q.cp, true, cost), q.copySource()
 		q.mu.Unlock()
-		return res, true, true
+		return res, src, true
 	}
 	copyValid := q.cp.Valid(now)
 	if !ownPart || q.invalid {
 		defer q.mu.Unlock()
 		if !copyValid {
-			return bucket.Result{}, false, false
+			return bucket.Result{}, Source{}, false
 		}
-		return result(q.cp, false, cost), true, true
+		return result(q.cp, false, cost), Source{}, true
 	}
 	q.ownUsed = now
 	if !q.own {
@@ -164,6 +164,7 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		q.mu.Lock()
 	}
 	res, ok, flag := l.spendOwn(q, cost, now)
+	src := q.ownSource()
 	if !ok && copyValid && q.cp != nil {
 		// No own lease yet (or any more), but a valid copy that is dry:
 		// a denial, not a failure.
@@ -173,5 +174,5 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 	if flag {
 		l.flag(q)
 	}
-	return res, false, ok
+	return res, src, ok
 }

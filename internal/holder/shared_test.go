@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/holder"
@@ -33,6 +34,13 @@ rules:
     mode: leased
     lease: {default_share: 0.5}
 `
+
+// spendShared is h.Spend, reporting whether the tokens came from the
+// subject's copy of the default lease.
+func spendShared(h *holder.Leases, ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (bucket.Result, bool, bool) {
+	res, src, ok := h.Spend(ctx, r, subject, cost, now)
+	return res, src.Shared(), ok
+}
 
 // Three agents hammer the same five subjects of a rule with a default
 // share, far above its limit, while the leader is killed: every subject's
@@ -64,7 +72,7 @@ func TestDefaultShareBoundedPerSubject(t *testing.T) {
 					if d := time.Until(start.Add(time.Duration(k) * interval)); d > 0 {
 						time.Sleep(d)
 					}
-					res, fromCopy, ok := h.Spend(context.Background(), r, subject, 1, h.Now())
+					res, fromCopy, ok := spendShared(h, context.Background(), r, subject, 1, h.Now())
 					if ok && res.Allowed {
 						rec.Admit(fmt.Sprint(i), "shared|"+subject, 1)
 						if fromCopy {
@@ -114,7 +122,7 @@ func TestDefaultShareFreshSubjectsNeedNoGrant(t *testing.T) {
 	const n = 5000
 	for i := range n {
 		subject := fmt.Sprintf("user=%d", i)
-		res, fromCopy, ok := h.Spend(context.Background(), r, subject, 1, h.Now())
+		res, fromCopy, ok := spendShared(h, context.Background(), r, subject, 1, h.Now())
 		if !ok || !res.Allowed || !fromCopy {
 			t.Fatalf("decision %d (%s): ok %v, allowed %v, from the copy %v; want an admission from the copy of the default lease", i, subject, ok, res.Allowed, fromCopy)
 		}
@@ -130,9 +138,9 @@ func TestDefaultShareFreshSubjectsNeedNoGrant(t *testing.T) {
 	}
 
 	// A refund restores the copy's balance.
-	res1, _, _ := h.Spend(context.Background(), r, "user=refund", 100, h.Now())
-	h.Refund(r, "user=refund", 100, true)
-	res2, fromCopy, _ := h.Spend(context.Background(), r, "user=refund", 100, h.Now())
+	res1, src, _ := h.Spend(context.Background(), r, "user=refund", 100, h.Now())
+	h.Refund(src, 100)
+	res2, fromCopy, _ := spendShared(h, context.Background(), r, "user=refund", 100, h.Now())
 	if !fromCopy || res2.Remaining < res1.Remaining {
 		t.Errorf("after a refund of 100 to the copy, remaining %.0f (from the copy %v); want at least %.0f as before the refund", res2.Remaining, fromCopy, res1.Remaining)
 	}
@@ -176,7 +184,7 @@ func TestDefaultShareCopiesForgotten(t *testing.T) {
 	if got := quotas(); got != 0 {
 		t.Fatalf("ration_agent_leased_quotas = %v 10s after the last decision (idle after 300ms), want 0", got)
 	}
-	if res, fromCopy, ok := h.Spend(context.Background(), r, "user=7", 1, h.Now()); !ok || !res.Allowed || !fromCopy {
+	if res, fromCopy, ok := spendShared(h, context.Background(), r, "user=7", 1, h.Now()); !ok || !res.Allowed || !fromCopy {
 		t.Fatalf("a forgotten subject decided again: ok %v, allowed %v, from a copy %v; want admitted from a fresh copy", ok, res.Allowed, fromCopy)
 	}
 }
@@ -199,7 +207,7 @@ rules:
 	h := startHolder(t, c, "a")
 	ctx := context.Background()
 	spend := func(subject string) (allowed, fromCopy, ok bool) {
-		res, fromCopy, ok := h.Spend(ctx, r, subject, 1, h.Now())
+		res, fromCopy, ok := spendShared(h, ctx, r, subject, 1, h.Now())
 		return res.Allowed, fromCopy, ok
 	}
 	// The copy holds 2 (half of burst 4, one agent): the third decision
@@ -328,7 +336,7 @@ rules:
 		t.Helper()
 		var fromOwn int
 		for i := range 3 {
-			res, fromCopy, ok := h.Spend(ctx, r, "user=x", 1, h.Now())
+			res, fromCopy, ok := spendShared(h, ctx, r, "user=x", 1, h.Now())
 			if !ok || !res.Allowed {
 				t.Fatalf("%s: decision %d not admitted (ok %v)", round, i, ok)
 			}
@@ -345,7 +353,7 @@ rules:
 	time.Sleep(time.Second)
 	deadline := time.Now().Add(5 * time.Second)
 	for released() == 0 && time.Now().Before(deadline) {
-		if res, fromCopy, ok := h.Spend(ctx, r, "user=x", 1, h.Now()); !ok || !res.Allowed || !fromCopy {
+		if res, fromCopy, ok := spendShared(h, ctx, r, "user=x", 1, h.Now()); !ok || !res.Allowed || !fromCopy {
 			t.Fatalf("a decision within the copy's refill: ok %v, allowed %v, from the copy %v", ok, res.Allowed, fromCopy)
 		}
 		time.Sleep(600 * time.Millisecond)
