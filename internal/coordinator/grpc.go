@@ -371,7 +371,9 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 	}
 	// With lease.default_share f, the quota of rules.DefaultSubject has the
 	// part f of the rule's shape and every other subject's quota the rest:
-	// a subject's admissions through both stay within the whole.
+	// a subject's admissions through both stay within the whole, also
+	// while a change of f moves size between them (split.go).
+	wholeB, wholeR := c.Burst, c.Rate
 	switch f := r.Lease.Split(ref.GetSubject()); {
 	case f == 0 && ref.GetSubject() == rules.DefaultSubject:
 		return fail("rule %q has no lease.default_share, so no default quota %q", r.Name, rules.DefaultSubject)
@@ -386,6 +388,11 @@ func (n *Node) quotaFor(set *rules.Set, ref *rationv1.QuotaRef, holder string) (
 			b := *bounds
 			b.MinSlice, b.MaxSlice = b.MinSlice*f, b.MaxSlice*f
 			bounds = &b
+		}
+	}
+	if r.Wild() && !c.Funded {
+		if msg := n.holdSplit(r, ref.GetSubject(), id, wholeB, wholeR, &c); msg != "" {
+			return fail("%s", msg)
 		}
 	}
 	if ref.GetSubject() == rules.DefaultSubject {

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 )
 
 // QuotaInfo is a read-only view of one quota, for the admin API, metrics
@@ -82,6 +83,17 @@ func (s *State) Tuning(rule, region string) (Tuning, bool) {
 
 // Quotas lists the quota names, sorted.
 func (s *State) Quotas() []string { return slices.Sorted(maps.Keys(s.quotas)) }
+
+// RangeQuotas calls fn with every quota whose name starts with prefix, in
+// no particular order, without sorting every name as Quotas does.
+func (s *State) RangeQuotas(prefix string, fn func(QuotaInfo)) {
+	for name := range s.quotas {
+		if strings.HasPrefix(name, prefix) {
+			q, _ := s.Quota(name)
+			fn(q)
+		}
+	}
+}
 
 // NumQuotas is the number of quotas the state holds.
 func (s *State) NumQuotas() int { return len(s.quotas) }
