@@ -433,8 +433,10 @@ func (w *world) step() {
 		}
 		j := rapid.IntRange(0, 2).Draw(t, "subject")
 		c := cs.subjects[j]
-		if c == nil || rapid.IntRange(0, 5).Draw(t, "forget subject") == 0 && c.Available(w.real) >= c.Lease.Cap {
-			// New, or forgotten once full again (the holder's evictable).
+		if c == nil || rapid.IntRange(0, 5).Draw(t, "forget subject") == 0 && c.Available(w.real) >= c.Lease.Cap && c.Owed >= cs.tmpl.Owed {
+			// New, or forgotten once it is what a clone would be: full
+			// again and owing what the lease owes (the holder's
+			// evictable).
 			clone := *cs.tmpl
 			c = &clone
 			cs.subjects[j] = c
