@@ -59,9 +59,9 @@ type Node struct {
 	m   *metrics
 
 	rules atomic.Pointer[rules.Set]
-	// claims caches the claims of rules' subjects on their default
-	// quotas (split.go).
-	claims subjectClaims
+	// claims caches what each part of a default share's rules claims
+	// of them (split.go).
+	claims splitClaims
 	// upClient talks to the global group (-upstream); nil otherwise.
 	upClient *Client
 	term     atomic.Pointer[term] // the current leadership term; nil when not leader

@@ -31,30 +31,32 @@ import (
 // Idle quotas (no lease outstanding) claim only their target: nothing is
 // spent from them before a grant, which reconfigures them first.
 
-// splitClaimTTL is how long a computed claim of a rule's subjects is
-// reused while it is above their target (a change of f in flight): the
-// claim is a scan of the rule's quotas.
+// splitClaimTTL is how long a computed claim is reused while it is above
+// its part's target (a change of f in flight): the subjects' claim is a
+// scan of the rule's quotas.
 const splitClaimTTL = 100 * time.Millisecond
 
-// claimKey is what a cached claim of a rule's subjects was computed for.
+// claimKey is what a cached claim was computed for: the rule, which part
+// claims (the default quota's, or its subjects'), f and the rule's shape.
 type claimKey struct {
+	rule               string
+	subjects           bool
 	share, burst, rate float64
 }
 
 type claimEntry struct {
-	key         claimKey
-	burst, rate float64
+	burst, rate float64 // the largest ceiling found, before the target
 	at          time.Time
 }
 
-// subjectClaims caches, per rule, the largest ceiling of its subjects'
-// quotas. For one key (f and the rule's shape) the claim only falls: a
-// subject's ceiling rises only when it is configured, within its target,
-// which the claim includes. So a claim at the target is final for the
+// splitClaims caches claims, so that a renewal in the steady state reads
+// no quota of the state for them. For one key a claim only falls: a
+// quota's ceiling rises only when it is configured, within its target,
+// which the claim includes. So a claim at the target is final for its
 // key, and an older one above it errs on the safe side.
-type subjectClaims struct {
+type splitClaims struct {
 	mu sync.Mutex
-	m  map[string]claimEntry
+	m  map[claimKey]claimEntry
 }
 
 // holdSplit holds c, the quota of subject of rule r (a rule with "*"
@@ -63,36 +65,32 @@ type subjectClaims struct {
 // quota does not exist yet and nothing is left for it.
 func (n *Node) holdSplit(r *rules.Rule, subject, id string, wholeB, wholeR float64, c *lease.ConfigureQuota) string {
 	f := r.Lease.DefaultShare
-	var claimB, claimR float64
+	isDefault := subject == rules.DefaultSubject
+	other := f // the other part's target, as a part of the rule
+	if isDefault {
+		other = 1 - f
+	}
+	claimB, claimR := n.splitClaim(claimKey{rule: r.Name, subjects: isDefault, share: f, burst: wholeB, rate: wholeR})
+	claimB, claimR = max(claimB, wholeB*other), max(claimR, wholeR*other)
+	// Rounding alone (f*B + (1-f)*B need not be B exactly) never holds a
+	// part back: the target stays the target, as configured before.
+	roomB, roomR := wholeB-claimB, wholeR-claimR
+	if roomB >= c.Burst-safeTol(wholeB) && roomR >= c.Rate-safeTol(wholeR) {
+		return ""
+	}
 	var cur lease.QuotaInfo
 	var exists bool
-	if subject == rules.DefaultSubject {
-		claimB, claimR = n.subjectsClaim(r.Name, id, claimKey{f, wholeB, wholeR})
-	}
 	n.fsm.read(func(s *lease.State) {
 		if q, ok := s.Quota(id); ok && !idle(q) {
 			cur, exists = q, true
 		}
-		if subject != rules.DefaultSubject {
-			if d, ok := s.Quota(QuotaID(r.Name, rules.DefaultSubject)); ok && !idle(d) {
-				claimB, claimR = d.CeilBurst, d.CeilRate
-			}
-		}
 	})
-	other := 1 - f
-	if subject != rules.DefaultSubject {
-		other = f
+	burst, rate := c.Burst, c.Rate
+	if roomB < c.Burst-safeTol(wholeB) {
+		burst = max(roomB, min(cur.Burst, c.Burst))
 	}
-	claimB, claimR = max(claimB, wholeB*other), max(claimR, wholeR*other)
-	burst := min(c.Burst, max(wholeB-claimB, cur.Burst))
-	rate := min(c.Rate, max(wholeR-claimR, cur.Rate))
-	// Rounding alone (f*B + (1-f)*B need not be B exactly) never holds a
-	// part back: the target stays the target, as configured before.
-	if burst >= c.Burst-safeTol(wholeB) {
-		burst = c.Burst
-	}
-	if rate >= c.Rate-safeTol(wholeR) {
-		rate = c.Rate
+	if roomR < c.Rate-safeTol(wholeR) {
+		rate = max(roomR, min(cur.Rate, c.Rate))
 	}
 	if !(burst > safeTol(wholeB)) {
 		if !exists {
@@ -103,30 +101,38 @@ func (n *Node) holdSplit(r *rules.Rule, subject, id string, wholeB, wholeR float
 	if rate < lease.MinRate {
 		rate = 0
 	}
-	if burst < c.Burst || rate < c.Rate {
-		c.Burst, c.Rate = burst, rate
-		c.MinSlice = min(c.MinSlice, rate)
-		if c.MaxSlice != 0 {
-			c.MaxSlice = max(c.MinSlice, min(c.MaxSlice, rate))
-		}
+	c.Burst, c.Rate = burst, rate
+	c.MinSlice = min(c.MinSlice, rate)
+	if c.MaxSlice != 0 {
+		c.MaxSlice = max(c.MinSlice, min(c.MaxSlice, rate))
 	}
 	return ""
 }
 
-// subjectsClaim is the largest ceiling (burst, rate) of rule's subjects'
-// quotas with leases outstanding (every quota of the rule but the default
-// one, def), cached per key (see subjectClaims).
-func (n *Node) subjectsClaim(rule, def string, key claimKey) (burst, rate float64) {
-	target := 1 - key.share
+// splitClaim is the largest ceiling (burst, rate) of the quotas of the
+// part k names that have leases outstanding: the rule's default quota, or
+// every other quota of the rule (its subjects'). Cached (splitClaims).
+func (n *Node) splitClaim(k claimKey) (burst, rate float64) {
+	target := k.share
+	if k.subjects {
+		target = 1 - k.share
+	}
 	n.claims.mu.Lock()
-	e, ok := n.claims.m[rule]
+	e, ok := n.claims.m[k]
 	n.claims.mu.Unlock()
-	if ok && e.key == key && (e.burst <= key.burst*target+safeTol(key.burst) && e.rate <= key.rate*target+safeTol(key.rate) ||
+	if ok && (e.burst <= k.burst*target+safeTol(k.burst) && e.rate <= k.rate*target+safeTol(k.rate) ||
 		time.Since(e.at) < splitClaimTTL) {
 		return e.burst, e.rate
 	}
+	def := QuotaID(k.rule, rules.DefaultSubject)
 	n.fsm.read(func(s *lease.State) {
-		s.RangeQuotas(rule+"|", func(q lease.QuotaInfo) {
+		if !k.subjects {
+			if q, ok := s.Quota(def); ok && !idle(q) {
+				burst, rate = q.CeilBurst, q.CeilRate
+			}
+			return
+		}
+		s.RangeQuotas(k.rule+"|", func(q lease.QuotaInfo) {
 			if q.Name != def && !idle(q) {
 				burst, rate = max(burst, q.CeilBurst), max(rate, q.CeilRate)
 			}
@@ -134,9 +140,9 @@ func (n *Node) subjectsClaim(rule, def string, key claimKey) (burst, rate float6
 	})
 	n.claims.mu.Lock()
 	if n.claims.m == nil {
-		n.claims.m = map[string]claimEntry{}
+		n.claims.m = map[claimKey]claimEntry{}
 	}
-	n.claims.m[rule] = claimEntry{key: key, burst: burst, rate: rate, at: time.Now()}
+	n.claims.m[k] = claimEntry{burst: burst, rate: rate, at: time.Now()}
 	n.claims.mu.Unlock()
 	return burst, rate
 }
