@@ -30,7 +30,12 @@ func TestDefaultShareReloadHoldsTheSum(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		from, to float64
-	}{{"default part grows", 0.5, 0.9}, {"own part grows", 0.9, 0.5}} {
+	}{
+		{"default part grows", 0.5, 0.9},
+		{"own part grows", 0.9, 0.5},
+		{"default share turned on", 0, 0.5},
+		{"default share turned off", 0.5, 0},
+	} {
 		t.Run(tc.name, func(t *testing.T) { reloadShare(t, tc.from, tc.to) })
 	}
 }
@@ -58,8 +63,8 @@ rules:
 		link = &cuttable{Client: cl}
 		return link
 	})
-	// a spends x's copy dry, so that x has its own lease too; both then
-	// refill to full.
+	// a spends x's copy dry, so that x has its own lease too (or, with
+	// no default share, only its own lease); both then refill to full.
 	drain(t, rec, r1, "user=x", 300*time.Millisecond, a)
 	if _, _, ok := a.Share(r1.Name, "user=x"); !ok {
 		t.Fatal("x has no own lease at a after its copy ran dry")
