@@ -8,4 +8,11 @@
 // Safety rests on lease.Holding: a lease is spent only until
 // D(1-rho)/(1+rho) - m after the request that obtained it was SENT, on this
 // process's monotonic clock, whatever the coordinator or the network do.
+//
+// Files: holder.go (options, Leases, its clock and its Run loop), quota.go
+// (one quota's state and demand estimate), spend.go (decisions: Spend,
+// Ref, Refund, Prepare), set.go (the set of quotas: adding, looking up,
+// flagging, forgetting), renew.go (one round of the loop: what is due,
+// the Renew and Release requests and adopting their answers) and
+// shared.go (lease.default_share: the default lease and its copies).
 package holder

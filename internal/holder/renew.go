@@ -1,0 +1,507 @@
+package holder
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ration-dev/ration/internal/lease"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+const (
+	// failedRetry spaces out asking again for a quota the coordinator did
+	// not know.
+	failedRetry = 10 * time.Second
+	// maxBackoff caps the pause between failed Renew rounds. Leases live for
+	// seconds, so a longer pause would let them lapse needlessly.
+	maxBackoff = time.Second
+	// demandWindow is the shortest window a demand is measured over: a
+	// renewal soon after the last one blends in the previous estimate for
+	// the rest of the window, so early renewals do not report noise.
+	demandWindow = 250 * time.Millisecond
+	// rescan bounds the time between two scans of every quota (idle
+	// detection, demands that fell); renew points, nudges, dry slices and
+	// new quotas trigger looks of their own.
+	rescan = 250 * time.Millisecond
+	// sampleRequests is how many requests a demand window must hold to be
+	// closed before 8 windows have passed.
+	sampleRequests = 8
+	// confirmShrink is the part of a lease's rate or cap (or its owed
+	// tokens, of its cap) a shrink must free to be confirmed at once
+	// without a nudge.
+	confirmShrink = 0.15
+	// dryHelped is how much a dry ask must grow a lease to count as having
+	// helped (its backoff starts over).
+	dryHelped = 1.5
+	// itemBytes estimates one renew item's encoded size beyond its rule and
+	// subject, for splitting requests by size.
+	itemBytes = 64
+)
+
+// pick is what one look found to send.
+type pick struct {
+	grants, renews []*quota
+	idle           []*quota
+	// demote: subjects whose copy of the default lease has paid for every
+	// decision for IdleAfter: their own leases go back.
+	demote []*quota
+}
+
+// look sorts qs at now into new quotas (grants), quotas due at their renew
+// point, quotas that may renew early, and idle ones. When anything is at
+// its renew point, every other quota looked at renews with it: one renewal
+// per agent per period, not per quota. It returns the earliest time a
+// quota it left alone wants looking at again (at most next).
+func (l *Leases) look(qs []*quota, full bool, now, next int64) (pick, int64) {
+	var p pick
+	var rest []*quota
+	anyDue := false
+	// Fresh and flagged quotas may repeat (a quota flagged twice); a full
+	// scan's snapshot holds each once and may hold 100,000 of them, so it
+	// skips the set.
+	var seen map[*quota]bool
+	if !full {
+		seen = make(map[*quota]bool, len(qs))
+	}
+	for _, q := range qs {
+		if seen != nil {
+			if seen[q] {
+				continue
+			}
+			seen[q] = true
+		}
+		q.mu.Lock()
+		idle := now-max(q.lastUsed, q.touched.Load()) > l.o.IdleAfter.Microseconds()
+		if idle && q.isDefault && len(q.copies) > 0 {
+			// Its subjects' copies still mirror it: it goes after them
+			// (once full again), and is renewed like a lease in use
+			// meanwhile, or it would lapse and take their balances (and
+			// the debts that keep them) with it.
+			idle = false
+		}
+		switch {
+		case idle && q.evictable(now):
+			p.idle = append(p.idle, q)
+		case !q.own:
+			// A subject spending only its copy of the default lease:
+			// nothing to ask the coordinator.
+		case q.def != nil && !q.invalid && q.h.Lease.ID != 0 && now-q.ownUsed > l.o.IdleAfter.Microseconds():
+			p.demote = append(p.demote, q)
+		case q.invalid:
+		case q.failed != "" && now-q.failedAt < failedRetry.Microseconds():
+			// The coordinator refused this quota; ask again later in case
+			// its rules change.
+			next = min(next, q.failedAt+failedRetry.Microseconds())
+		case q.h.Lease.ID == 0:
+			p.grants = append(p.grants, q)
+		default:
+			q.sample(now)
+			if q.dry && !(q.demandAt(now) > q.h.Lease.Rate) {
+				q.dry = false // a burst, not a demand above the share
+			}
+			renewAt := l.renewAt(q)
+			// A demand that fell to half of what was reported is worth
+			// telling at once: another holder may want what this one no
+			// longer does (a rise shows up as a dry slice instead).
+			fell := q.fell(now)
+			// A shrink is confirmed at once; a nudge or a fallen demand
+			// at most every EarlyGap; a dry slice asks with a backoff of
+			// its own (dryAt), so that asking in vain never delays the
+			// others.
+			var at int64 = math.MaxInt64
+			if q.confirm {
+				at = now
+			}
+			if q.nudged || fell {
+				at = min(at, q.sentAt+l.o.EarlyGap.Microseconds())
+			}
+			if q.dry {
+				at = min(at, q.dryAt)
+			}
+			switch {
+			case now >= renewAt:
+				anyDue = true
+				p.renews = append(p.renews, q)
+			case now >= at:
+				p.renews = append(p.renews, q)
+			default:
+				rest = append(rest, q)
+				next = min(next, renewAt, at)
+			}
+		}
+		q.mu.Unlock()
+	}
+	if anyDue {
+		p.renews = append(p.renews, rest...)
+	}
+	return p, next
+}
+
+// rescan is the time between two scans of every quota: rescan, and longer
+// (up to a second) for an agent with more than 10,000 quotas, so that the
+// scans cost about the same per second whatever the count.
+func (l *Leases) rescan() time.Duration {
+	l.mu.Lock()
+	n := l.count
+	l.mu.Unlock()
+	return min(time.Second, rescan*time.Duration(max(1, n/10000)))
+}
+
+// renewAt is the renew point of the validity of q's last answer; q.mu held.
+func (l *Leases) renewAt(q *quota) int64 {
+	return q.h.ValidUntil - int64(float64(l.validity(q.h.Lease.Term))*(1-l.o.RenewAt))
+}
+
+// round renews what is due, split into requests within MaxItems and
+// MaxRequestBytes, sent one after another (a holder's sequence numbers
+// must reach the leader in order); quotas that appear meanwhile are
+// granted in the next request of the round, not after it. It scans every
+// quota only at nextScan; otherwise it looks at new and flagged ones.
+func (l *Leases) round(ctx context.Context) {
+	now := l.Now()
+	if now < l.retryAt {
+		return
+	}
+	fresh, early := l.takeFresh(), l.takeEarly()
+	var p pick
+	if now >= l.nextScan {
+		p, l.nextScan = l.look(l.snapshot(), true, now, now+l.rescan().Microseconds())
+	} else {
+		var next int64
+		p, next = l.look(append(fresh, early...), false, now, l.nextScan)
+		if next < l.nextScan {
+			l.nextScan = next
+		}
+	}
+	if len(p.idle) > 0 {
+		rctx, cancel := l.callCtx(ctx)
+		l.release(rctx, p.idle)
+		cancel()
+		l.remove(p.idle)
+	}
+	if len(p.demote) > 0 {
+		l.demote(ctx, p.demote, now)
+	}
+	queued := make(map[*quota]bool, len(p.grants)+len(p.renews))
+	for _, q := range p.grants {
+		queued[q] = true
+	}
+	for _, q := range p.renews {
+		queued[q] = true
+	}
+	grants, renews := p.grants, p.renews
+	for len(grants)+len(renews) > 0 {
+		var added []*quota
+		for _, q := range l.takeFresh() {
+			if !queued[q] {
+				queued[q] = true
+				added = append(added, q)
+			}
+		}
+		if len(added) > 0 {
+			// Ahead of the rest in one copy: prepending them one at a
+			// time is quadratic, and a burst of 100,000 new subjects
+			// stalled the loop (no request sent for the whole burst).
+			grants = append(added, grants...)
+		}
+		var g, r []*quota
+		g, r, grants, renews = l.split(grants, renews)
+		ok, finer := l.send(ctx, g, r)
+		if finer {
+			// Refused as too large: the same quotas again, in smaller
+			// requests, at once.
+			grants, renews = append(g, grants...), append(r, renews...)
+			continue
+		}
+		if !ok {
+			// Back off; everything is looked at again then.
+			for _, q := range grants {
+				q.markReady()
+			}
+			l.nextScan = l.retryAt
+			return
+		}
+	}
+}
+
+// demote gives back the own leases of subjects whose copies of the default
+// lease have paid for all their decisions for IdleAfter: the subject goes
+// back to its copy alone, and asks for its own lease again when the copy
+// next runs dry (a new grant, waited for like any first one). A subject
+// that needed its own lease again meanwhile keeps asking: its released
+// lease is renewed, refused as expired, and granted afresh.
+func (l *Leases) demote(ctx context.Context, qs []*quota, now int64) {
+	rctx, cancel := l.callCtx(ctx)
+	l.release(rctx, qs)
+	cancel()
+	n := 0
+	for _, q := range qs {
+		q.mu.Lock()
+		if now-q.ownUsed > l.o.IdleAfter.Microseconds() {
+			n++
+			q.own = false
+			q.h = lease.Holding{Quota: q.id, Validity: l.validity}
+			q.nudged, q.confirm, q.dry, q.failed = false, false, false, ""
+			// Its next first decision waits for the next grant.
+			q.ready, q.readyOnce = make(chan struct{}), sync.Once{}
+			q.got.Store(false)
+		}
+		q.mu.Unlock()
+	}
+	l.m.demoted.Add(float64(n))
+}
+
+// split takes the next request's quotas: grants first, then renewals, up
+// to MaxItems items and about MaxRequestBytes.
+func (l *Leases) split(grants, renews []*quota) (g, r, restG, restR []*quota) {
+	n, size := 0, 64
+	fits := func(q *quota) bool {
+		sz := itemBytes + len(q.rule) + len(q.subject)
+		if n > 0 && (n >= l.maxItems || size+sz > l.o.MaxRequestBytes) {
+			return false
+		}
+		n, size = n+1, size+sz
+		return true
+	}
+	i := 0
+	for i < len(grants) && fits(grants[i]) {
+		i++
+	}
+	g, restG = grants[:i], grants[i:]
+	j := 0
+	if len(restG) == 0 {
+		for j < len(renews) && fits(renews[j]) {
+			j++
+		}
+	}
+	return g, renews[:j], restG, renews[j:]
+}
+
+// send sends one Renew for grants and renews and adopts its answers. It
+// reports false when the request failed (the caller backs off), and finer
+// when the coordinator refused it whole while it had several items (the
+// caller sends them again in smaller requests).
+func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer bool) {
+	now := l.Now()
+	// New grants first: the coordinator gives them seq, seq+1, ... in item
+	// order and the renewals the next number.
+	req := &rationv1.RenewRequest{Holder: l.name, Region: l.o.Region, Seq: l.seq}
+	seqs := make([]uint64, 0, len(grants)+len(renews))
+	for i, q := range grants {
+		seq := l.seq + uint64(i)
+		q.mu.Lock()
+		// A new lease asks for at least the whole rate: a demand measured
+		// before the key existed says nothing, and the coordinator gives a
+		// lone holder all of it anyway.
+		demand := max(q.report(now)-q.copyRate(), q.rate)
+		q.h.Grant(now, l.name, seq, demand)
+		if q.isDefault {
+			q.mirror(func(c *lease.Holding) { c.Grant(now, l.name, seq, demand) })
+		}
+		q.nudged, q.confirm = false, false
+		q.mu.Unlock()
+		seqs = append(seqs, seq)
+		req.Items = append(req.Items, &rationv1.RenewItem{
+			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, Demand: demand,
+		})
+	}
+	renewSeq := l.seq + uint64(len(grants))
+	for _, q := range renews {
+		q.mu.Lock()
+		dryAsk := q.dry && !q.nudged && !q.confirm
+		q.sentNudged = q.nudged
+		demand := max(0, q.report(now)-q.copyRate())
+		it := q.h.Renewal(now, renewSeq, demand, 0)
+		if q.isDefault {
+			// Give back only what every copy gives back.
+			q.mirror(func(c *lease.Holding) {
+				it.Unused = min(it.Unused, c.Renewal(now, renewSeq, demand, 0).Unused)
+			})
+		}
+		q.dryAsk = dryAsk
+		q.nudged, q.confirm, q.dry = false, false, false
+		q.sentAt = now
+		q.dryAt = now + max(q.dryGap, l.o.EarlyGap.Microseconds())
+		q.mu.Unlock()
+		seqs = append(seqs, renewSeq)
+		req.Items = append(req.Items, &rationv1.RenewItem{
+			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, LeaseId: it.LeaseID,
+			Unused: it.Unused, Demand: it.Demand, ConfirmedCap: it.ConfirmedCap, ConfirmedRate: it.ConfirmedRate,
+		})
+	}
+	if len(req.Items) == 0 {
+		return true, false
+	}
+	l.seq = renewSeq + 1
+
+	if l.o.Logger.Enabled(ctx, slog.LevelDebug) {
+		for _, it := range req.Items {
+			l.o.Logger.Debug("lease renewal", "rule", it.Quota.GetRule(), "lease_id", it.LeaseId, "demand", it.Demand, "unused", it.Unused)
+		}
+	}
+	// The holder's clock times the call: one reading fewer than time.Now
+	// and time.Since, and the answer's receive time (recv) besides.
+	start := l.Now()
+	rctx, cancel := l.callCtx(ctx)
+	resp, err := l.o.Client.Renew(rctx, req)
+	cancel()
+	recv := l.Now()
+	l.m.renewDuration.Observe(float64(recv-start) / 1e6)
+	if err != nil || len(resp.GetGrants()) != len(req.Items) {
+		if err == nil {
+			err = fmt.Errorf("coordinator answered %d grants for %d items", len(resp.GetGrants()), len(req.Items))
+		}
+		l.m.renewed("error").Inc()
+		if status.Code(err) == codes.InvalidArgument && len(req.Items) > 1 {
+			// Refused whole: most likely more items than this coordinator
+			// takes (its -max-items is below ours). Split finer.
+			l.maxItems = max(1, len(req.Items)/2)
+			l.o.Logger.Warn("coordinator refused a lease request; splitting requests finer", "items", len(req.Items), "max_items", l.maxItems, "err", err)
+			return false, true
+		}
+		l.backoff = min(max(2*l.backoff, l.o.Tick), maxBackoff)
+		l.retryAt = l.Now() + l.backoff.Microseconds()
+		if l.down.CompareAndSwap(0, time.Now().UnixNano()) {
+			l.o.Logger.Warn("lease renewal failing: leases are spent until they expire, then failure policies apply", "err", err)
+		}
+		// The cold-start waiters learn there is nothing to wait for.
+		for _, q := range grants {
+			q.markReady()
+		}
+		return false, false
+	}
+	l.m.renewed("ok").Inc()
+	l.backoff, l.retryAt = 0, 0
+	if d := l.down.Swap(0); d != 0 {
+		l.o.Logger.Info("lease renewals succeeding again", "failed_for", time.Since(time.Unix(0, d)).Round(time.Millisecond))
+	}
+	for i, q := range append(grants, renews...) {
+		l.adopt(q, seqs[i], resp.Grants[i], recv)
+		q.mu.Lock()
+		if q.h.Lease.ID != 0 {
+			l.nextScan = min(l.nextScan, l.renewAt(q))
+		}
+		q.mu.Unlock()
+	}
+	return true, false
+}
+
+func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
+	defer q.markReady()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch e := g.GetError(); {
+	case e == "":
+		q.failed = ""
+		oldCap, oldRate := q.h.Lease.Cap, q.h.Lease.Rate
+		nl := lease.Lease{ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs}
+		if !q.h.Adopt(now, seq, nl) {
+			return
+		}
+		if q.isDefault {
+			q.mirror(func(c *lease.Holding) { c.Adopt(now, seq, nl) })
+		}
+		l.m.granted.Add(g.Balance)
+		shrunk := q.h.Lease.Cap < oldCap || q.h.Lease.Rate < oldRate || q.h.Owed > 0
+		big := q.h.Lease.Cap < (1-confirmShrink)*oldCap || q.h.Lease.Rate < (1-confirmShrink)*oldRate || q.h.Owed > confirmShrink*q.h.Lease.Cap
+		if shrunk && (big || q.sentNudged) {
+			// A shrink is counted at the old size until confirmed: confirm
+			// it at once (giving back the excess) so the rate it frees
+			// reaches whoever wants it in a round trip: when the leader
+			// asked for it (a nudge: someone is below its share), or when
+			// it frees enough to matter. A small shrink the holder was not
+			// asked for is confirmed at its next renewal: shares move by a
+			// few percent with every noisy demand report, and confirming
+			// each of them at once made every renewal answer trigger
+			// another request (the simulator, internal/sim, measured 3x
+			// the requests under contention).
+			q.confirm = true
+			l.mu.Lock()
+			l.early = append(l.early, q)
+			l.mu.Unlock()
+			l.kick()
+		}
+		switch {
+		case q.h.Lease.Rate > oldRate*dryHelped || q.h.Lease.Cap > oldCap*dryHelped:
+			// Asking helped: ask again as soon as needed. Only a real gain
+			// counts: a contended quota's share wanders by a few percent
+			// with the holders' demand reports, and resetting on that kept
+			// every holder of it asking every EarlyGap.
+			q.dryGap = 0
+		case q.dryAsk:
+			// Asking brought nothing (the quota is contended and this is
+			// the fair share): ask less often, down to the renew point;
+			// the leader nudges when something frees up.
+			q.dryGap = min(2*max(q.dryGap, l.o.EarlyGap.Microseconds()), l.validity(q.h.Lease.Term)/2)
+		}
+		q.dryAt = q.sentAt + max(q.dryGap, l.o.EarlyGap.Microseconds())
+	case strings.HasPrefix(e, itemErrLeaseExpired), strings.HasPrefix(e, itemErrRetryGrant):
+		q.drop()
+		l.m.expired.Inc()
+	case strings.HasPrefix(e, itemErrInvalid):
+		// Refused alone, and would be again: stop asking for it; its
+		// decisions take the rule's failure policy.
+		q.drop()
+		q.invalid = true
+		q.failed, q.failedAt = e, now
+		l.o.Logger.Error("coordinator refused a leased quota as invalid: its failure policy applies", "rule", q.rule, "err", e)
+	default:
+		// Unknown quota, too many subjects, or an error this build does not
+		// know: the quota's decisions take the failure policy; ask again
+		// after failedRetry in case the coordinator's rules change.
+		q.drop()
+		if q.failed == "" {
+			l.o.Logger.Error("coordinator refused a leased quota: its failure policy applies", "rule", q.rule, "err", e)
+		}
+		q.failed, q.failedAt = e, now
+	}
+}
+
+// release returns the balance of qs and stops spending them, in requests
+// within MaxItems.
+func (l *Leases) release(ctx context.Context, qs []*quota) {
+	for len(qs) > 0 {
+		k := min(len(qs), l.o.MaxItems)
+		l.releaseOnce(ctx, qs[:k])
+		qs = qs[k:]
+	}
+}
+
+func (l *Leases) releaseOnce(ctx context.Context, qs []*quota) {
+	req := &rationv1.ReleaseRequest{Holder: l.name, Seq: l.seq}
+	now := l.Now()
+	for _, q := range qs {
+		q.mu.Lock()
+		if q.h.Lease.ID == 0 {
+			q.mu.Unlock()
+			continue
+		}
+		seq := req.Seq + uint64(len(req.Items))
+		rel := q.h.Release(now, l.name, seq)
+		if q.isDefault {
+			q.mirror(func(c *lease.Holding) { rel.Unused = min(rel.Unused, c.Release(now, l.name, seq).Unused) })
+		}
+		q.mu.Unlock()
+		req.Items = append(req.Items, &rationv1.RenewItem{
+			Quota: &rationv1.QuotaRef{Rule: q.rule, Subject: q.subject}, LeaseId: rel.LeaseID, Unused: rel.Unused,
+		})
+		l.m.returned.Add(rel.Unused)
+	}
+	if len(req.Items) == 0 {
+		return
+	}
+	l.seq += uint64(len(req.Items))
+	if _, err := l.o.Client.Release(ctx, req); err != nil {
+		// The tokens are forfeit, not double-spent: Release stopped the
+		// local spending before the call.
+		l.o.Logger.Warn("lease release failed; unused tokens are lost until the leases expire", "err", err, "leases", len(req.Items))
+	}
+}
