@@ -96,7 +96,8 @@ func (n *Node) holdSplit(r *rules.Rule, subject, id string, wholeB, wholeR float
 		if !exists {
 			return fmt.Sprintf("rule %q: lease.default_share changed, and the other part of its subjects' budget still has larger leases outstanding; this part is leased once they have shrunk", r.Name)
 		}
-		burst = cur.Burst
+		// What it has, within its target: a valid (positive) size.
+		burst = min(cur.Burst, c.Burst)
 	}
 	if rate < lease.MinRate {
 		rate = 0
