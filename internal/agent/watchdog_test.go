@@ -18,6 +18,7 @@ import (
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -43,17 +44,17 @@ func (l *wedgingLeases) Run(ctx context.Context) {
 
 func (l *wedgingLeases) Now() int64 { return time.Since(l.start).Microseconds() }
 
-func (l *wedgingLeases) Spend(_ context.Context, _ *rules.Rule, subject string, _ float64, now int64) (bucket.Result, bool, bool) {
+func (l *wedgingLeases) Spend(_ context.Context, _ *rules.Rule, subject string, _ float64, now int64) (bucket.Result, holder.Source, bool) {
 	if subject == "tenant=stuck" {
 		l.mu.Lock()
 		<-l.release
 		l.mu.Unlock()
 	}
-	return bucket.Result{Allowed: true, Remaining: 1, Now: now}, false, true
+	return bucket.Result{Allowed: true, Remaining: 1, Now: now}, holder.Source{}, true
 }
 
-func (l *wedgingLeases) Refund(*rules.Rule, string, float64, bool) {}
-func (l *wedgingLeases) DownFor() time.Duration                    { return 0 }
+func (l *wedgingLeases) Refund(holder.Source, float64) {}
+func (l *wedgingLeases) DownFor() time.Duration        { return 0 }
 
 // Stepped is what holder.Leases reports of its renewal loop.
 func (l *wedgingLeases) Stepped() time.Time {
