@@ -163,7 +163,10 @@ func bindAddr(fs *flag.FlagSet) (addr *string, timeout *time.Duration, dial dial
 				return nil, err
 			}
 			defer src.Close()
-			creds = src.ClientCredentials(*serverName, nil)
+			// The token (below) goes only over a connection whose server
+			// named a coordinator at the handshake: per-call credentials
+			// are sent after it.
+			creds = src.ClientCredentials(*serverName, tlsfiles.RequireCoordinator(""))
 		} else if *serverName != "" {
 			return nil, fmt.Errorf("-tls-server-name %q without -tls-cert, -tls-key, -tls-ca", *serverName)
 		}

@@ -438,7 +438,9 @@ func (c *Core) startLeases(ctx context.Context, set *rules.Set) (Leases, error) 
 			c.logger.Error("the "+c.opts.name("-tls-cert")+" does not name this agent: the coordinators will refuse its leases",
 				"agent_id", cfg.AgentID, "want_uri_san", tlsfiles.URI(tlsfiles.RoleAgent, cfg.AgentID), "cert_agents", id)
 		}
-		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(src.ClientCredentials("", nil))}
+		// Only a coordinator's certificate is a coordinator: another of the
+		// CA (an agent's) could otherwise grant this agent any lease.
+		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(src.ClientCredentials("", tlsfiles.RequireCoordinator("")))}
 	default: // -insecure or -dev: CheckCore refuses plaintext without either
 		c.logger.Warn("PLAINTEXT to the coordinators by "+c.opts.name("-insecure")+" or -dev: anyone on the path can read and alter lease traffic", "coordinators", cfg.Coordinators)
 	}

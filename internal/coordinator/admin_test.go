@@ -134,11 +134,11 @@ func TestAdminListener(t *testing.T) {
 	if after := adminState(t, c); !strings.Contains(after, "tuning hot/ true") {
 		t.Fatalf("the operator's tuning is not in force:\n%s", after)
 	}
-	// A coordinator's certificate may call the admin API too (-join).
-	peer := harness.AdminClient(t, ln.AdminAddr(), pki.DialOptions(pki.Issue("peer", tlsfiles.URI(tlsfiles.RoleCoordinator, "peer")))...)
-	if _, err := peer.Status(ctx, &rationv1.StatusRequest{}); err != nil {
-		t.Errorf("Status with a coordinator certificate: %v", err)
-	}
+	// A coordinator's certificate is not an operator's: it may add itself
+	// (-join), and call nothing else.
+	peer := harness.AdminClient(t, ln.AdminAddr(), pki.DialOptions(pki.Member(tlsfiles.GlobalGroup, "peer"))...)
+	_, err := peer.Status(ctx, &rationv1.StatusRequest{})
+	wantRefused(t, "Status with a coordinator certificate", err, codes.PermissionDenied, "may only add itself")
 	// The admin listener serves no leases, and says where they are.
 	cc, err := grpc.NewClient(ln.AdminAddr(), pki.DialOptions(pki.Operator("ops"))...)
 	if err != nil {

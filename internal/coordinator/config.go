@@ -337,6 +337,9 @@ func (c Config) Validate() error {
 		if c.Region == "" {
 			bad("-upstream %q: a regional group needs -region (its share of global rules is chosen by it)", c.Upstream)
 		}
+		if c.Region == tlsfiles.GlobalGroup {
+			bad("-region %q with -upstream: %q names the global group (the one without -upstream); a regional group needs a name of its own", c.Region, c.Region)
+		}
 		for _, a := range c.UpstreamAddrs() {
 			addr("-upstream", a, false)
 		}
@@ -345,6 +348,18 @@ func (c Config) Validate() error {
 		bad("-upstream-renew-at %v: must be in (0, 1)", c.UpstreamRenewAt)
 	}
 	return errors.Join(errs...)
+}
+
+// Group is the name of this node's coordinator group, which its
+// certificate's coordinator identity names
+// (ration://coordinator/<group>/<id>): its -region, or "global" for the
+// group that serves no region of its own. Members of other groups (the
+// same CA signs them all) are not members of this one.
+func (c Config) Group() string {
+	if c.Region != "" {
+		return c.Region
+	}
+	return tlsfiles.GlobalGroup
 }
 
 // UpstreamAddrs splits -upstream.

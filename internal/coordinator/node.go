@@ -76,6 +76,8 @@ type Node struct {
 
 	// tls is the node's TLS material; nil in plaintext (-insecure, -dev).
 	tls *tlsfiles.Source
+	// peers is what the Raft transport admits under TLS (raftpeers.go).
+	peers *raftPeers
 	// token is the admin token (-admin-token-file); nil without one.
 	token *tokenfile.Token
 
@@ -135,6 +137,11 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, reg *prometheus
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}
 		n.tls = src
+		if err := checkOwnIdentity(src.Leaf(), cfg); err != nil {
+			n.close()
+			return nil, err
+		}
+		n.peers = &raftPeers{group: cfg.Group(), logger: n.logger.With("component", "raft-peers")}
 	} else {
 		warnPlaintext(n.logger, cfg)
 	}
@@ -147,7 +154,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, reg *prometheus
 		n.token = tok
 	}
 	if cfg.Upstream != "" {
-		n.upClient = NewClient(cfg.UpstreamAddrs(), ClientOptions{Logger: n.logger.With("component", "upstream"), DialOptions: n.dialOptions()})
+		n.upClient = NewClient(cfg.UpstreamAddrs(), ClientOptions{Logger: n.logger.With("component", "upstream"), DialOptions: n.dialOptions(tlsfiles.GlobalGroup)})
 	}
 	if err := n.open(ctx); err != nil {
 		n.close()
@@ -198,7 +205,7 @@ func (n *Node) open(ctx context.Context) error {
 	}
 	if n.tls != nil {
 		var layer *tlsStreamLayer
-		if layer, err = newTLSStreamLayer(cfg.RaftAddr, advertise, n.tls); err == nil {
+		if layer, err = newTLSStreamLayer(cfg.RaftAddr, advertise, n.tls, n.peers); err == nil {
 			n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 				Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl.Named("transport"),
 			})
@@ -254,6 +261,9 @@ func (n *Node) open(ctx context.Context) error {
 	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.trans)
 	if err != nil {
 		return fmt.Errorf("coordinator: start raft: %w", err)
+	}
+	if n.peers != nil {
+		n.peers.raft.Store(n.raft)
 	}
 
 	obs := make(chan raft.Observation, 16)
@@ -325,7 +335,7 @@ func (n *Node) open(ctx context.Context) error {
 // presents the node's certificate (a coordinator's may call the admin API)
 // and its admin token, when it has one: the members of a group share it.
 func (n *Node) join(ctx context.Context) error {
-	opts := n.dialOptions()
+	opts := n.dialOptions(n.cfg.Group())
 	if n.token != nil {
 		if opts == nil {
 			opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}

@@ -3,10 +3,12 @@ package coordinator
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +23,7 @@ import (
 	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 	"github.com/ration-dev/ration/internal/tokenfile"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
 // Who may do what, when the node runs with TLS (docs/security.md). Every
@@ -28,16 +31,18 @@ import (
 // a client may do follows from the identities its certificate names as URI
 // SANs (tlsfiles.Role):
 //
-//   - the Raft transport admits only ration://coordinator/<id>, both ways:
-//     an agent's certificate cannot append entries or vote;
+//   - the Raft transport admits only the members of this node's group
+//     (ration://coordinator/<group>/<id>, <id> in the Raft configuration),
+//     both ways (raftpeers.go): no other group's coordinator, and no
+//     agent, can append entries or vote;
 //   - Leases calls (Renew, Release, Watch) for holder H need
 //     ration://agent/ID when H is ID or ID/<incarnation> (the agent's wire
 //     name), or ration://region/R when H is region/R: one agent cannot
 //     renew, release or replay another's leases, nor act as a region;
 //   - Admin calls, served on the -admin listener only (the lease port
-//     answers them Unimplemented), need ration://operator/<name>, or
-//     ration://coordinator/<id> (a node joining through -join calls
-//     AddVoter).
+//     answers them Unimplemented), need ration://operator/<name>; a
+//     member of this group (ration://coordinator/<group>/<id>) may call
+//     AddVoter for itself alone (-join).
 //
 // With -admin-token-file, every admin call must also carry the token
 // (metadata authorization: Bearer <token>), with TLS or without.
@@ -85,21 +90,19 @@ func (n *Node) authorizeHolder(ctx context.Context, holder string) error {
 // another: no state changed. It is answered UNAUTHENTICATED.
 var ErrUnauthenticated = errors.New("unauthenticated")
 
-// adminRoles may call the Admin service.
-var adminRoles = []tlsfiles.Role{tlsfiles.RoleOperator, tlsfiles.RoleCoordinator}
-
-// authorizeAdmin refuses an Admin call unless the client's certificate
-// names an operator or a coordinator (under TLS) and the call carries the
-// admin token (with -admin-token-file).
-func (n *Node) authorizeAdmin(ctx context.Context) error {
+// authorizeAdmin refuses an Admin call unless (under TLS) the client's
+// certificate names an operator, or a member of this node's group calling
+// AddVoter for itself (a node joining through -join, or updating its own
+// addresses), and (with -admin-token-file) the call carries the admin
+// token. req is the call's request (nil for a stream).
+func (n *Node) authorizeAdmin(ctx context.Context, method string, req any) error {
 	if n.tls != nil {
 		cert := tlsfiles.PeerCertificate(ctx)
 		if cert == nil {
 			return fmt.Errorf("%w: admin calls need a client certificate", ErrPermissionDenied)
 		}
-		if err := tlsfiles.RequireRole(adminRoles...)(cert); err != nil {
-			return fmt.Errorf("%w: admin calls need an operator certificate (URI SAN %s) or a coordinator's: %w",
-				ErrPermissionDenied, tlsfiles.URI(tlsfiles.RoleOperator, "<name>"), err)
+		if err := n.authorizeAdminCert(cert, method, req); err != nil {
+			return err
 		}
 	}
 	if n.token != nil {
@@ -117,6 +120,62 @@ func (n *Node) authorizeAdmin(ctx context.Context) error {
 	return nil
 }
 
+// authorizeAdminCert is authorizeAdmin's certificate check. A
+// coordinator's certificate is not an operator's: it can add or update
+// only its own member record, in its own group, so that a member of one
+// group cannot rewrite another's addresses (and send the clients
+// redirected there to a host of its choosing), nor tune anything.
+func (n *Node) authorizeAdminCert(cert *x509.Certificate, method string, req any) error {
+	if tlsfiles.HasRole(cert, tlsfiles.RoleOperator) {
+		return nil
+	}
+	group := n.cfg.Group()
+	ids := tlsfiles.MemberIDs(cert, group)
+	if len(ids) == 0 {
+		return fmt.Errorf("%w: admin calls need an operator certificate (URI SAN %s); this one names %s",
+			ErrPermissionDenied, tlsfiles.URI(tlsfiles.RoleOperator, "<name>"), identities(cert))
+	}
+	if method != rationv1.Admin_AddVoter_FullMethodName {
+		return fmt.Errorf("%w: %s needs an operator certificate (URI SAN %s): a coordinator's (members %q of group %q) may only add itself (AddVoter)",
+			ErrPermissionDenied, method, tlsfiles.URI(tlsfiles.RoleOperator, "<name>"), ids, group)
+	}
+	r, _ := req.(*rationv1.AddVoterRequest)
+	if r == nil || !slices.Contains(ids, r.GetId()) {
+		return fmt.Errorf("%w: a coordinator's certificate may only add or update itself: it names members %q of group %q, and the request is for server %q (needs URI SAN %s, or an operator's)",
+			ErrPermissionDenied, ids, group, r.GetId(), tlsfiles.CoordinatorURI(group, r.GetId()))
+	}
+	return nil
+}
+
+// identities lists the URI SANs of cert, for refusals.
+func identities(cert *x509.Certificate) string {
+	var uris []string
+	for _, u := range cert.URIs {
+		uris = append(uris, u.String())
+	}
+	if len(uris) == 0 {
+		return "no URI SAN"
+	}
+	return fmt.Sprintf("URI SANs %q", uris)
+}
+
+// checkOwnIdentity refuses a certificate that does not name this node as
+// a member of its group: every peer would refuse it, and a certificate of
+// another role (an agent's) must not serve as a coordinator.
+func checkOwnIdentity(leaf *x509.Certificate, cfg Config) error {
+	group := cfg.Group()
+	if slices.Contains(tlsfiles.MemberIDs(leaf, group), cfg.ID) {
+		return nil
+	}
+	hint := ""
+	if slices.Contains(tlsfiles.Names(leaf, tlsfiles.RoleCoordinator), cfg.ID) {
+		hint = fmt.Sprintf(" (%s is the form before identities were scoped to their group: re-issue the certificate; docs/security.md, \"Upgrading certificates\")",
+			tlsfiles.URI(tlsfiles.RoleCoordinator, cfg.ID))
+	}
+	return fmt.Errorf("%w: -tls-cert %s names %s, not this node: a coordinator's certificate needs URI SAN %s (-id %q of group %q, its -region or %q)%s",
+		ErrInvalidConfig, cfg.TLS.Cert, identities(leaf), tlsfiles.CoordinatorURI(group, cfg.ID), cfg.ID, group, tlsfiles.GlobalGroup, hint)
+}
+
 // adminCall marks the context of a call on the admin listener, so that
 // rpcError points its redirects at the leader's admin address.
 type adminCall struct{}
@@ -128,7 +187,7 @@ func isAdminCall(ctx context.Context) bool { return ctx.Value(adminCall{}) != ni
 // and its redirects name admin addresses.
 func (n *Node) adminOnly(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ctx = context.WithValue(ctx, adminCall{}, true)
-	if err := n.authorizeAdmin(ctx); err != nil {
+	if err := n.authorizeAdmin(ctx, info.FullMethod, req); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
 	return handler(ctx, req)
@@ -138,7 +197,7 @@ func (n *Node) adminOnly(ctx context.Context, req any, info *grpc.UnaryServerInf
 // admin listener does not serve, which reach notServed through it).
 func (n *Node) adminOnlyStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx := context.WithValue(ss.Context(), adminCall{}, true)
-	if err := n.authorizeAdmin(ctx); err != nil {
+	if err := n.authorizeAdmin(ctx, info.FullMethod, nil); err != nil {
 		return n.rpcError(ctx, err)
 	}
 	return handler(srv, ss)
@@ -179,23 +238,26 @@ func (n *Node) serverCreds() grpc.ServerOption {
 	return grpc.Creds(n.tls.ServerCredentials(nil))
 }
 
-// dialOptions are how this node dials other coordinators (-join, the
-// global group from a regional one): with its own certificate under TLS.
-func (n *Node) dialOptions() []grpc.DialOption {
+// dialOptions are how this node dials the coordinators of group (-join:
+// its own; -upstream: the global group): with its own certificate under
+// TLS, and only to a server whose certificate names a member of that
+// group, before anything (the admin token, a renewal) is sent.
+func (n *Node) dialOptions(group string) []grpc.DialOption {
 	if n.tls == nil {
 		return nil
 	}
-	return []grpc.DialOption{grpc.WithTransportCredentials(n.tls.ClientCredentials("", nil))}
+	return []grpc.DialOption{grpc.WithTransportCredentials(n.tls.ClientCredentials("", tlsfiles.RequireCoordinator(group)))}
 }
 
 // tlsStreamLayer is the Raft transport's stream layer under TLS: mutual
-// TLS both ways, and only coordinator certificates admitted (a peer that
-// can append entries can rewrite every lease).
+// TLS both ways, and only the members of this node's group admitted
+// (raftpeers.go): a peer that can append entries can rewrite every lease.
 type tlsStreamLayer struct {
 	lis       net.Listener
 	advertise net.Addr
 	src       *tlsfiles.Source
 	server    *tls.Config
+	peers     *raftPeers
 }
 
 // handshakeTimeout bounds a Raft connection's TLS handshake: raft reads
@@ -203,13 +265,13 @@ type tlsStreamLayer struct {
 // sends nothing would otherwise hold a goroutine forever.
 const handshakeTimeout = 10 * time.Second
 
-func newTLSStreamLayer(bind string, advertise net.Addr, src *tlsfiles.Source) (*tlsStreamLayer, error) {
+func newTLSStreamLayer(bind string, advertise net.Addr, src *tlsfiles.Source, peers *raftPeers) (*tlsStreamLayer, error) {
 	lis, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
 	}
-	l := &tlsStreamLayer{lis: lis, advertise: advertise, src: src,
-		server: src.ServerConfig(tlsfiles.RequireRole(tlsfiles.RoleCoordinator))}
+	l := &tlsStreamLayer{lis: lis, advertise: advertise, src: src, peers: peers,
+		server: src.ServerConfig(tlsfiles.RequireCoordinator(peers.group))}
 	if l.advertise == nil {
 		l.advertise = lis.Addr()
 	}
@@ -249,14 +311,14 @@ func (l *tlsStreamLayer) Accept() (net.Conn, error) {
 	}
 	// The handshake runs on raft's goroutine for this connection (first
 	// Read), not here: one slow peer must not hold up the accept loop.
-	return &handshakeConn{Conn: tls.Server(c, l.server)}, nil
+	return &rpcGuard{handshakeConn: &handshakeConn{Conn: tls.Server(c, l.server)}, peers: l.peers}, nil
 }
 
 func (l *tlsStreamLayer) Close() error   { return l.lis.Close() }
 func (l *tlsStreamLayer) Addr() net.Addr { return l.advertise }
 
 func (l *tlsStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	cfg := l.src.ClientConfig(tlsfiles.HostOf(string(address)), tlsfiles.RequireRole(tlsfiles.RoleCoordinator))
+	cfg := l.src.ClientConfig(tlsfiles.HostOf(string(address)), l.peers.dialAuthorize(address))
 	c, err := tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(address), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("raft TLS dial %s: %w", address, err)

@@ -190,7 +190,7 @@ func TestTLSRefusesStrangers(t *testing.T) {
 	}{
 		{"agent", pki.Agent("a1"), false},
 		{"operator", pki.Operator("ops"), false},
-		{"coordinator", pki.Issue("peer", tlsfiles.URI(tlsfiles.RoleCoordinator, "peer")), true},
+		{"coordinator", pki.Member(tlsfiles.GlobalGroup, "peer"), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := pki.Source(tc.f)
@@ -260,7 +260,7 @@ func TestTLSRotationDropsNoRenewal(t *testing.T) {
 	// to it must see the new serial number.
 	serial := servedSerial(t, ln.GRPCAddr(), pki)
 	for i := range c.N() {
-		pki.Reissue(c.Config(i).TLS, "coordinator-"+c.Node(i).ID(), tlsfiles.URI(tlsfiles.RoleCoordinator, c.Node(i).ID()))
+		pki.Reissue(c.Config(i).TLS, "coordinator-"+c.Node(i).ID(), tlsfiles.CoordinatorURI(tlsfiles.GlobalGroup, c.Node(i).ID()))
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for servedSerial(t, ln.GRPCAddr(), pki) == serial {
@@ -319,7 +319,7 @@ func TestRegionOverMutualTLS(t *testing.T) {
 		c.Region, c.Upstream = "us", up
 		pki.Coordinator(c)
 		// A coordinator certificate without ration://region/us.
-		c.TLS = pki.Issue("us-"+c.ID, tlsfiles.URI(tlsfiles.RoleCoordinator, c.ID))
+		c.TLS = pki.Member("us", c.ID)
 	})
 	ops := adminWith(t, global.Node(0).AdminAddr(), pki.DialOptions(pki.Operator("ops")))
 	ctx := timeout(t, 60*time.Second)
@@ -374,7 +374,7 @@ func TestRaftAdvertiseNameUnderTLS(t *testing.T) {
 		// only, so a dial of 127.0.0.1 could not verify it.
 		if cfg.ID == "node1" {
 			paths, err := pki.CA.WriteFiles(t.TempDir(), "tls", certgen.Request{
-				CommonName: "node1", URIs: []string{tlsfiles.URI(tlsfiles.RoleCoordinator, "node1")}, DNSNames: []string{"localhost"},
+				CommonName: "node1", URIs: []string{tlsfiles.CoordinatorURI(tlsfiles.GlobalGroup, "node1")}, DNSNames: []string{"localhost"},
 			})
 			if err != nil {
 				t.Fatal(err)

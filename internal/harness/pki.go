@@ -80,6 +80,12 @@ func (p *PKI) Agent(id string) tlsfiles.Files {
 	return p.Issue("agent-"+id, tlsfiles.URI(tlsfiles.RoleAgent, id))
 }
 
+// Member issues the certificate of coordinator id of group
+// (ration://coordinator/<group>/<id>), with extra identities.
+func (p *PKI) Member(group, id string, extra ...string) tlsfiles.Files {
+	return p.Issue("coordinator-"+group+"-"+id, append([]string{tlsfiles.CoordinatorURI(group, id)}, extra...)...)
+}
+
 // Operator issues an operator's certificate (the admin API).
 func (p *PKI) Operator(name string) tlsfiles.Files {
 	return p.Issue("operator-"+name, tlsfiles.URI(tlsfiles.RoleOperator, name))
@@ -102,13 +108,13 @@ func (p *PKI) DialOptions(f tlsfiles.Files) []grpc.DialOption {
 }
 
 // Coordinator is a StartCoordinators option giving each node a
-// certificate of its own: ration://coordinator/<id>, and
-// ration://region/<region> when the node has a -region (the leader of a
-// regional group holds leases from the global group as that region). Put
-// it after the options that set the region. The files are checked for
-// changes every 50ms.
+// certificate of its own: ration://coordinator/<group>/<id> (the group is
+// the node's -region, or global), and ration://region/<region> when the
+// node has a -region (the leader of a regional group holds leases from
+// the global group as that region). Put it after the options that set the
+// region. The files are checked for changes every 50ms.
 func (p *PKI) Coordinator(cfg *coordinator.Config) {
-	uris := []string{tlsfiles.URI(tlsfiles.RoleCoordinator, cfg.ID)}
+	uris := []string{tlsfiles.CoordinatorURI(cfg.Group(), cfg.ID)}
 	if cfg.Region != "" {
 		uris = append(uris, tlsfiles.URI(tlsfiles.RoleRegion, cfg.Region))
 	}

@@ -3,6 +3,7 @@ package tlsfiles
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -25,8 +26,10 @@ const (
 	// RoleRegion: ration://region/<name> may hold leases as holder
 	// region/<name>: a regional group's leader leasing from the global group.
 	RoleRegion Role = "region"
-	// RoleCoordinator: ration://coordinator/<id> may join the Raft group
-	// (Raft transport, AddVoter through -join).
+	// RoleCoordinator: ration://coordinator/<group>/<id> is member <id> of
+	// coordinator group <group> (CoordinatorURI): it may take part in that
+	// group's Raft (while <id> is in its configuration) and add itself
+	// through -join, and nothing in any other group.
 	RoleCoordinator Role = "coordinator"
 	// RoleOperator: ration://operator/<name> may call the admin API.
 	RoleOperator Role = "operator"
@@ -89,4 +92,85 @@ func PeerCertificate(ctx context.Context) *x509.Certificate {
 		return nil
 	}
 	return ti.State.PeerCertificates[0]
+}
+
+// GlobalGroup is the name of the coordinator group that serves no region
+// (a node without -region): the global group, which regional groups lease
+// from. A regional group is named by its region.
+const GlobalGroup = "global"
+
+// Member is a coordinator identity scoped to its group: server id ID of
+// the group Group.
+type Member struct{ Group, ID string }
+
+func (m Member) String() string { return m.Group + "/" + m.ID }
+
+// CoordinatorURI returns the identity of server id of group:
+// ration://coordinator/<group>/<id>.
+func CoordinatorURI(group, id string) string { return URI(RoleCoordinator, group+"/"+id) }
+
+// Members returns the scoped coordinator identities cert names, in SAN
+// order. A name without a group (ration://coordinator/<id>, the form
+// before identities were scoped to their group) is none: it cannot say
+// which group's member it is, and every group's pods have the same ids.
+func Members(cert *x509.Certificate) []Member {
+	var out []Member
+	for _, name := range Names(cert, RoleCoordinator) {
+		group, id, ok := strings.Cut(name, "/")
+		if ok && group != "" && id != "" {
+			out = append(out, Member{Group: group, ID: id})
+		}
+	}
+	return out
+}
+
+// MemberIDs returns the server ids cert names in group.
+func MemberIDs(cert *x509.Certificate, group string) []string {
+	var out []string
+	for _, m := range Members(cert) {
+		if m.Group == group {
+			out = append(out, m.ID)
+		}
+	}
+	return out
+}
+
+// ErrNotCoordinator marks a peer whose certificate does not name the
+// coordinator the caller needs (of its group, or that member).
+var ErrNotCoordinator = errors.New("not the coordinator expected")
+
+// RequireCoordinator is an Authorize admitting a certificate that names a
+// member of group (ration://coordinator/<group>/<id>), or of any group
+// when group is "". Every client of a coordinator checks it before it
+// sends anything (an admin token, a renewal): a certificate of another
+// role, even of the same CA, is not a coordinator.
+func RequireCoordinator(group string) Authorize {
+	return func(leaf *x509.Certificate) error {
+		for _, m := range Members(leaf) {
+			if group == "" || m.Group == group {
+				return nil
+			}
+		}
+		return fmt.Errorf("%w: certificate %q names coordinators %q, not one of group %q (URI SAN %s)",
+			ErrNotCoordinator, leaf.Subject.String(), Names(leaf, RoleCoordinator), groupOrAny(group), CoordinatorURI(groupOrAny(group), "<id>"))
+	}
+}
+
+// RequireMember is an Authorize admitting a certificate that names server
+// id of group.
+func RequireMember(group, id string) Authorize {
+	return func(leaf *x509.Certificate) error {
+		if slices.Contains(MemberIDs(leaf, group), id) {
+			return nil
+		}
+		return fmt.Errorf("%w: certificate %q names coordinators %q, not %s",
+			ErrNotCoordinator, leaf.Subject.String(), Names(leaf, RoleCoordinator), CoordinatorURI(group, id))
+	}
+}
+
+func groupOrAny(group string) string {
+	if group == "" {
+		return "<group>"
+	}
+	return group
 }
