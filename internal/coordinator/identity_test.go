@@ -25,30 +25,44 @@ import (
 // kind of certificate the fleet issues.
 
 // rogueCerts are the certificates of the fleet that are not a member of
-// the global group's configuration. handshake: the Raft port refuses it at
-// the TLS handshake (it names no member of the group); otherwise it gets
-// through the handshake and each RPC is refused for its header.
+// the global group's configuration, or are used for another member.
+// handshake: the Raft port refuses it at the TLS handshake (it names no
+// member of the group); otherwise it gets through the handshake and each
+// RPC is refused for its header.
 func rogueCerts(pki *harness.PKI) []struct {
 	name      string
 	f         tlsfiles.Files
 	id        string // the server id its RPCs claim
+	realAddr  bool   // its RPCs claim id's own Raft address (else the rogue's)
 	handshake bool
 } {
 	return []struct {
 		name      string
 		f         tlsfiles.Files
 		id        string
+		realAddr  bool
 		handshake bool
 	}{
-		{"another group's coordinator", pki.Member("eu", "eu1", tlsfiles.URI(tlsfiles.RoleRegion, "eu")), "eu1", true},
-		{"another group's coordinator with a member's id", pki.Member("eu", "node1", tlsfiles.URI(tlsfiles.RoleRegion, "eu")), "node1", true},
-		{"a coordinator of the form before groups", pki.Issue("old-node1", tlsfiles.URI(tlsfiles.RoleCoordinator, "node1")), "node1", true},
-		{"a region", pki.Issue("region-us", tlsfiles.URI(tlsfiles.RoleRegion, "us")), "node1", true},
-		{"an agent", pki.Agent("node1"), "node1", true},
-		{"an operator", pki.Operator("node1"), "node1", true},
-		{"this group's coordinator, not a member", pki.Member(tlsfiles.GlobalGroup, "node9"), "node9", false},
-		{"a member speaking for another", pki.Member(tlsfiles.GlobalGroup, "node1"), "node2", false},
+		{"another group's coordinator", pki.Member("eu", "eu1", tlsfiles.URI(tlsfiles.RoleRegion, "eu")), "eu1", false, true},
+		{"another group's coordinator with a member's id", pki.Member("eu", "node1", tlsfiles.URI(tlsfiles.RoleRegion, "eu")), "node1", false, true},
+		{"a coordinator of the form before groups", pki.Issue("old-node1", tlsfiles.URI(tlsfiles.RoleCoordinator, "node1")), "node1", false, true},
+		{"a region", pki.Issue("region-us", tlsfiles.URI(tlsfiles.RoleRegion, "us")), "node1", false, true},
+		{"an agent", pki.Agent("node1"), "node1", false, true},
+		{"an operator", pki.Operator("node1"), "node1", false, true},
+		{"this group's coordinator, not a member", pki.Member(tlsfiles.GlobalGroup, "node9"), "node9", false, false},
+		{"a member speaking for another", pki.Member(tlsfiles.GlobalGroup, "node1"), "node2", true, false},
+		{"a member from another address", pki.Member(tlsfiles.GlobalGroup, "node1"), "node1", false, false},
 	}
+}
+
+// raftAddrOf is the Raft address of node id of c.
+func raftAddrOf(c *harness.Coordinators, id string) string {
+	for i := range c.N() {
+		if c.Config(i).ID == id {
+			return c.Config(i).RaftAddr
+		}
+	}
+	return ""
 }
 
 func raftTerm(n *coordinator.Node) uint64 {
@@ -56,27 +70,34 @@ func raftTerm(n *coordinator.Node) uint64 {
 	return t
 }
 
-// raftAttacks are the RPCs a rogue sends, each with a term far above the
-// group's: a leader that took any of them would step down (AppendEntries,
-// RequestVote), a follower would start an election (TimeoutNow), and the
-// AppendEntries carries an entry to commit.
-func raftAttacks(tr *raft.NetworkTransport, hdr raft.RPCHeader, term uint64) []struct {
+// raftAttacks are the RPCs a rogue sends to n, each with a term far above
+// the group's: a leader that took any of them would step down
+// (AppendEntries, RequestVote), a follower would start an election
+// (TimeoutNow), and the AppendEntries carries an entry that follows n's
+// log, committed at once (a no-op, so that a check missing shows as these
+// RPCs answered rather than as a node stopped on an entry it cannot apply).
+func raftAttacks(tr *raft.NetworkTransport, hdr raft.RPCHeader, term uint64, n *coordinator.Node) []struct {
 	name string
-	send func(id raft.ServerID, addr raft.ServerAddress) error
+	send func() error
 } {
+	id, addr := raft.ServerID(n.ID()), raft.ServerAddress(n.RaftAddr())
 	return []struct {
 		name string
-		send func(id raft.ServerID, addr raft.ServerAddress) error
+		send func() error
 	}{
-		{"AppendEntries", func(id raft.ServerID, addr raft.ServerAddress) error {
+		{"AppendEntries", func() error {
+			stats := n.Raft().Stats()
+			last, _ := strconv.ParseUint(stats["last_log_index"], 10, 64)
+			lastTerm, _ := strconv.ParseUint(stats["last_log_term"], 10, 64)
 			return tr.AppendEntries(id, addr, &raft.AppendEntriesRequest{RPCHeader: hdr, Term: term,
-				Entries:           []*raft.Log{{Index: 1 << 20, Term: term, Type: raft.LogCommand, Data: []byte("rogue")}},
-				LeaderCommitIndex: 1 << 20}, &raft.AppendEntriesResponse{})
+				PrevLogEntry: last, PrevLogTerm: lastTerm,
+				Entries:           []*raft.Log{{Index: last + 1, Term: term, Type: raft.LogNoop}},
+				LeaderCommitIndex: last + 1}, &raft.AppendEntriesResponse{})
 		}},
-		{"RequestVote", func(id raft.ServerID, addr raft.ServerAddress) error {
-			return tr.RequestVote(id, addr, &raft.RequestVoteRequest{RPCHeader: hdr, Term: term, LastLogIndex: 1 << 20, LastLogTerm: term}, &raft.RequestVoteResponse{})
+		{"RequestVote", func() error {
+			return tr.RequestVote(id, addr, &raft.RequestVoteRequest{RPCHeader: hdr, Term: term, LastLogIndex: 1 << 40, LastLogTerm: term}, &raft.RequestVoteResponse{})
 		}},
-		{"TimeoutNow", func(id raft.ServerID, addr raft.ServerAddress) error {
+		{"TimeoutNow", func() error {
 			return tr.TimeoutNow(id, addr, &raft.TimeoutNowRequest{RPCHeader: hdr}, &raft.TimeoutNowResponse{})
 		}},
 	}
@@ -87,8 +108,9 @@ func raftAttacks(tr *raft.NetworkTransport, hdr raft.RPCHeader, term uint64) []s
 // AppendEntries, RequestVote and TimeoutNow with a term 1000 above the
 // group's. Each is refused: at the handshake when the certificate names no
 // member of the global group (a TLS alert), otherwise RPC by RPC when its
-// header names an id the certificate does not, or one not in the
-// configuration (the connection closed unanswered). No node's term comes
+// header names an id the certificate does not, one not in the
+// configuration, or another address than the configuration's (the
+// connection closed unanswered). No node's term comes
 // near the rogue's and the leader stays. A member's own certificate with
 // its own id gets an answer over the same client: the refusals are the
 // checks', not the client's.
@@ -102,10 +124,14 @@ func TestRaftPortAdmitsOnlyMembers(t *testing.T) {
 	for _, rc := range rogueCerts(pki) {
 		t.Run(rc.name, func(t *testing.T) {
 			tr := harness.RogueRaftClient(t, pki, rc.f)
-			hdr := raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(rc.id), Addr: []byte(tr.LocalAddr())}
+			addr := string(tr.LocalAddr())
+			if rc.realAddr {
+				addr = raftAddrOf(c, rc.id)
+			}
+			hdr := raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(rc.id), Addr: []byte(addr)}
 			for _, n := range targets {
-				for _, a := range raftAttacks(tr, hdr, rogueTerm) {
-					err := a.send(raft.ServerID(n.ID()), raft.ServerAddress(n.RaftAddr()))
+				for _, a := range raftAttacks(tr, hdr, rogueTerm, n) {
+					err := a.send()
 					switch {
 					case err == nil:
 						t.Errorf("%s to %s: answered, want refused", a.name, n.ID())
@@ -199,7 +225,11 @@ func TestAdminRefusesCoordinators(t *testing.T) {
 	self := c.Config((li + 2) % 3)
 	rewrite := func(id string) func(context.Context, rationv1.AdminClient) error {
 		return func(ctx context.Context, a rationv1.AdminClient) error {
-			_, err := a.AddVoter(ctx, &rationv1.AddVoterRequest{Id: id, RaftAddress: c.Node(0).RaftAddr(),
+			raftAddr := raftAddrOf(c, id)
+			if raftAddr == "" {
+				raftAddr = "evil.example:8300"
+			}
+			_, err := a.AddVoter(ctx, &rationv1.AddVoterRequest{Id: id, RaftAddress: raftAddr,
 				GrpcAddress: "evil.example:8301", AdminAddress: "evil.example:8303"})
 			return err
 		}
@@ -342,7 +372,7 @@ func TestCoordinatorClientsRequireACoordinator(t *testing.T) {
 			})
 			c.Leader(t)
 			deadline := time.Now().Add(30 * time.Second)
-			for rogue.Conns() < 2 {
+			for rogue.Conns() < 2 && len(rogue.Calls()) == 0 {
 				if time.Now().After(deadline) {
 					t.Fatalf("the regional leader dialed the upstream rogue %d times in 30s", rogue.Conns())
 				}
