@@ -21,7 +21,7 @@ import (
 // plaintext, or at the lease port, they are refused.
 func TestCommandsOverMutualTLS(t *testing.T) {
 	pki := harness.NewPKI(t)
-	node := pki.Issue("n1", tlsfiles.URI(tlsfiles.RoleCoordinator, "n1"))
+	node := pki.Member(tlsfiles.GlobalGroup, "n1")
 	dir := t.TempDir()
 	rulesFile := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(rulesFile, devRules, 0o644); err != nil {
@@ -166,7 +166,7 @@ func TestPlaintextOnlyByChoice(t *testing.T) {
 		})
 	}
 	pki := harness.NewPKI(t)
-	f := pki.Issue("n1", tlsfiles.URI(tlsfiles.RoleCoordinator, "n1"))
+	f := pki.Member(tlsfiles.GlobalGroup, "n1")
 	for _, tc := range []struct {
 		extra []string
 		want  string
@@ -178,5 +178,48 @@ func TestPlaintextOnlyByChoice(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error containing %q", tc.extra, err, tc.want)
 		}
+	}
+}
+
+// The commands talk only to a server whose certificate names a
+// coordinator: one holding another certificate of the CA (an agent's, an
+// operator's) fails the check at the handshake, and the admin token, sent
+// with each call, never reaches it.
+func TestCommandsTalkOnlyToACoordinator(t *testing.T) {
+	pki := harness.NewPKI(t)
+	file, token := harness.AdminToken(t)
+	ops := pki.Operator("ops")
+	for _, tc := range []struct {
+		name string
+		f    tlsfiles.Files
+	}{
+		{"an agent's", pki.Agent("a1")},
+		{"an operator's", pki.Operator("mallory")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rogue := harness.StartRogue(t, pki, tc.f)
+			for _, cmd := range [][]string{
+				{"status"},
+				{"tune", "-rule", "hot", "-max-slice", "1"},
+			} {
+				args := append(append([]string{}, cmd...), "-addr", rogue.Addr, "-timeout", "2s", "-token-file", file,
+					"-tls-cert", ops.Cert, "-tls-key", ops.Key, "-tls-ca", ops.CA)
+				err := run(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{}, noEnv)
+				if err == nil || !strings.Contains(err.Error(), "coordinator") {
+					t.Errorf("%s against a server with %s certificate: %v, want the certificate refused as no coordinator's", cmd[0], tc.name, err)
+				}
+			}
+			if rogue.Conns() == 0 {
+				t.Fatal("the rogue was never dialed")
+			}
+			for _, tok := range rogue.Tokens() {
+				if strings.Contains(tok, token) {
+					t.Fatalf("the rogue received the admin token (calls %q)", rogue.Calls())
+				}
+			}
+			if calls := rogue.Calls(); len(calls) != 0 {
+				t.Fatalf("the rogue received calls %q", calls)
+			}
+		})
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -180,5 +181,45 @@ rules:
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("/metrics on -http with -metrics set = %d, want 404", resp.StatusCode)
+	}
+}
+
+// An agent leases only from a server whose certificate names a
+// coordinator: a server holding another certificate of the same CA (an
+// agent's, an operator's) is dialed, fails the agent's check at the
+// handshake and receives no renewal, so it cannot hand the agent a lease;
+// the agent's leased rules fall to their failure policy.
+func TestAgentLeasesOnlyFromACoordinator(t *testing.T) {
+	pki := harness.NewPKI(t)
+	for _, tc := range []struct {
+		name string
+		f    tlsfiles.Files
+	}{
+		{"an agent's", pki.Agent("a2")},
+		{"an operator's", pki.Operator("ops")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rogue := harness.StartRogue(t, pki, tc.f)
+			a := startAgent(t, leasedAgentRules, func(cfg *agent.Config) {
+				cfg.Coordinators = rogue.Addr
+				cfg.AgentID = "a1"
+				cfg.TLS = pki.Agent("a1")
+			})
+			req := &rationv1.AllowRequest{Descriptors: map[string]string{"hot": "closed"}}
+			deadline := time.Now().Add(30 * time.Second)
+			for rogue.Conns() < 2 && len(rogue.Calls()) == 0 {
+				a.allow(t, req)
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent dialed the rogue %d times in 30s", rogue.Conns())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if calls := rogue.Calls(); len(calls) != 0 {
+				t.Fatalf("the rogue coordinator received calls %q", calls)
+			}
+			if resp := a.allow(t, req); resp.Allowed {
+				t.Fatalf("decision without a coordinator: %v, want fail_closed", resp)
+			}
+		})
 	}
 }
