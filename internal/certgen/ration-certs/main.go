@@ -34,7 +34,7 @@ func main() {
 func run(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("ration-certs", flag.ContinueOnError)
 	out := fs.String("out", "certs", "directory to write to (created)")
-	coords := fs.String("coordinators", "dev", "coordinator ids, comma separated: ration://coordinator/<id>; id@region also names ration://region/<region> (a regional group's node)")
+	coords := fs.String("coordinators", "dev", "coordinator ids, comma separated: ration://coordinator/global/<id> (a member of the global group, or of a group without -region); id@region is a member of that region's group, ration://coordinator/<region>/<id>, and also names ration://region/<region>")
 	reg := fs.String("region", "", "region of the coordinators without an @region (adds ration://region/<region> to theirs)")
 	agents := fs.String("agents", "dev", "agent ids, comma separated: ration://agent/<id>")
 	ops := fs.String("operators", "ops", "operator names, comma separated: ration://operator/<name>")
@@ -74,7 +74,13 @@ func run(args []string, stdout io.Writer) error {
 		if id == "" || (ok && region == "") {
 			return fmt.Errorf("-coordinators: %q: want id or id@region", c)
 		}
-		uris := []string{tlsfiles.URI(tlsfiles.RoleCoordinator, id)}
+		// The group is the node's -region, or global without one: what
+		// the coordinator checks its own certificate against.
+		group := region
+		if group == "" {
+			group = tlsfiles.GlobalGroup
+		}
+		uris := []string{tlsfiles.CoordinatorURI(group, id)}
 		if region != "" {
 			uris = append(uris, tlsfiles.URI(tlsfiles.RoleRegion, region))
 		}

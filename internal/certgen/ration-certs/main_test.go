@@ -22,9 +22,9 @@ func TestWritesLoadablePKI(t *testing.T) {
 		role tlsfiles.Role
 		name string
 	}{
-		{"coordinator-n1", tlsfiles.RoleCoordinator, "n1"},
+		{"coordinator-n1", tlsfiles.RoleCoordinator, "eu/n1"},
 		{"coordinator-n2", tlsfiles.RoleRegion, "eu"},
-		{"coordinator-u1", tlsfiles.RoleCoordinator, "u1"},
+		{"coordinator-u1", tlsfiles.RoleCoordinator, "us/u1"},
 		{"coordinator-u1", tlsfiles.RoleRegion, "us"},
 		{"agent-gw-1", tlsfiles.RoleAgent, "gw-1"},
 		{"operator-ops", tlsfiles.RoleOperator, "ops"},
@@ -54,6 +54,13 @@ func TestCoordinatorRegions(t *testing.T) {
 		}
 		if got := tlsfiles.Names(src.Leaf(), tlsfiles.RoleRegion); len(got) != len(want) || (len(want) > 0 && got[0] != want[0]) {
 			t.Errorf("%s names regions %q, want %q", file, got, want)
+		}
+		group := tlsfiles.GlobalGroup
+		if len(want) > 0 {
+			group = want[0]
+		}
+		if got := tlsfiles.Members(src.Leaf()); len(got) != 1 || got[0].Group != group {
+			t.Errorf("%s names coordinators %v, want one of group %q", file, got, group)
 		}
 		src.Close()
 	}
