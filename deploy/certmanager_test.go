@@ -195,8 +195,11 @@ func tlsCert(t *testing.T, r rendering, what string, spec corev1.PodSpec, c core
 	return pc
 }
 
-// checkCoordinatorCert: every coordinator pod's certificate names its Raft
-// id (ration://coordinator/<RATION_ID>) and, in a regional group, its
+// checkCoordinatorCert: every coordinator pod's certificate names its
+// group and Raft id (ration://coordinator/<group>/<RATION_ID>, the group
+// its RATION_REGION, or global without one: what the coordinator checks
+// its own certificate against, and its peers check it against) and, in a
+// regional group, its
 // region (ration://region/<RATION_REGION>: its leader leases from the
 // global group as that region), and carries every host it is dialed by:
 // its advertised Raft, lease and admin addresses, the Service members join
@@ -211,7 +214,11 @@ func checkCoordinatorCert(t *testing.T, r rendering, hosts []string) {
 		if pc.attrs == nil {
 			continue
 		}
-		want := []string{"ration://coordinator/" + e["RATION_ID"]}
+		group := e["RATION_REGION"]
+		if group == "" {
+			group = "global"
+		}
+		want := []string{"ration://coordinator/" + group + "/" + e["RATION_ID"]}
 		if e["RATION_UPSTREAM"] != "" {
 			want = append(want, "ration://region/"+e["RATION_REGION"])
 		}
