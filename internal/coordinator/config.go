@@ -177,7 +177,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "bootstrap", Env: "BOOTSTRAP", Usage: "form a new cluster with this node as its only voter (once, on the first node)", Value: &c.Bootstrap},
 		{Flag: "join", Env: "JOIN", Usage: "admin address (-admin) of a cluster member to join through", Value: &c.Join},
 		{Flag: "rules", Env: "RULES", Usage: "rules YAML file giving every leased quota's burst, rate and lease settings", Value: &c.RulesFile},
-		{Flag: "region", Env: "REGION", Usage: "region this coordinator group serves (required with -upstream)", Value: &c.Region},
+		{Flag: "region", Env: "REGION", Usage: "region this coordinator group serves (required with -upstream); also the group's name in its members' certificates, ration://coordinator/<region>/<id> (ration://coordinator/global/<id> without -region)", Value: &c.Region},
 		{Flag: "upstream", Env: "UPSTREAM", Usage: "gRPC addresses of the global coordinator group, comma separated: makes this a regional group that leases scope: global, mode: leased rules from it", Value: &c.Upstream},
 		{Flag: "upstream-renew-at", Env: "UPSTREAM_RENEW_AT", Usage: "renew point of upstream leases: fraction of their validity after which they are renewed, in (0, 1)", Value: &c.UpstreamRenewAt},
 		{Flag: "raft-heartbeat-timeout", Env: "RAFT_HEARTBEAT_TIMEOUT", Usage: "time without leader contact before a follower stands for election", Value: &c.HeartbeatTimeout},
