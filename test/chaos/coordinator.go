@@ -82,7 +82,11 @@ func StartCoordinatorGroup(t testing.TB, o GroupOptions) *CoordinatorProcs {
 		c.Admin = append(c.Admin, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
 	}
 	for i := range n {
-		uris := []string{tlsfiles.URI(tlsfiles.RoleCoordinator, fmt.Sprintf("%s%d", id, i))}
+		group := region
+		if group == "" {
+			group = tlsfiles.GlobalGroup
+		}
+		uris := []string{tlsfiles.CoordinatorURI(group, fmt.Sprintf("%s%d", id, i))}
 		if region != "" {
 			uris = append(uris, tlsfiles.URI(tlsfiles.RoleRegion, region))
 		}

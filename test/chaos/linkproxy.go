@@ -64,20 +64,24 @@ func NewLinkProxies(t testing.TB, ids, upstream []string) []*LinkProxy {
 }
 
 // NewLinkProxiesTLS is NewLinkProxies for a group whose Raft links are
-// mutual TLS with certificates of the run's CA.
-func NewLinkProxiesTLS(t testing.TB, ids, upstream []string) []*LinkProxy {
+// mutual TLS with certificates of the run's CA. Each proxy serves the
+// certificate of the member behind it (ration://coordinator/<group>/<id>):
+// a node dialing a peer checks that the server there is that member.
+func NewLinkProxiesTLS(t testing.TB, group string, ids, upstream []string) []*LinkProxy {
 	t.Helper()
-	cert, err := identity(tlsfiles.URI(tlsfiles.RoleCoordinator, "link-proxy"))
-	if err != nil {
-		t.Fatalf("chaos: %v", err)
-	}
-	return newLinkProxies(t, ids, upstream, &tls.Config{
-		MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: caPool(),
+	return newLinkProxies(t, ids, upstream, func(id string) *tls.Config {
+		cert, err := identity(tlsfiles.CoordinatorURI(group, id))
+		if err != nil {
+			t.Fatalf("chaos: %v", err)
+		}
+		return &tls.Config{
+			MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert},
+			ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: caPool(),
+		}
 	})
 }
 
-func newLinkProxies(t testing.TB, ids, upstream []string, tlsConfig *tls.Config) []*LinkProxy {
+func newLinkProxies(t testing.TB, ids, upstream []string, tlsConfig func(id string) *tls.Config) []*LinkProxy {
 	t.Helper()
 	iso := &isolation{}
 	var out []*LinkProxy
@@ -86,7 +90,11 @@ func newLinkProxies(t testing.TB, ids, upstream []string, tlsConfig *tls.Config)
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := &LinkProxy{t: t, tls: tlsConfig, ln: ln, target: id, ids: ids, upstream: upstream[i], isolated: iso, links: map[*link]struct{}{}}
+		var cfg *tls.Config
+		if tlsConfig != nil {
+			cfg = tlsConfig(id)
+		}
+		p := &LinkProxy{t: t, tls: cfg, ln: ln, target: id, ids: ids, upstream: upstream[i], isolated: iso, links: map[*link]struct{}{}}
 		go p.accept()
 		t.Cleanup(p.close)
 		out = append(out, p)
@@ -178,8 +186,8 @@ func (p *LinkProxy) serveTLS(raw net.Conn) {
 		uris = append(uris, u.String())
 	}
 	sender := ""
-	if names := tlsfiles.Names(peer, tlsfiles.RoleCoordinator); len(names) > 0 {
-		sender = names[0]
+	if members := tlsfiles.Members(peer); len(members) > 0 {
+		sender = members[0].ID
 	}
 	cert, err := identity(uris...)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
 // S2: the leader is cut from its followers (every Raft link to and from
@@ -28,7 +29,7 @@ func TestS2DeposedLeader(t *testing.T) {
 	for range ids {
 		raftAddrs = append(raftAddrs, "127.0.0.1:"+strconv.Itoa(harness.FreePort(t)))
 	}
-	proxies := NewLinkProxiesTLS(t, ids, raftAddrs)
+	proxies := NewLinkProxiesTLS(t, tlsfiles.GlobalGroup, ids, raftAddrs)
 	coords := startCoordinators(t, 3, leasedRules, func(c *coordinator.Config) {
 		i, _ := strconv.Atoi(strings.TrimPrefix(c.ID, "node"))
 		c.RaftAddr, c.RaftAdvertise = raftAddrs[i], proxies[i].Addr()
