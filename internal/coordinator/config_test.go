@@ -63,6 +63,8 @@ func TestValidateNamesEveryProblem(t *testing.T) {
 		{"upstream without region", func(c *Config) { c.Upstream = "127.0.0.1:1" }, []string{"-upstream \"127.0.0.1:1\": a regional group needs -region"}},
 		{"bad upstream address", func(c *Config) { c.Upstream, c.Region = "nohost", "eu" }, []string{"-upstream \"nohost\""}},
 		{"bad region", func(c *Config) { c.Region = "EU" }, []string{"-region: \"EU\" must match"}},
+		{"regional group named global", func(c *Config) { c.Upstream, c.Region = "127.0.0.1:1", "global" },
+			[]string{"-region \"global\" with -upstream: \"global\" names the global group"}},
 		{"bad upstream renew point", func(c *Config) { c.UpstreamRenewAt = 1 }, []string{"-upstream-renew-at 1: must be in (0, 1)"}},
 		{"batch max", func(c *Config) { c.BatchMax = 0 }, []string{"-batch-max"}},
 		{"batch wait", func(c *Config) { c.BatchWait = -time.Millisecond }, []string{"-batch-wait"}},

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -408,6 +409,53 @@ func TestNames(t *testing.T) {
 	}
 	if err := tlsfiles.RequireRole(tlsfiles.RoleOperator)(leaf); err == nil {
 		t.Error("RequireRole(operator) admitted a coordinator certificate")
+	}
+}
+
+// A coordinator identity names its group and id; one without a group
+// (the form before groups) is no member of any, and the checks a client
+// or a peer makes follow the group and the id.
+func TestMembers(t *testing.T) {
+	ca := newCA(t, "ca")
+	for _, tc := range []struct {
+		name    string
+		uris    []string
+		members string
+		global  bool // RequireCoordinator("global") admits it
+		any     bool // RequireCoordinator("") admits it
+		g1      bool // RequireMember("global", "n1") admits it
+	}{
+		{"global member", []string{"ration://coordinator/global/n1"}, "[global/n1]", true, true, true},
+		{"regional member", []string{"ration://coordinator/eu/n1", "ration://region/eu"}, "[eu/n1]", false, true, false},
+		{"another id", []string{"ration://coordinator/global/n2"}, "[global/n2]", true, true, false},
+		{"id with a slash", []string{"ration://coordinator/global/a/b"}, "[global/a/b]", true, true, false},
+		{"before groups", []string{"ration://coordinator/n1"}, "[]", false, false, false},
+		{"empty id", []string{"ration://coordinator/global/"}, "[]", false, false, false},
+		{"agent", []string{"ration://agent/n1"}, "[]", false, false, false},
+		{"operator", []string{"ration://operator/global/n1"}, "[]", false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leaf := mustLeaf(t, issue(t, ca, t.TempDir(), "c", tc.uris...).Cert)
+			if got := fmt.Sprint(tlsfiles.Members(leaf)); got != tc.members {
+				t.Errorf("Members = %s, want %s", got, tc.members)
+			}
+			for _, c := range []struct {
+				what string
+				err  error
+				want bool
+			}{
+				{`RequireCoordinator("global")`, tlsfiles.RequireCoordinator("global")(leaf), tc.global},
+				{`RequireCoordinator("")`, tlsfiles.RequireCoordinator("")(leaf), tc.any},
+				{`RequireMember("global", "n1")`, tlsfiles.RequireMember("global", "n1")(leaf), tc.g1},
+			} {
+				if (c.err == nil) != c.want {
+					t.Errorf("%s: %v, want admitted %v", c.what, c.err, c.want)
+				}
+				if c.err != nil && !errors.Is(c.err, tlsfiles.ErrNotCoordinator) {
+					t.Errorf("%s: %v, want ErrNotCoordinator", c.what, c.err)
+				}
+			}
+		})
 	}
 }
 
