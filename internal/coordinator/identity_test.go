@@ -144,6 +144,15 @@ func TestRaftPortAdmitsOnlyMembers(t *testing.T) {
 			}
 		})
 	}
+	// The RPCs refused after the handshake are counted where they were
+	// refused: three cases, three RPCs each, to two nodes.
+	refused := 0.0
+	for i := range c.N() {
+		refused += harness.Counter(t, c.Registry(i), "ration_coordinator_raft_rpcs_refused_total")
+	}
+	if refused != 3*3*2 {
+		t.Errorf("ration_coordinator_raft_rpcs_refused_total sums to %v over the nodes, want 18", refused)
+	}
 	for i := range c.N() {
 		if term := raftTerm(c.Node(i)); term >= rogueTerm {
 			t.Errorf("%s is at term %d: a rogue's RPC (term %d) got through", c.Node(i).ID(), term, rogueTerm)

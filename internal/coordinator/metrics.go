@@ -39,6 +39,9 @@ type metrics struct {
 	duplicateHolders prometheus.Counter
 	// renewStreams counts the RenewStreams open on this node.
 	renewStreams prometheus.Gauge
+	// raftRefused counts Raft RPCs refused for the peer's identity
+	// (raftpeers.go).
+	raftRefused prometheus.CounterFunc
 	state        *stateCollector
 
 	all []prometheus.Collector
@@ -113,12 +116,21 @@ func newMetrics(n *Node) *metrics {
 			Name: "ration_coordinator_renew_streams",
 			Help: "RenewStreams open on this node: about one per agent (and regional group) connected to it. Agents of an earlier version, or agents that found this node without RenewStream, renew with unary calls and are not counted.",
 		}),
+		raftRefused: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ration_coordinator_raft_rpcs_refused_total",
+			Help: "Raft RPCs this node refused, under TLS, because the peer's certificate does not name the member the RPC names, or that member is not in the Raft configuration at the address the RPC gives; each closed its connection. Not 0: a peer of another group, or a removed member, is calling.",
+		}, func() float64 {
+			if n.peers == nil {
+				return 0
+			}
+			return float64(n.peers.refused.Load())
+		}),
 		state: &stateCollector{n: n},
 	}
 	m.all = []prometheus.Collector{
 		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.grpcPanics, m.leaderChanges,
 		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals,
-		m.nudges, m.nudgesHeld, m.duplicateHolders, m.renewStreams, m.state,
+		m.nudges, m.nudgesHeld, m.duplicateHolders, m.renewStreams, m.raftRefused, m.state,
 	}
 	return m
 }

@@ -42,7 +42,8 @@ type raftPeers struct {
 	group  string
 	logger *slog.Logger
 	raft   atomic.Pointer[raft.Raft]
-	// refused counts refused RPCs, for the tests and the log.
+	// refused counts refused RPCs
+	// (ration_coordinator_raft_rpcs_refused_total).
 	refused atomic.Int64
 }
 
