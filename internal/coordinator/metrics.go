@@ -42,7 +42,7 @@ type metrics struct {
 	// raftRefused counts Raft RPCs refused for the peer's identity
 	// (raftpeers.go).
 	raftRefused prometheus.CounterFunc
-	state        *stateCollector
+	state       *stateCollector
 
 	all []prometheus.Collector
 }
