@@ -164,9 +164,10 @@ func TestIdentityIsTheCertificate(t *testing.T) {
 }
 
 // TestTLSRefusesStrangers: a client without a certificate, or with one of
-// another CA, does not get a call through; and the Raft port admits only
-// coordinator certificates (an agent's cannot even complete a handshake,
-// let alone append an entry).
+// another CA, does not get a call through; and the Raft port's handshake
+// admits only certificates of its group's coordinators (an agent's cannot
+// even complete one, let alone append an entry; what a member of the group
+// may send is TestRaftPortAdmitsOnlyMembers's).
 func TestTLSRefusesStrangers(t *testing.T) {
 	pki := harness.NewPKI(t)
 	c := harness.StartCoordinatorsTLS(t, 1, testRules, pki, noTicks)
