@@ -64,7 +64,7 @@ func NewCA(name string, validity time.Duration) (*CA, error) {
 // Request describes one certificate to issue.
 type Request struct {
 	CommonName string
-	// URIs are the identities (ration://agent/<id>, ration://coordinator/<id>,
+	// URIs are the identities (ration://agent/<id>, ration://coordinator/<group>/<id>,
 	// ration://region/<name>, ration://operator/<name>: docs/security.md).
 	URIs []string
 	// DNSNames and IPs are the names clients dial the holder by: a server

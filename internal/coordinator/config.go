@@ -87,7 +87,7 @@ type Config struct {
 
 	// TLS names the certificate, key and CA bundle of every link: the
 	// gRPC listener (mutual TLS, holders bound to their certificates), the
-	// Raft transport (coordinator certificates only) and the node's own
+	// Raft transport (its group's members only) and the node's own
 	// calls to other groups. The files are reloaded when they change.
 	TLS tlsfiles.Files // -tls-cert, -tls-key, -tls-ca
 	// Insecure runs every link in plaintext, with no authentication (but
