@@ -95,12 +95,14 @@ func asOperator(t testing.TB) grpc.DialOption {
 	return dialAs(t, tlsfiles.URI(tlsfiles.RoleOperator, "chaos"))
 }
 
-// proxyServerCreds are a gRPC proxy's server side: a certificate of the
-// CA, and a client certificate of the CA required, whose identities the
-// proxy then acts under upstream (passThrough).
+// proxyServerCreds are a gRPC proxy's server side: a coordinator's
+// certificate of the CA (its clients, agents and a regional group's
+// upstream loop, talk only to a coordinator, of the global group for the
+// latter), and a client certificate of the CA required, whose identities
+// the proxy then acts under upstream (passThrough).
 func proxyServerCreds(t testing.TB) grpc.ServerOption {
 	t.Helper()
-	cert, err := identity()
+	cert, err := identity(tlsfiles.CoordinatorURI("global", "chaos-proxy"))
 	if err != nil {
 		t.Fatalf("chaos: %v", err)
 	}
