@@ -27,8 +27,22 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		return 2
 	}
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	overlay, err := breakOverlay(root, dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 2
+	}
+	if overlay != nil {
+		fmt.Fprintf(os.Stderr, "chaos: binaries built with the code breaks of RATION_CHAOS_BREAK=%s\n", os.Getenv("RATION_CHAOS_BREAK"))
+	}
 	for _, cmd := range []string{"gateway-agent", "coordinator"} {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, cmd), "github.com/ration-dev/ration/cmd/"+cmd).CombinedOutput()
+		args := append(append([]string{"build"}, overlay...), "-o", filepath.Join(dir, cmd), "github.com/ration-dev/ration/cmd/"+cmd)
+		out, err := exec.Command("go", args...).CombinedOutput()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "chaos: go build %s: %v\n%s", cmd, err, out)
 			return 2

@@ -1,0 +1,97 @@
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// codeEdit replaces Old, which must occur exactly once, with New in File
+// (a path from the module root).
+type codeEdit struct {
+	File, Old, New string
+}
+
+// codeBreaks are the breaks of the scenarios whose protection is a few
+// lines inside the agent (S19, S20): under RATION_CHAOS_BREAK=<scenario>
+// the gateway-agent and coordinator binaries are built with these edits
+// (go build -overlay: the tree is not touched), so the scenario runs
+// against the code without its protection and must fail by a judge. An
+// edit that no longer matches its file fails the build, not the break:
+// refresh it with the code.
+var codeBreaks = map[string][]codeEdit{
+	// A copy of the default lease forgotten once it is full again at a
+	// shrunken cap, though it owes less than the default lease: its debt
+	// (tokens the subject already spent) goes back to the pool at the
+	// next renewal or release.
+	"S19": {{File: "internal/holder/shared.go",
+		Old: "return !q.owesLess && (!cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap)",
+		New: "return !cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap"}},
+	// An agent spends a promotion's lease for as long as the lease is
+	// valid, not only within the mark it was told of: its marks never run
+	// out, and a "gone" does not stop them.
+	"S20": {
+		{File: "internal/agent/hot.go",
+			Old: "until := sentAt + lease.AgentValidity(p.For, hotDrift, hotPause.Microseconds())",
+			New: "until := sentAt + lease.AgentValidity(p.For, hotDrift, hotPause.Microseconds()) + 1<<40"},
+		{File: "internal/agent/hot.go",
+			Old: "case bucket.MarkGone:\n\t\t\tk.until.Store(0)",
+			New: "case bucket.MarkGone:"},
+	},
+}
+
+// breakOverlay writes the edited files of every code break named in
+// RATION_CHAOS_BREAK under dir and returns the go build flags that use
+// them instead of the tree's (none when no code break is named). root is
+// the module's root.
+func breakOverlay(root, dir string) ([]string, error) {
+	names := make([]string, 0, len(codeBreaks))
+	for name := range codeBreaks {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	files := map[string]string{} // module path -> edited text
+	for _, name := range names {
+		if !broken(name) {
+			continue
+		}
+		for _, e := range codeBreaks[name] {
+			text, ok := files[e.File]
+			if !ok {
+				b, err := os.ReadFile(filepath.Join(root, e.File))
+				if err != nil {
+					return nil, fmt.Errorf("break %s: %w", name, err)
+				}
+				text = string(b)
+			}
+			if n := strings.Count(text, e.Old); n != 1 {
+				return nil, fmt.Errorf("break %s: %s holds %q %d times, want once: refresh the break with the code", name, e.File, e.Old, n)
+			}
+			files[e.File] = strings.Replace(text, e.Old, e.New, 1)
+		}
+	}
+	if len(files) == 0 {
+		return nil, nil
+	}
+	replace := map[string]string{}
+	for i, f := range slices.Sorted(maps.Keys(files)) {
+		p := filepath.Join(dir, fmt.Sprintf("break%d_%s", i, filepath.Base(f)))
+		if err := os.WriteFile(p, []byte(files[f]), 0o644); err != nil {
+			return nil, err
+		}
+		replace[filepath.Join(root, f)] = p
+	}
+	b, err := json.Marshal(map[string]any{"Replace": replace})
+	if err != nil {
+		return nil, err
+	}
+	overlay := filepath.Join(dir, "overlay.json")
+	if err := os.WriteFile(overlay, b, 0o644); err != nil {
+		return nil, err
+	}
+	return []string{"-overlay", overlay}, nil
+}

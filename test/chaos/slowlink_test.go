@@ -1,0 +1,117 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/harness"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// S19's shape: one leased, fail_closed rule over every user, all of it
+// the default share (lease.default_share 1), B = 1000 and r = 1/s per
+// subject, leases of 10s; one coordinator. Agent a1 spends s19Spent of
+// one subject, then its link to the coordinator turns slow (s19Delay each
+// way, toxiproxy's latency), then agent a2 arrives and a1's default lease
+// shrinks to make room for it. The subject then stays idle on a1 until
+// its copy of the default lease may be forgotten (the agents' idle time,
+// one minute: the scenario cannot be shorter), and is then offered to both
+// agents.
+const (
+	s19Burst = 1000.0
+	s19Rate  = 1.0
+	s19Spent = 560
+	s19Delay = 150 * time.Millisecond
+	// s19Idle: from a1's last decision of the subject to the drain, past
+	// the agents' idle time (1m, holder.Options.IdleAfter) and a renewal
+	// after it.
+	s19Idle  = 64 * time.Second
+	s19Drain = 6 * time.Second
+)
+
+var s19Rules = fmt.Sprintf(`
+rules:
+  - name: s19
+    match: {user: "*"}
+    burst: %g
+    rate: %g
+    mode: leased
+    on_failure: fail_closed
+    lease: {period: 10s, default_share: 1}
+`, s19Burst, s19Rate)
+
+// S19: a copy of the default lease after a shrink, on a slow link. a1's
+// copy of the subject had spent below the shrunken cap, so it owes less
+// than the default lease; it must be kept (and counted in what a renewal
+// gives back) until that debt is settled, or the pool gets back tokens the
+// subject already spent and the subject spends them again through both
+// agents. Per subject, in the logs and as the callers saw it: admissions
+// within B + r T in every window, nothing admitted by policy.
+//
+// Break: RATION_CHAOS_BREAK=S19 builds the agents with a copy forgotten
+// once it is full again at the new cap, whatever it owes (codeBreaks).
+func TestS19DefaultShareSlowLinkArrival(t *testing.T) {
+	scenario(t)
+	_ = rng(t)
+	coords := StartCoordinatorProcs(t, 1, s19Rules)
+	redis := harness.StartRedis(t)
+	px := NewProxy(t, "coordinator", coords.GRPC[0])
+	a1 := StartAgent(t, AgentOptions{ID: "s19a1", Rules: s19Rules, Redis: redis.Addr, Coordinators: px.Addr()})
+	const x, y = "user=x", "user=y"
+
+	calls := callsOf(t, a1, "s19", x, s19Spent)
+	spent := mono()
+	px.Delay(Upstream, s19Delay, 0)
+	px.Delay(Downstream, s19Delay, 0)
+	a2 := StartAgent(t, AgentOptions{ID: "s19a2", Rules: s19Rules, Redis: redis.Addr, Coordinators: coords.GRPC[0]})
+	calls = append(calls, callsOf(t, a2, "s19", y, 5)...)
+	time.Sleep(s19Idle - (mono() - spent))
+	l := StartLoad([]Target{{Agent: a1, Rule: "s19", Subject: x, Rate: 50}, {Agent: a2, Rule: "s19", Subject: x, Rate: 50}})
+	time.Sleep(s19Drain)
+	calls = append(calls, l.Stop()...)
+	recs := readRecords(t, a1, a2)
+
+	first := 0
+	for _, c := range calls[:s19Spent] {
+		if c.Err == nil && c.Allowed {
+			first++
+		}
+	}
+	returned, _, err := scrapeMetric(a1.HTTP, "ration_agent_lease_tokens_returned_total")
+	if err != nil {
+		t.Logf("chaos: a1 /metrics: %v", err)
+	}
+	j := judgeBoth(recs, calls, nil, Spec{Quota: quota("s19", x), Burst: s19Burst, Rate: s19Rate, FailClosed: true})
+	ok := true
+	if first < s19Spent*9/10 {
+		ok = false
+		t.Errorf("a1 admitted %d of its first %d decisions of %s, want nearly all (the scenario needs them spent before the shrink)", first, s19Spent, x)
+	}
+	judgedRow(t, "S19", fmt.Sprintf("lease.default_share 1, B = %g, r = %g/s: a1 spends %d of a subject, its link to the coordinator slowed %v each way, a2 arrives (a1's default lease shrinks), the subject idle %v, then offered to both", s19Burst, s19Rate, s19Spent, s19Delay, s19Idle.Round(time.Second)),
+		"0 per subject in the logs and as the callers saw it", j, math.NaN(), ok,
+		fmt.Sprintf("a1 admitted %d of its first %d; a1 gave back %.0f tokens in all", first, s19Spent, returned))
+}
+
+// callsOf makes n calls of (rule, subject) to a, one after another, as
+// Calls for the judges.
+func callsOf(t testing.TB, a *Agent, rule, subject string, n int) []Call {
+	t.Helper()
+	out := make([]Call, 0, n)
+	for range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		c := Call{Start: mono(), AgentID: a.ID, Rule: rule, Subj: subject}
+		resp, err := a.Client.Allow(ctx, &rationv1.AllowRequest{Rule: rule, Subject: subject})
+		c.End = mono()
+		cancel()
+		if err != nil {
+			c.Err = err
+		} else {
+			c.Allowed, c.Reason = resp.Allowed, resp.Reason
+		}
+		out = append(out, c)
+	}
+	return out
+}
