@@ -96,3 +96,19 @@ func (p *Proxy) Cut() {
 		p.t.Fatalf("chaos: proxy %s: restart after cut: %v", p.name, err)
 	}
 }
+
+// Retarget points the proxy at another upstream, on the same address:
+// every existing connection is closed (as by Cut) and new ones reach the
+// new upstream, as a virtual IP moved to a promoted replica would.
+func (p *Proxy) Retarget(upstream string) {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.p.Stop()
+	p.p.Lock()
+	p.p.Upstream = upstream
+	p.p.Unlock()
+	if err := p.p.Start(); err != nil {
+		p.t.Fatalf("chaos: proxy %s: restart towards %s: %v", p.name, upstream, err)
+	}
+}

@@ -15,21 +15,21 @@ import (
 // the default share (lease.default_share 1), B = 1000 and r = 1/s per
 // subject, leases of 10s; one coordinator. Agent a1 spends s19Spent of
 // one subject, then its link to the coordinator turns slow (s19Delay each
-// way, toxiproxy's latency), then agent a2 arrives and a1's default lease
-// shrinks to make room for it. The subject then stays idle on a1 until
-// its copy of the default lease may be forgotten (the agents' idle time,
-// one minute: the scenario cannot be shorter), and is then offered to both
-// agents.
+// way, toxiproxy's latency) and the subject stays idle on a1 past the
+// agents' idle time (one minute, holder.Options.IdleAfter: the scenario
+// cannot be shorter; the lease period does not shorten it); then agent a2
+// arrives, offering the subject s19Offer, and a1's default lease shrinks
+// below what a1's copy of the subject holds, to make room for it; after
+// s19Arrive the subject is offered to a1 as well, for s19Drain.
 const (
-	s19Burst = 1000.0
-	s19Rate  = 1.0
-	s19Spent = 560
-	s19Delay = 150 * time.Millisecond
-	// s19Idle: from a1's last decision of the subject to the drain, past
-	// the agents' idle time (1m, holder.Options.IdleAfter) and a renewal
-	// after it.
-	s19Idle  = 64 * time.Second
-	s19Drain = 6 * time.Second
+	s19Burst  = 1000.0
+	s19Rate   = 1.0
+	s19Spent  = 560
+	s19Delay  = 150 * time.Millisecond
+	s19Idle   = 61 * time.Second
+	s19Offer  = 50.0
+	s19Arrive = 3 * time.Second
+	s19Drain  = 4 * time.Second
 )
 
 var s19Rules = fmt.Sprintf(`
@@ -60,18 +60,21 @@ func TestS19DefaultShareSlowLinkArrival(t *testing.T) {
 	redis := harness.StartRedis(t)
 	px := NewProxy(t, "coordinator", coords.GRPC[0])
 	a1 := StartAgent(t, AgentOptions{ID: "s19a1", Rules: s19Rules, Redis: redis.Addr, Coordinators: px.Addr()})
-	const x, y = "user=x", "user=y"
+	const x = "user=x"
 
+	// a2 starts now (a process takes a while to start) but asks for
+	// nothing until it arrives.
+	a2 := StartAgent(t, AgentOptions{ID: "s19a2", Rules: s19Rules, Redis: redis.Addr, Coordinators: coords.GRPC[0]})
 	calls := callsOf(t, a1, "s19", x, s19Spent)
 	spent := mono()
 	px.Delay(Upstream, s19Delay, 0)
 	px.Delay(Downstream, s19Delay, 0)
-	a2 := StartAgent(t, AgentOptions{ID: "s19a2", Rules: s19Rules, Redis: redis.Addr, Coordinators: coords.GRPC[0]})
-	calls = append(calls, callsOf(t, a2, "s19", y, 5)...)
 	time.Sleep(s19Idle - (mono() - spent))
-	l := StartLoad([]Target{{Agent: a1, Rule: "s19", Subject: x, Rate: 50}, {Agent: a2, Rule: "s19", Subject: x, Rate: 50}})
+	arrive := StartLoad([]Target{{Agent: a2, Rule: "s19", Subject: x, Rate: s19Offer}})
+	time.Sleep(s19Arrive)
+	both := StartLoad([]Target{{Agent: a1, Rule: "s19", Subject: x, Rate: s19Offer}})
 	time.Sleep(s19Drain)
-	calls = append(calls, l.Stop()...)
+	calls = append(append(calls, both.Stop()...), arrive.Stop()...)
 	recs := readRecords(t, a1, a2)
 
 	first := 0
@@ -90,9 +93,10 @@ func TestS19DefaultShareSlowLinkArrival(t *testing.T) {
 		ok = false
 		t.Errorf("a1 admitted %d of its first %d decisions of %s, want nearly all (the scenario needs them spent before the shrink)", first, s19Spent, x)
 	}
-	judgedRow(t, "S19", fmt.Sprintf("lease.default_share 1, B = %g, r = %g/s: a1 spends %d of a subject, its link to the coordinator slowed %v each way, a2 arrives (a1's default lease shrinks), the subject idle %v, then offered to both", s19Burst, s19Rate, s19Spent, s19Delay, s19Idle.Round(time.Second)),
+	after := func(a *Agent) float64 { return admittedIn(recs, quota("s19", x), a.ID, "", spent, math.MaxInt64) }
+	judgedRow(t, "S19", fmt.Sprintf("lease.default_share 1, B = %g, r = %g/s: a1 spends %d of a subject, its link to the coordinator slowed %v each way, the subject idle %v, a2 arrives with it (a1's default lease shrinks), then a1 too", s19Burst, s19Rate, s19Spent, s19Delay, s19Idle.Round(time.Second)),
 		"0 per subject in the logs and as the callers saw it", j, math.NaN(), ok,
-		fmt.Sprintf("a1 admitted %d of its first %d; a1 gave back %.0f tokens in all", first, s19Spent, returned))
+		fmt.Sprintf("a1 admitted %d of its first %d; after them a1 admitted %.0f, a2 %.0f; a1 gave back %.0f tokens in all", first, s19Spent, after(a1), after(a2), returned))
 }
 
 // callsOf makes n calls of (rule, subject) to a, one after another, as
