@@ -27,7 +27,7 @@ const (
 	s19Spent  = 560
 	s19Delay  = 150 * time.Millisecond
 	s19Idle   = 61 * time.Second
-	s19Offer  = 50.0
+	s19Offer  = 300.0
 	s19Arrive = 3 * time.Second
 	s19Drain  = 4 * time.Second
 )
