@@ -13,6 +13,7 @@
 //	RATION_SOAK=10m go test -run TestSoak -v ./test/chaos/ # the soak (make soak)
 //	RATION_CHAOS_SEED=N                     # replay a run's random choices
 //	RATION_CHAOS_BREAK=S0,S10               # remove a scenario's protection: it must fail
+//	                                        # (S19, S20: the binaries built with codeBreaks' edits)
 //	RATION_CHAOS_REPORT=docs/reliability.md # write the table there (absolute path)
 //
 // Everything a test starts is stopped in t.Cleanup: processes get SIGKILL

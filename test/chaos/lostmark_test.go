@@ -45,16 +45,17 @@ rules:
 `, s20Burst, s20Rate, s20Hold)
 
 // S20: mode auto through a Redis failover that loses the promotion's mark
-// (replica lag made certain by cutting the replica's link before
-// the promotion). The stated allowance (docs/failure-policies.md, Redis
+// (replica lag made certain by cutting the replica's link before the
+// promotion). The stated allowance (docs/failure-policies.md, Redis
 // failover): a window containing the failover admits at most B + r hold
 // more than B + r T, the agents spending the promotion's lease only under
 // the marks they were told of (until a hold after the last extension, or
 // at once when the new primary answers "gone"). Both judges hold the
-// subject to that allowance; the scenario checks that the subject was
-// promoted after the replica's link was cut and before the kill, and that the
-// new primary decided it from its older state (a decision on Redis right
-// after the failover: the mark was lost).
+// subject to that allowance, and to the plain bound in the windows before
+// the kill and from a hold after the failover. The scenario checks that
+// the subject was promoted after the replica's link was cut and before
+// the kill, and that the new primary decided it from its older state (a
+// decision on Redis right after the failover: the mark was lost).
 //
 // Break: RATION_CHAOS_BREAK=S20 builds the agents to spend a promotion's
 // lease for as long as the lease is valid, whatever the mark and a "gone"
