@@ -138,7 +138,12 @@ func (s *leasesServer) renew(ctx context.Context, req *rationv1.RenewRequest) (*
 		return &rationv1.RenewResponse{Grants: grants}, nil
 	}
 	p.touched, p.requester = touched, req.Holder
+	done, err := n.admitIncarnation(req.Holder, len(grantItems) > 0)
+	if err != nil {
+		return nil, err
+	}
 	results, err := n.propose(ctx, p)
+	done()
 	if err != nil {
 		return nil, err
 	}
@@ -527,6 +532,9 @@ func (n *Node) rpcStatus(ctx context.Context, err error) (*status.Status, string
 	case errors.Is(err, ErrPermissionDenied):
 		n.logger.Warn("call refused for the caller's identity", "err", err)
 		return status.New(codes.PermissionDenied, err.Error()), ""
+	case errors.Is(err, ErrTooManyIncarnations):
+		n.logger.Warn("grant refused: too many incarnations of one agent identity hold leases", "err", err)
+		return status.New(codes.ResourceExhausted, err.Error()), ""
 	case errors.Is(err, ErrUnauthenticated):
 		n.logger.Warn("admin call refused: no admin token, or another", "err", err)
 		return status.New(codes.Unauthenticated, err.Error()), ""

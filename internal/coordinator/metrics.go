@@ -37,6 +37,8 @@ type metrics struct {
 	nudges           prometheus.Counter
 	nudgesHeld       prometheus.Counter
 	duplicateHolders prometheus.Counter
+	// incarnationsRefused counts grants refused by MaxIncarnations.
+	incarnationsRefused prometheus.Counter
 	// renewStreams counts the RenewStreams open on this node.
 	renewStreams prometheus.Gauge
 	// raftRefused counts Raft RPCs refused for the peer's identity
@@ -112,6 +114,10 @@ func newMetrics(n *Node) *metrics {
 			Name: "ration_coordinator_duplicate_agent_ids_total",
 			Help: "Times this leader saw two live agent processes (incarnations) with the same configured agent id; each is still its own holder.",
 		}),
+		incarnationsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_incarnations_refused_total",
+			Help: "Renewals with grants this leader refused (RESOURCE_EXHAUSTED) because other incarnations of the holder's agent identity (certificate) hold leases already, as many as allowed (2): a certificate used by more processes than a restart explains.",
+		}),
 		renewStreams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ration_coordinator_renew_streams",
 			Help: "RenewStreams open on this node: about one per agent (and regional group) connected to it. Agents of an earlier version, or agents that found this node without RenewStream, renew with unary calls and are not counted.",
@@ -130,7 +136,7 @@ func newMetrics(n *Node) *metrics {
 	m.all = []prometheus.Collector{
 		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.grpcPanics, m.leaderChanges,
 		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals,
-		m.nudges, m.nudgesHeld, m.duplicateHolders, m.renewStreams, m.raftRefused, m.state,
+		m.nudges, m.nudgesHeld, m.duplicateHolders, m.incarnationsRefused, m.renewStreams, m.raftRefused, m.state,
 	}
 	return m
 }

@@ -67,8 +67,11 @@ type Node struct {
 	term     atomic.Pointer[term] // the current leadership term; nil when not leader
 	// watch holds the holders' Watch streams (nudge.go); incs the agent
 	// incarnations seen, for duplicate-id detection.
-	watch   watchers
-	incs    incarnations
+	watch watchers
+	incs  incarnations
+	// gate bounds the incarnations of one agent identity holding leases
+	// (holdbound.go).
+	gate    incarnationGate
 	lastNow atomic.Int64 // the last timestamp this node stamped, µs
 	tunings tuningCache  // tuningOf's (tune.go)
 	// status is the status page's charts and leader changes (status.go).

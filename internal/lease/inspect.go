@@ -356,3 +356,17 @@ func (t Tuning) clone() Tuning {
 	}
 	return t
 }
+
+// HoldersWithLeases lists, sorted, the holders for which match is true that
+// have at least one lease on record (live, or expired and not yet
+// reclaimed). It scans every holder remembered.
+func (s *State) HoldersWithLeases(match func(holder string) bool) []string {
+	var out []string
+	for name, h := range s.holders {
+		if h.leases > 0 && match(name) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
