@@ -99,6 +99,12 @@ type Config struct {
 	// flag: tests shorten it.
 	TLSReloadInterval time.Duration
 
+	// StatusDetails shows holders, lease ids, subjects and tunings on the
+	// status page and /status.json, which otherwise show counts, rates and
+	// health only: the -http port has no authentication, and these are
+	// what the admin API keeps to operators (status.go). -dev implies it.
+	StatusDetails bool // -status-details, RATION_STATUS_DETAILS
+
 	LogLevel     string // -log-level, RATION_LOG_LEVEL
 	Dev          bool   // -dev: single node, temporary data dir, bootstrap, sample rules
 	ValidateOnly bool   // -validate: check config and rules file, then exit
@@ -173,6 +179,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "admin-advertise", Env: "ADMIN_ADVERTISE", Usage: "admin address admin calls and joining nodes are redirected to, when it differs from -admin", Value: &c.AdminAdvertise},
 		{Flag: "admin-token-file", Env: "ADMIN_TOKEN_FILE", Usage: "file holding a bearer token every admin call must carry (authorization: Bearer <token>), with or without TLS; reloaded when it changes", Value: &c.AdminTokenFile},
 		{Flag: "http", Env: "HTTP", Usage: "HTTP listen address for /metrics, /healthz, /readyz and the status page (/, /status.json) (empty disables)", Value: &c.HTTPAddr},
+		{Flag: "status-details", Env: "STATUS_DETAILS", Usage: "show holder names, lease ids, subjects and tunings on the status page and /status.json, which anyone reaching -http can read (default: counts, rates and health only; the details through the admin API)", Value: &c.StatusDetails},
 		{Flag: "data-dir", Env: "DATA_DIR", Usage: "directory for the Raft log (BoltDB) and snapshots", Value: &c.DataDir},
 		{Flag: "bootstrap", Env: "BOOTSTRAP", Usage: "form a new cluster with this node as its only voter (once, on the first node)", Value: &c.Bootstrap},
 		{Flag: "join", Env: "JOIN", Usage: "admin address (-admin) of a cluster member to join through", Value: &c.Join},

@@ -262,6 +262,11 @@ type statusView struct {
 	QuotasTotal int            `json:"quotas_total"`
 	Tunings     []statusTuning `json:"tunings"`
 	Charted     int            `json:"charted_max"`
+	// Outline is set when the view holds no names but the rules' (no
+	// -status-details): subjects, holders, lease ids and tunings are left
+	// out, and counted.
+	Outline      bool `json:"outline,omitempty"`
+	TuningsTotal int  `json:"tunings_total"`
 }
 
 type statusServer struct {
@@ -292,6 +297,10 @@ type statusQuota struct {
 	MinSlice float64       `json:"min_slice"`
 	MaxSlice float64       `json:"max_slice"` // 0: no maximum
 	Leases   []statusLease `json:"leases"`
+	// LiveLeases and ExpiredLeases count the leases (live; expired, not
+	// yet reclaimed), for the outline, which lists none.
+	LiveLeases    int `json:"live_leases"`
+	ExpiredLeases int `json:"expired_leases"`
 	// History is the chart's samples, oldest first, for the quotas
 	// charted (the busiest statusCharted).
 	History []statusPoint `json:"history,omitempty"`
@@ -424,7 +433,33 @@ func (n *Node) statusView() statusView {
 			q.Chart = chartOf(h)
 		}
 	}
+	v.TuningsTotal = len(v.Tunings)
+	if !n.cfg.StatusDetails && !n.cfg.Dev {
+		outline(&v)
+	}
 	return v
+}
+
+// outline takes out of v what the admin API keeps to operators (ListLeases,
+// ListQuotas, ListTunings): holder names (which agents run, and where),
+// lease ids (what a rogue holder would name), subjects (tenants' names) and
+// tunings. The -http port is read without credentials, so the page keeps
+// what a dashboard needs: the group's health, and each quota's rule, shape,
+// rates and lease counts. A quota's subject becomes its place among the
+// rule's quotas shown ("#2"), which says nothing of the tenant.
+func outline(v *statusView) {
+	v.Outline = true
+	v.Tunings = nil
+	nth := map[string]int{}
+	for i := range v.Quotas {
+		q := &v.Quotas[i]
+		if q.Subject != "" {
+			nth[q.Rule]++
+			q.Subject = fmt.Sprintf("#%d", nth[q.Rule])
+			q.Name = QuotaID(q.Rule, q.Subject)
+		}
+		q.Leases = nil
+	}
 }
 
 func quotaView(st *lease.State, name string, nowUs int64) statusQuota {
@@ -460,6 +495,11 @@ func quotaView(st *lease.State, name string, nowUs int64) statusQuota {
 			sl.TargetRate, sl.TargetCap = t.TargetRate, t.TargetCap
 		}
 		q.Leases = append(q.Leases, sl)
+		if sl.Live {
+			q.LiveLeases++
+		} else {
+			q.ExpiredLeases++
+		}
 	}
 	return q
 }

@@ -106,7 +106,10 @@ const readPage = `(() => {
 // third agent takes a lease and one releases its own, and chart the quota.
 func TestStatusPage(t *testing.T) {
 	chromium := harness.RequireBinary(t, "chromium", "chromium")
-	c := harness.StartCoordinators(t, 3, statusRules, func(cfg *coordinator.Config) { cfg.HTTPAddr = "127.0.0.1:0" })
+	c := harness.StartCoordinators(t, 3, statusRules, func(cfg *coordinator.Config) {
+		cfg.HTTPAddr = "127.0.0.1:0"
+		cfg.StatusDetails = true
+	})
 	li, leader := c.Leader(t)
 	ctx := timeout(t, 3*time.Minute)
 
