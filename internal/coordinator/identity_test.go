@@ -273,6 +273,8 @@ func TestAdminRefusesCoordinators(t *testing.T) {
 			[]attack{{"Tune region us", tuneUS}, {"AddVoter rewriting " + victim.ID, rewrite(victim.ID)}}},
 		{"an agent", pki.Agent(victim.ID),
 			[]attack{{"AddVoter rewriting " + victim.ID, rewrite(victim.ID)}, {"Tune region us", tuneUS}}},
+		{"an agent with the operator role as its URI's host", pki.Issue("agent-at-operator", "ration://agent@operator/ops"),
+			[]attack{{"Tune region us", tuneUS}, {"Status", status}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := adminWith(t, ln.AdminAddr(), pki.DialOptions(tc.f))

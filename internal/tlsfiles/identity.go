@@ -41,11 +41,17 @@ const URIScheme = "ration"
 // URI returns the identity URI of name in role, as a certificate carries it.
 func URI(role Role, name string) string { return URIScheme + "://" + string(role) + "/" + name }
 
-// Names returns the names cert holds in role, in SAN order.
+// Names returns the names cert holds in role, in SAN order. A URI of any
+// other form than ration://<role>/<name> names nothing: user information
+// (ration://agent@operator/ops is no operator, whichever part a reader
+// would take for the role), a port, a query, a fragment, an opaque form
+// (ration:agent/x) or percent-escapes that decode to other characters
+// (ration://agent/a%2Fb).
 func Names(cert *x509.Certificate, role Role) []string {
 	var out []string
 	for _, u := range cert.URIs {
-		if u.Scheme != URIScheme || u.Host != string(role) || u.RawQuery != "" || u.Fragment != "" {
+		if u.Scheme != URIScheme || u.Host != string(role) || u.User != nil || u.Opaque != "" ||
+			u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.RawFragment != "" || u.RawPath != "" {
 			continue
 		}
 		name := strings.TrimPrefix(u.Path, "/")

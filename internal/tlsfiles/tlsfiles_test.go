@@ -412,6 +412,33 @@ func TestNames(t *testing.T) {
 	}
 }
 
+// TestOddURIsNameNothing: an identity is ration://<role>/<name> exactly;
+// a URI that a reader could take for one role or another names none.
+func TestOddURIsNameNothing(t *testing.T) {
+	ca := newCA(t, "ca")
+	for _, tc := range []struct {
+		uri  string
+		role tlsfiles.Role
+	}{
+		{"ration://agent@operator/ops", tlsfiles.RoleOperator},
+		{"ration://agent@operator/ops", tlsfiles.RoleAgent},
+		{"ration://operator@agent/ops", tlsfiles.RoleAgent},
+		{"ration://ops:pw@operator/ops", tlsfiles.RoleOperator},
+		{"ration://operator:8303/ops", tlsfiles.RoleOperator},
+		{"ration://operator/ops?", tlsfiles.RoleOperator},
+		{"ration://operator/ops#x", tlsfiles.RoleOperator},
+		{"ration:operator/ops", tlsfiles.RoleOperator},
+		{"ration://agent/gw%2Fa", tlsfiles.RoleAgent},
+	} {
+		t.Run(tc.uri, func(t *testing.T) {
+			leaf := mustLeaf(t, issue(t, ca, t.TempDir(), "odd", tc.uri).Cert)
+			if got := tlsfiles.Names(leaf, tc.role); len(got) != 0 {
+				t.Errorf("%s names %s %q, want nothing", tc.uri, tc.role, got)
+			}
+		})
+	}
+}
+
 // A coordinator identity names its group and id; one without a group
 // (the form before groups) is no member of any, and the checks a client
 // or a peer makes follow the group and the id.
