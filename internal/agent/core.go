@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -103,7 +104,19 @@ func NewCore(ctx context.Context, cfg Config, o CoreOptions) (*Core, error) {
 	}()
 
 	if cfg.TLS.Enabled() {
-		src, err := tlsfiles.Open(cfg.TLS, tlsfiles.Options{Logger: c.logger.With("component", "tls"), Interval: cfg.TLSReloadInterval})
+		opts := tlsfiles.Options{Logger: c.logger.With("component", "tls"), Interval: cfg.TLSReloadInterval}
+		if cfg.Coordinators != "" {
+			// A rotation must not turn this agent into another: its
+			// renewals would be refused, or made as that agent.
+			opts.Check = func(leaf *x509.Certificate) error {
+				if !tlsfiles.Has(leaf, tlsfiles.RoleAgent, cfg.AgentID) {
+					return fmt.Errorf("it names agents %q, not this one (-id %q: URI SAN %s)",
+						tlsfiles.Names(leaf, tlsfiles.RoleAgent), cfg.AgentID, tlsfiles.URI(tlsfiles.RoleAgent, cfg.AgentID))
+				}
+				return nil
+			}
+		}
+		src, err := tlsfiles.Open(cfg.TLS, opts)
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}

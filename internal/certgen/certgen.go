@@ -72,6 +72,9 @@ type Request struct {
 	DNSNames []string
 	IPs      []net.IP
 	Validity time.Duration // default 24h
+	// NotAfter, when set, ends the validity instead of Validity: a test's
+	// expired certificate.
+	NotAfter time.Time
 }
 
 // Issue signs a certificate for r, usable as both TLS server and TLS
@@ -100,6 +103,12 @@ func (ca *CA) Issue(r Request) (certPEM, keyPEM []byte, err error) {
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		DNSNames:     r.DNSNames,
 		IPAddresses:  r.IPs,
+	}
+	if !r.NotAfter.IsZero() {
+		tmpl.NotAfter = r.NotAfter
+		if b := r.NotAfter.Add(-time.Hour); b.Before(tmpl.NotBefore) {
+			tmpl.NotBefore = b
+		}
 	}
 	for _, s := range r.URIs {
 		u, err := url.Parse(s)

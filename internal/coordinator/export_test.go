@@ -1,6 +1,9 @@
 package coordinator
 
-import "github.com/ration-dev/ration/internal/lease"
+import (
+	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/tlsfiles"
+)
 
 // EntryKinds names the operations of one Raft entry, in order: "member",
 // "admin" (a member's admin address), a lease command kind
@@ -45,3 +48,7 @@ func (n *Node) LeasesVisited() int64 {
 
 // MaxStreamsPerConn bounds the RenewStreams open at once on one connection.
 const MaxStreamsPerConn = maxStreamsPerConn
+
+// TLSSource is the node's TLS material (nil in plaintext), for tests of
+// its reloads.
+func (n *Node) TLSSource() *tlsfiles.Source { return n.tls }

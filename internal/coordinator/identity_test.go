@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
 
+	"github.com/ration-dev/ration/internal/certgen"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/rules"
@@ -329,6 +330,57 @@ func TestCoordinatorStartsOnlyAsItself(t *testing.T) {
 				t.Fatalf("%v, want ErrInvalidConfig saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRotationKeepsTheNodesIdentity: a rotation that writes an agent's
+// certificate, or another member's, or an expired one of the node itself,
+// over a running node's files is refused: the node keeps presenting its
+// own certificate and serving, and the next good one goes in force.
+func TestRotationKeepsTheNodesIdentity(t *testing.T) {
+	pki := harness.NewPKI(t)
+	c := harness.StartCoordinatorsTLS(t, 1, testRules, pki, noTicks)
+	i, n := c.Leader(t)
+	cfg := c.Config(i)
+	src := n.TLSSource()
+	own := src.Leaf().SerialNumber
+	ctx := timeout(t, 60*time.Second)
+	agent := tlsClient(c, pki, pki.Agent("alice"))
+	h := newHolder("alice/1")
+	for _, tc := range []struct {
+		name  string
+		write func()
+	}{
+		{"an agent's", func() { pki.Reissue(cfg.TLS, "rogue", tlsfiles.URI(tlsfiles.RoleAgent, cfg.ID)) }},
+		{"another member's", func() { pki.Reissue(cfg.TLS, "rogue", tlsfiles.CoordinatorURI(tlsfiles.GlobalGroup, "other")) }},
+		{"its own, expired", func() {
+			pki.ReissueWith(cfg.TLS, certgen.Request{CommonName: "expired", URIs: []string{tlsfiles.CoordinatorURI(tlsfiles.GlobalGroup, cfg.ID)},
+				DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, NotAfter: time.Now().Add(-time.Minute)})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			failures, reloads := src.Failures(), src.Reloads()
+			tc.write()
+			// Until the node has read the new files, refusing or taking them.
+			for src.Failures() == failures && src.Reloads() == reloads {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if src.Leaf().SerialNumber.Cmp(own) != 0 {
+				t.Fatal("the refused certificate is in force")
+			}
+			req := h.request(testQuotas[:1], 1)
+			resp, err := agent.Renew(ctx, req)
+			if err != nil {
+				t.Fatalf("an agent renews after the refused rotation: %v", err)
+			}
+			if err := h.adopt(req, resp); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	pki.Reissue(cfg.TLS, "next", tlsfiles.CoordinatorURI(tlsfiles.GlobalGroup, cfg.ID))
+	for src.Leaf().SerialNumber.Cmp(own) == 0 {
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -135,7 +136,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, reg *prometheus
 	n.rules.Store(set)
 	n.checkSafeShares(set)
 	if cfg.TLS.Enabled() {
-		src, err := tlsfiles.Open(cfg.TLS, tlsfiles.Options{Logger: n.logger.With("component", "tls"), Interval: cfg.TLSReloadInterval})
+		// A rotation must not make this node another (or no) member: its
+		// peers would refuse it, or take it for that member.
+		src, err := tlsfiles.Open(cfg.TLS, tlsfiles.Options{Logger: n.logger.With("component", "tls"), Interval: cfg.TLSReloadInterval,
+			Check: func(leaf *x509.Certificate) error { return checkOwnIdentity(leaf, cfg) }})
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}

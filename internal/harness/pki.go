@@ -128,9 +128,16 @@ func (p *PKI) Coordinator(cfg *coordinator.Config) {
 // process reading f picks them up at its next check.
 func (p *PKI) Reissue(f tlsfiles.Files, name string, uris ...string) {
 	p.t.Helper()
-	certPEM, keyPEM, err := p.CA.Issue(certgen.Request{
+	p.ReissueWith(f, certgen.Request{
 		CommonName: name, URIs: uris, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)},
 	})
+}
+
+// ReissueWith is Reissue of the certificate r asks for (an expired one,
+// other names).
+func (p *PKI) ReissueWith(f tlsfiles.Files, r certgen.Request) {
+	p.t.Helper()
+	certPEM, keyPEM, err := p.CA.Issue(r)
 	if err != nil {
 		p.t.Fatalf("harness: %v", err)
 	}

@@ -65,6 +65,7 @@ type Source struct {
 	files    Files
 	logger   *slog.Logger
 	interval time.Duration
+	check    func(*x509.Certificate) error
 
 	cur atomic.Pointer[material]
 	// mu serializes reloads (the poller and explicit Reload calls).
@@ -88,6 +89,11 @@ type material struct {
 type Options struct {
 	Logger   *slog.Logger  // reloads and reload failures (default: discarded)
 	Interval time.Duration // how often the files are checked (default DefaultInterval)
+	// Check, when set, must admit every reloaded certificate (for
+	// instance: it still names this process's identity); one it refuses
+	// is not put in force. The certificate Open reads is the caller's to
+	// check.
+	Check func(leaf *x509.Certificate) error
 }
 
 // Open reads and parses the files (an error here is fatal: there is no
@@ -106,7 +112,7 @@ func Open(f Files, opts Options) (*Source, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
-	s := &Source{files: f, logger: opts.Logger, interval: opts.Interval, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Source{files: f, logger: opts.Logger, interval: opts.Interval, check: opts.Check, stop: make(chan struct{}), done: make(chan struct{})}
 	m, err := load(f)
 	if err != nil {
 		return nil, err
@@ -151,6 +157,9 @@ func (s *Source) Reload() (bool, error) {
 		return false, nil
 	}
 	m, err := parse(raw, sum)
+	if err == nil {
+		err = s.replaces(m.leaf)
+	}
 	if err != nil {
 		return false, s.failed(sum, err)
 	}
@@ -159,6 +168,27 @@ func (s *Source) Reload() (bool, error) {
 	s.failedSum = [32]byte{}
 	s.logger.Info("TLS material reloaded", "cert", s.files.Cert, "subject", m.leaf.Subject.String(), "not_after", m.leaf.NotAfter)
 	return true, nil
+}
+
+// replaces refuses a reloaded certificate that would make every
+// handshake fail, or this process another: one outside its validity (an
+// old file restored, a clock far off: the one in force may still be
+// valid), or one that Options.Check refuses (another agent's, another
+// member's).
+func (s *Source) replaces(leaf *x509.Certificate) error {
+	now := time.Now()
+	switch {
+	case now.After(leaf.NotAfter):
+		return fmt.Errorf("tlsfiles: certificate %q expired at %s", leaf.Subject.String(), leaf.NotAfter.UTC().Format(time.RFC3339))
+	case now.Before(leaf.NotBefore):
+		return fmt.Errorf("tlsfiles: certificate %q is not valid before %s", leaf.Subject.String(), leaf.NotBefore.UTC().Format(time.RFC3339))
+	}
+	if s.check != nil {
+		if err := s.check(leaf); err != nil {
+			return fmt.Errorf("tlsfiles: certificate %q refused: %w", leaf.Subject.String(), err)
+		}
+	}
+	return nil
 }
 
 // failed logs a reload error once per file content: a half-written

@@ -524,3 +524,78 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestReloadRefusesBadCertificates: a rotation that writes an expired
+// certificate, or one of another identity (refused by Options.Check), is
+// not put in force: the good one keeps serving, each refusal is logged, and
+// a good certificate then goes in force.
+func TestReloadRefusesBadCertificates(t *testing.T) {
+	ca := newCA(t, "ca")
+	dir := t.TempDir()
+	f := issue(t, ca, dir, "server", "ration://agent/a")
+	log := &syncLog{}
+	srv, err := tlsfiles.Open(f, tlsfiles.Options{Interval: time.Hour, Logger: slog.New(slog.NewTextHandler(log, nil)),
+		Check: func(leaf *x509.Certificate) error {
+			if !tlsfiles.Has(leaf, tlsfiles.RoleAgent, "a") {
+				return errors.New("not agent a")
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	good := srv.Leaf().SerialNumber
+	cli := open(t, issue(t, ca, t.TempDir(), "client"), time.Hour, nil)
+	addr := echoServer(t, srv.ServerConfig(nil))
+
+	write := func(r certgen.Request) {
+		t.Helper()
+		certPEM, keyPEM, err := ca.Issue(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The key first, then the certificate: the pair is consistent once
+		// the second is written.
+		if err := os.WriteFile(f.Key, keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f.Cert, certPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ips := []net.IP{net.IPv4(127, 0, 0, 1)}
+	for _, tc := range []struct {
+		name string
+		r    certgen.Request
+		want string
+	}{
+		{"expired", certgen.Request{CommonName: "expired", URIs: []string{"ration://agent/a"}, IPs: ips, NotAfter: time.Now().Add(-time.Minute)}, "expired at"},
+		{"another agent", certgen.Request{CommonName: "other", URIs: []string{"ration://agent/b"}, IPs: ips}, "not agent a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			write(tc.r)
+			if changed, err := srv.Reload(); changed || err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Reload: changed %v, err %v; want the old certificate kept and an error saying %q", changed, err, tc.want)
+			}
+			if srv.Leaf().SerialNumber.Cmp(good) != 0 {
+				t.Fatal("the refused certificate went into force")
+			}
+			c, err := dial(addr, cli.ClientConfig("127.0.0.1", nil))
+			if err != nil {
+				t.Fatalf("dial after the refused reload: %v", err)
+			}
+			if cn := c.ConnectionState().PeerCertificates[0].Subject.CommonName; cn != "server" {
+				t.Errorf("the server presents %q, want the certificate in force (server)", cn)
+			}
+			c.Close()
+			if !strings.Contains(log.String(), tc.want) {
+				t.Errorf("the refusal is not logged:\n%s", log.String())
+			}
+		})
+	}
+	write(certgen.Request{CommonName: "next", URIs: []string{"ration://agent/a"}, IPs: ips})
+	if changed, err := srv.Reload(); !changed || err != nil {
+		t.Fatalf("Reload of a good certificate: changed %v, err %v", changed, err)
+	}
+}
