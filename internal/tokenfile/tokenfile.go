@@ -3,8 +3,9 @@
 // PKI, or on top of one. Like internal/tlsfiles, the file is read again
 // every few seconds and a changed token is put in force without a restart;
 // a read that fails, or a file that holds no usable token (empty, too
-// short: half-written during a rotation), keeps the token in force and is
-// logged once per content.
+// short, or changed in place without its final newline: half-written
+// during a rotation), keeps the token in force and is logged once per
+// content.
 //
 // Presented tokens are compared in constant time (over their SHA-256
 // digests, so that neither the content nor the length leaks through
@@ -14,6 +15,7 @@
 package tokenfile
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -78,7 +80,8 @@ type Token struct {
 
 	cur       atomic.Pointer[token]
 	mu        sync.Mutex
-	failedMsg string // the last failure logged, logged once
+	file      os.FileInfo // the file as last read, to tell a rename from a write in place
+	failedMsg string      // the last failure logged, logged once
 	reloads   atomic.Int64
 	stop      chan struct{}
 	done      chan struct{}
@@ -114,6 +117,7 @@ func Open(path string, opts Options) (*Token, error) {
 		return nil, err
 	}
 	t := &Token{path: path, logger: opts.Logger, interval: opts.Interval, stop: make(chan struct{}), done: make(chan struct{})}
+	t.file, _ = os.Stat(path)
 	t.cur.Store(&token{value: v, sum: sha256.Sum256([]byte(v))})
 	t.logger.Info("admin token loaded", "file", path)
 	go t.poll()
@@ -145,7 +149,7 @@ func (t *Token) poll() {
 func (t *Token) Reload() (bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	v, err := Read(t.path)
+	v, err := t.read()
 	if err != nil {
 		if msg := err.Error(); msg != t.failedMsg {
 			t.failedMsg = msg
@@ -162,6 +166,37 @@ func (t *Token) Reload() (bool, error) {
 	t.reloads.Add(1)
 	t.logger.Info("admin token reloaded", "file", t.path)
 	return true, nil
+}
+
+// ErrIncomplete marks a token file changed in place whose content does
+// not end in a newline: it may be half written.
+var ErrIncomplete = errors.New("tokenfile: incomplete")
+
+// read reads the file for Reload. A new content is taken only when it is
+// complete: it ends in a newline (echo, editors), or the file was replaced
+// (a rename over it, a secret volume's symlink swap), which writes it
+// whole. Written in place, a file is read while it is being written: its
+// first bytes, 16 or more, would pass for a token, and the token in force
+// would be one nobody holds.
+func (t *Token) read() (string, error) {
+	fi, err := os.Stat(t.path)
+	if err != nil {
+		return "", fmt.Errorf("tokenfile: %w", err)
+	}
+	b, err := os.ReadFile(t.path)
+	if err != nil {
+		return "", fmt.Errorf("tokenfile: %w", err)
+	}
+	replaced := t.file == nil || !os.SameFile(fi, t.file)
+	t.file = fi
+	v, err := parse(t.path, b)
+	if err != nil {
+		return "", err
+	}
+	if !replaced && !bytes.HasSuffix(b, []byte("\n")) && sha256.Sum256([]byte(v)) != t.cur.Load().sum {
+		return "", fmt.Errorf("%w: %s changed in place and does not end in a newline (it may be half written): end the token with a newline, or rename a new file over it", ErrIncomplete, t.path)
+	}
+	return v, nil
 }
 
 // Reloads counts the tokens put in force after Open.

@@ -2,6 +2,7 @@ package tokenfile
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,6 +107,52 @@ func TestHeader(t *testing.T) {
 		got, ok := FromHeader(v)
 		if got != want || ok != (want != "") {
 			t.Errorf("FromHeader(%q) = %q, %v; want %q", v, got, ok, want)
+		}
+	}
+}
+
+// TestReloadWaitsForACompleteFile: a token file written in place is read
+// while it is being written; its first bytes (16 or more: they would pass
+// for a token) are not put in force, until the token ends in a newline. A
+// file replaced by a rename is complete without one.
+func TestReloadWaitsForACompleteFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "token")
+	write(t, p, tok+"\n")
+	tk, err := Open(p, Options{Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tk.Close()
+	inPlace := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := strings.Repeat("n", 40)
+	for _, tc := range []struct {
+		name, content string
+		replace       bool
+		want          string // the token in force after
+		incomplete    bool   // Reload says ErrIncomplete
+	}{
+		{"half written in place", next[:24], false, tok, true},
+		{"half written, read again", next[:24], false, tok, true},
+		{"whole, with its newline", next + "\n", false, next, false},
+		{"renamed over it, without a newline", tok, true, tok, false},
+	} {
+		if tc.replace {
+			write(t, p, tc.content)
+		} else {
+			inPlace(tc.content)
+		}
+		before := tk.Value()
+		changed, err := tk.Reload()
+		if tk.Value() != tc.want || changed != (before != tc.want) {
+			t.Fatalf("%s: Reload = %v, %v; token in force %q, want %q", tc.name, changed, err, tk.Value(), tc.want)
+		}
+		if errors.Is(err, ErrIncomplete) != tc.incomplete {
+			t.Errorf("%s: err %v, want ErrIncomplete %v", tc.name, err, tc.incomplete)
 		}
 	}
 }
