@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -81,7 +83,7 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		if err != nil {
 			return fmt.Errorf("status of %s: %w", *addr, err)
 		}
-		fmt.Fprintf(w, "node\t%s\t%s\n", st.Id, st.State)
+		fmt.Fprintf(w, "node\t%s\t%s\n", printable(st.Id), printable(st.State))
 		fmt.Fprintf(w, "leader\t%s\t%s\n", orDash(st.LeaderId), orDash(st.LeaderAddress))
 		fmt.Fprintf(w, "leader admin\t%s\t\n", orDash(st.LeaderAdminAddress))
 		fmt.Fprintf(w, "term\t%d\t\n", st.Term)
@@ -89,7 +91,7 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		fmt.Fprintf(w, "last snapshot\t%d\t\n\n", st.LastSnapshotIndex)
 		fmt.Fprintln(w, "SERVER\tRAFT ADDRESS\tSUFFRAGE\tLEASE ADDRESS\tADMIN ADDRESS")
 		for _, s := range st.Servers {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", s.Id, s.Address, s.Suffrage, orDash(s.GrpcAddress), orDash(s.AdminAddress))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", printable(s.Id), printable(s.Address), printable(s.Suffrage), orDash(s.GrpcAddress), orDash(s.AdminAddress))
 		}
 		if tl, err := admin.ListTunings(ctx, &rationv1.ListTuningsRequest{}); err == nil && len(tl.Tunings) > 0 {
 			fmt.Fprintln(w)
@@ -116,7 +118,7 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		}
 		fmt.Fprintln(w, "QUOTA\tBURST\tRATE\tPOOL\tLEASED CAP\tLEASED RATE\tLEASES")
 		for _, q := range resp.Quotas {
-			fmt.Fprintf(w, "%s\t%g\t%g\t%.2f\t%.2f\t%.3f\t%d\n", q.Quota, q.Burst, q.Rate, q.Pool, q.LeasedCap, q.LeasedRate, q.Leases)
+			fmt.Fprintf(w, "%s\t%g\t%g\t%.2f\t%.2f\t%.3f\t%d\n", printable(q.Quota), q.Burst, q.Rate, q.Pool, q.LeasedCap, q.LeasedRate, q.Leases)
 		}
 	case "leases":
 		resp, err := admin.ListLeases(ctx, &rationv1.ListLeasesRequest{Quota: *quota})
@@ -125,7 +127,7 @@ func runCommand(ctx context.Context, name string, args []string, stdout, stderr 
 		}
 		fmt.Fprintln(w, "LEASE\tQUOTA\tHOLDER\tCAP\tRATE\tDEMAND\tEXPIRY\tRECLAIM")
 		for _, l := range resp.Leases {
-			fmt.Fprintf(w, "%d\t%s\t%s\t%.2f\t%.3f\t%.3f\t%s\t%s\n", l.LeaseId, l.Quota, l.Holder, l.Cap, l.Rate, l.Demand,
+			fmt.Fprintf(w, "%d\t%s\t%s\t%.2f\t%.3f\t%.3f\t%s\t%s\n", l.LeaseId, printable(l.Quota), printable(l.Holder), l.Cap, l.Rate, l.Demand,
 				usTime(l.ExpiryUnixUs), usTime(l.ReclaimUnixUs))
 		}
 	}
@@ -187,7 +189,44 @@ func orDash(s string) string {
 	if strings.TrimSpace(s) == "" {
 		return "-"
 	}
-	return s
+	return printable(s)
+}
+
+// printable escapes what a terminal would act on rather than show in a
+// name the server sends (a holder or subject comes from clients): control
+// characters (ESC sequences can rewrite the screen, retitle the window,
+// hide a line), bidirectional overrides (which reorder what is read), and
+// bytes that are not UTF-8. Tabs and newlines are escaped too: they would
+// break the table's columns and rows.
+func printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if !safeRune(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"):
+			fmt.Fprintf(&b, "\\x%02x", s[i])
+		case safeRune(r):
+			b.WriteRune(r)
+		case r < 0x100:
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.String()
+}
+
+func safeRune(r rune) bool {
+	return r != utf8.RuneError && !unicode.IsControl(r) && !unicode.Is(unicode.Bidi_Control, r) && r != '\\'
 }
 
 func usTime(us int64) string {
@@ -265,7 +304,7 @@ func printTunings(w io.Writer, ts []*rationv1.Tuning) {
 		if t.SafeSharePendingFrom != nil {
 			safe += " (pending from " + opt(t.SafeSharePendingFrom) + ")"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Rule, orDash(t.Region), period, opt(t.RenewAt), opt(t.MinSlice), opt(t.MaxSlice), opt(t.Weight), safe)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(t.Rule), orDash(t.Region), period, opt(t.RenewAt), opt(t.MinSlice), opt(t.MaxSlice), opt(t.Weight), safe)
 	}
 }
 

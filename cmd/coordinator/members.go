@@ -157,6 +157,6 @@ func printMembers(w io.Writer, servers []*rationv1.RaftServer, leader string) {
 		if s.Id == leader {
 			mark = "leader"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, s.Address, s.Suffrage, orDash(s.GrpcAddress), orDash(s.AdminAddress), mark)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", printable(s.Id), printable(s.Address), printable(s.Suffrage), orDash(s.GrpcAddress), orDash(s.AdminAddress), mark)
 	}
 }
