@@ -153,9 +153,35 @@ func (ca *CA) WriteFiles(dir, name string, r Request) (Paths, error) {
 		b    []byte
 		mode os.FileMode
 	}{{p.Cert, certPEM, 0o644}, {p.Key, keyPEM, 0o600}, {p.CA, ca.CertPEM, 0o644}} {
-		if err := os.WriteFile(f.path, f.b, f.mode); err != nil {
+		if err := writeFile(f.path, f.b, f.mode); err != nil {
 			return Paths{}, fmt.Errorf("certgen: %w", err)
 		}
 	}
 	return p, nil
+}
+
+// writeFile writes b to a new file of mode and renames it over path.
+// os.WriteFile would keep the mode of a file already there (a key left
+// world-readable stays so) and write the key into it in place.
+func writeFile(path string, b []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // after a failure; gone by the rename otherwise
+	// CreateTemp's file is 0600 already; Chmod sets the mode asked (0644 for
+	// a certificate), before anything is written.
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,5 +70,44 @@ func TestCoordinatorRegions(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), bad) {
 			t.Errorf("-coordinators %q: %v, want refused naming it", bad, err)
 		}
+	}
+}
+
+// Run again over a PKI whose files were left world-readable (copied,
+// extracted, chmod'ed), it writes every key 0600 and every certificate
+// 0644, whatever the files there had.
+func TestKeysArePrivateOverOldFiles(t *testing.T) {
+	dir := t.TempDir()
+	key, crt := filepath.Join(dir, "agent-gw-1.key"), filepath.Join(dir, "agent-gw-1.crt")
+	for _, p := range []string{key, crt, filepath.Join(dir, "ca.crt")} {
+		if err := os.WriteFile(p, []byte("old\n"), 0o666); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := run([]string{"-out", dir, "-coordinators", "n1", "-agents", "gw-1", "-operators", "ops"}, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := os.FileMode(0o644)
+		if strings.HasSuffix(e.Name(), ".key") {
+			want = 0o600
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s has mode %v, want %v", e.Name(), fi.Mode().Perm(), want)
+		}
+	}
+	if b, err := os.ReadFile(key); err != nil || !bytes.Contains(b, []byte("PRIVATE KEY")) {
+		t.Errorf("%s was not rewritten: %v %q", key, err, b)
 	}
 }
