@@ -106,7 +106,7 @@ say "building gateway-agent, coordinator, ration-bench, ration-certs and the coo
 "$GO" test -c -o "$work/bin/ration-bench.test" ./cmd/ration-bench
 bench="$work/bin/ration-bench"
 certs="$work/certs"
-"$work/bin/ration-certs" -out "$certs" -coordinators dev -agents plain,tls,mtls,gateway -operators '' \
+"$work/bin/ration-certs" -out "$certs" -coordinators dev -agents plain,tls,mtls -gateways bench -operators '' \
   -hosts localhost,127.0.0.1 -validity 24h >/dev/null
 
 # 2. redis-server, coordinator, three agents --------------------------------
@@ -159,11 +159,10 @@ say "coordinator -dev (mutual TLS) on grpc $COORD (pid $cpid)"
 configs=(
   "plain||"
   "tls|-listen-tls|-tls-ca $certs/ca.crt"
-  "mtls|-listen-tls -listen-client-auth|-tls-ca $certs/ca.crt -tls-cert $certs/agent-gateway.crt -tls-key $certs/agent-gateway.key"
+  "mtls|-listen-tls -listen-client-auth|-tls-ca $certs/ca.crt -tls-cert $certs/gateway-bench.crt -tls-key $certs/gateway-bench.key"
 )
-# The gateway's certificate is issued as agent "gateway" by ration-certs
-# (an operator's would also open the coordinators' admin API): the agent's
-# listener admits any certificate of the CA.
+# The gateway's certificate names ration://gateway/bench: an agent with
+# -listen-client-auth admits only gateways' certificates.
 declare -A apid grpc_addr http_addr bflags
 for row in "${configs[@]}"; do
   IFS='|' read -r name aflags bf <<<"$row"
@@ -462,7 +461,7 @@ $(if [ "$renew_status" -ne 0 ]; then echo; echo "**a renewal benchmark failed (s
 
 Reproduce with \`make bench-tls\` (scripts/bench-tls.sh). It runs, with
 \`\$CERTS\` its PKI (\`ration-certs -out \$CERTS -coordinators dev -agents
-plain,tls,mtls,gateway -operators '' -hosts localhost,127.0.0.1\`), and
+plain,tls,mtls -gateways bench -operators '' -hosts localhost,127.0.0.1\`), and
 \`\$COORD\`, \`\$GRPC_<name>\`, \`\$HTTP_<name>\` and the pids read from the
 logs:
 

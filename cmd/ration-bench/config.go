@@ -137,7 +137,7 @@ Examples:
   ration-bench -mode http -http-target 127.0.0.1:8080 -dist hot
   ration-bench -mode allow -rate 20000 -duration 30s        # open loop, latency from intended send time
   ration-bench -pids $(pgrep -d, -x redis-server) -json      # CPU µs/decision of given processes
-  ration-bench -tls-ca certs/ca.crt -tls-cert certs/agent-dev.crt -tls-key certs/agent-dev.key
+  ration-bench -tls-ca certs/ca.crt -tls-cert certs/gateway-dev.crt -tls-key certs/gateway-dev.key
                                                              # an agent with -listen-tls -listen-client-auth
 
 Targets must be loopback addresses (127.0.0.0/8, ::1 or localhost).

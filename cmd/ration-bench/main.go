@@ -8,7 +8,7 @@
 //	ration-bench -mode allow -target 127.0.0.1:8081 -keys 10000 -duration 10s
 //	ration-bench -mode batch -batch 100 -dist zipf -pids 1234,5678 -json
 //	ration-bench -mode http -http-target 127.0.0.1:8080 -rate 5000
-//	ration-bench -mode allow -tls-ca certs/ca.crt -tls-cert certs/agent-dev.crt -tls-key certs/agent-dev.key
+//	ration-bench -mode allow -tls-ca certs/ca.crt -tls-cert certs/gateway-dev.crt -tls-key certs/gateway-dev.key
 //	ration-bench plan -decisions 1000000 -leased-share 0.2 -gateways 200 -lease-period 10s -headroom 0.3
 //	ration-bench -version
 //

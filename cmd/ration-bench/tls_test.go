@@ -37,7 +37,7 @@ func newTestPKI(t testing.TB) testPKI {
 	if _, err := ca.WriteFiles(dir, "agent", req("agent", tlsfiles.URI(tlsfiles.RoleAgent, "bench"))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ca.WriteFiles(dir, "gateway", req("gateway")); err != nil {
+	if _, err := ca.WriteFiles(dir, "gateway", req("gateway", tlsfiles.URI(tlsfiles.RoleGateway, "bench"))); err != nil {
 		t.Fatal(err)
 	}
 	other, err := certgen.NewCA("another CA", time.Hour)

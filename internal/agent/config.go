@@ -52,7 +52,8 @@ type Config struct {
 	TLSReloadInterval time.Duration
 	// ListenTLS serves the agent's own gRPC and HTTP listeners over TLS
 	// with the -tls-cert certificate; ListenClientAuth also requires the
-	// gateway's client certificate, chaining to -tls-ca.
+	// gateway's client certificate (ration://gateway/<name>), chaining to
+	// -tls-ca.
 	ListenTLS        bool // -listen-tls, RATION_LISTEN_TLS
 	ListenClientAuth bool // -listen-client-auth, RATION_LISTEN_CLIENT_AUTH
 	// MetricsAddr, when set, serves /metrics, /healthz and /readyz on a
@@ -144,7 +145,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "coordinators", Env: "COORDINATORS", Usage: "coordinator gRPC addresses, comma separated (any members of the region's group; the agent finds the leader), for mode: leased rules; under -dev without it a single-node coordinator is embedded", Value: &c.Coordinators},
 		{Flag: "redis", Env: "REDIS", Usage: "the region's Redis (required unless -dev, or unless every rule is mode: leased): host:port, redis://[user:pass@]host:port[/db], redis-sentinel://[user:pass@]h:p[,h:p]/master[?sentinel_username=U&sentinel_password=P], redis-cluster://h:p[,h:p]; rediss://, rediss-sentinel://, rediss-cluster:// for TLS", Value: &c.Redis, Redact: bucket.RedactRedisSpec},
 		{Flag: "listen-tls", Env: "LISTEN_TLS", Usage: "serve the -grpc and -http listeners over TLS with the -tls-cert certificate (reloaded when it changes)", Value: &c.ListenTLS},
-		{Flag: "listen-client-auth", Env: "LISTEN_CLIENT_AUTH", Usage: "with -listen-tls, require clients of -grpc and -http to present a certificate chaining to -tls-ca", Value: &c.ListenClientAuth},
+		{Flag: "listen-client-auth", Env: "LISTEN_CLIENT_AUTH", Usage: "with -listen-tls, require clients of -grpc and -http to present a gateway's certificate (URI SAN ration://gateway/<name>) chaining to -tls-ca", Value: &c.ListenClientAuth},
 		{Flag: "metrics", Env: "METRICS", Usage: "plaintext listen address for /metrics, /healthz and /readyz on their own (then /metrics is not on -http); empty: all on -http", Value: &c.MetricsAddr},
 		{Flag: "redis-tls-ca", Env: "REDIS_TLS_CA", Usage: "PEM CA bundle a rediss:// server's certificate must chain to (default: the system's roots)", Value: &c.RedisTLS.CA},
 		{Flag: "redis-tls-cert", Env: "REDIS_TLS_CERT", Usage: "PEM client certificate for a rediss:// server that requires one (tls-auth-clients yes)", Value: &c.RedisTLS.Cert},

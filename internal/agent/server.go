@@ -20,6 +20,7 @@ import (
 	"github.com/ration-dev/ration/examples"
 	"github.com/ration-dev/ration/internal/grpcsafe"
 	"github.com/ration-dev/ration/internal/httpsafe"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
 // DevRules returns the sample rules -dev runs with: examples/rules.yaml,
@@ -80,11 +81,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	grpcOpts := grpcsafe.ServerOptions(logger, svc.metrics.grpcPanics.Inc)
 	if cfg.ListenTLS {
 		// The gateway side: a certificate the gateway trusts, and, with
-		// -listen-client-auth, only gateways with one of the CA's
-		// certificates get a decision.
+		// -listen-client-auth, only gateways get a decision: a certificate
+		// naming ration://gateway/<name>. The fleet's other certificates
+		// are of the same CA (every agent's, the coordinators', the
+		// operators'), and none of them is a gateway.
 		var tcfg *tls.Config
 		if cfg.ListenClientAuth {
-			tcfg = core.TLS().ServerConfig(nil)
+			tcfg = core.TLS().ServerConfig(tlsfiles.RequireRole(tlsfiles.RoleGateway))
 		} else {
 			tcfg = core.TLS().ServerConfigNoClientCert()
 		}

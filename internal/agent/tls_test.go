@@ -92,9 +92,10 @@ rules:
 	}
 }
 
-// -listen-tls with -listen-client-auth: a gateway with a certificate of
-// the CA gets decisions over gRPC and HTTPS; one without, or in plaintext,
-// gets none. -metrics moves /metrics (and the probes) to a plaintext
+// -listen-tls with -listen-client-auth: a gateway with a gateway's
+// certificate of the CA gets decisions over gRPC and HTTPS; one with
+// another certificate of the CA (an agent's, a coordinator's, an
+// operator's), without one, or in plaintext, gets none. -metrics moves /metrics (and the probes) to a plaintext
 // listener of its own.
 func TestAgentListenersTLS(t *testing.T) {
 	pki := harness.NewPKI(t)
@@ -111,7 +112,7 @@ rules:
 		cfg.ListenTLS, cfg.ListenClientAuth = true, true
 		cfg.MetricsAddr = "127.0.0.1:0"
 	})
-	gw := pki.Source(pki.Issue("gateway"))
+	gw := pki.Source(pki.Gateway("gw-1"))
 	ctx := context.Background()
 	req := &rationv1.AllowRequest{Descriptors: map[string]string{"user": "alice"}}
 
@@ -122,6 +123,33 @@ rules:
 	defer cc.Close()
 	if resp, err := rationv1.NewRateLimiterClient(cc).Allow(ctx, req); err != nil || !resp.Allowed {
 		t.Fatalf("gRPC Allow with a gateway certificate: %v, %v; want allowed", resp, err)
+	}
+	// The fleet's other certificates are of the same CA, and no gateway's:
+	// refused at the handshake, over gRPC and HTTPS.
+	for _, tc := range []struct {
+		name string
+		f    tlsfiles.Files
+	}{
+		{"an agent's", pki.Agent("a2")},
+		{"a coordinator's", pki.Member(tlsfiles.GlobalGroup, "n1")},
+		{"an operator's", pki.Operator("ops")},
+		{"one naming no identity", pki.Issue("no-identity")},
+		{"a gateway's with user information", pki.Issue("odd-gateway", "ration://agent@gateway/gw")},
+	} {
+		src := pki.Source(tc.f)
+		other, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(src.ClientCredentials("", nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rationv1.NewRateLimiterClient(other).Allow(ctx, req); err == nil {
+			t.Errorf("gRPC Allow with %s certificate succeeded, want refused (not a gateway)", tc.name)
+		}
+		other.Close()
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: src.ClientConfig("127.0.0.1", nil)}}
+		if resp, err := c.Get("https://" + a.srv.HTTPAddr() + "/v1/check?user=alice"); err == nil {
+			resp.Body.Close()
+			t.Errorf("HTTPS /v1/check with %s certificate = %d, want refused (not a gateway)", tc.name, resp.StatusCode)
+		}
 	}
 	// Verifies the agent's certificate, presents none.
 	noCert := &tls.Config{RootCAs: x509.NewCertPool()}

@@ -91,6 +91,12 @@ func (p *PKI) Operator(name string) tlsfiles.Files {
 	return p.Issue("operator-"+name, tlsfiles.URI(tlsfiles.RoleOperator, name))
 }
 
+// Gateway issues a gateway's certificate (an agent's listeners with
+// -listen-client-auth).
+func (p *PKI) Gateway(name string) tlsfiles.Files {
+	return p.Issue("gateway-"+name, tlsfiles.URI(tlsfiles.RoleGateway, name))
+}
+
 // Source opens files, closed at cleanup.
 func (p *PKI) Source(f tlsfiles.Files) *tlsfiles.Source {
 	p.t.Helper()

@@ -33,6 +33,10 @@ const (
 	RoleCoordinator Role = "coordinator"
 	// RoleOperator: ration://operator/<name> may call the admin API.
 	RoleOperator Role = "operator"
+	// RoleGateway: ration://gateway/<name> may ask an agent for decisions
+	// on listeners that require client certificates
+	// (-listen-client-auth).
+	RoleGateway Role = "gateway"
 )
 
 // URIScheme is the scheme of identity URIs.

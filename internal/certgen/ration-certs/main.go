@@ -38,6 +38,7 @@ func run(args []string, stdout io.Writer) error {
 	reg := fs.String("region", "", "region of the coordinators without an @region (adds ration://region/<region> to theirs)")
 	agents := fs.String("agents", "dev", "agent ids, comma separated: ration://agent/<id>")
 	ops := fs.String("operators", "ops", "operator names, comma separated: ration://operator/<name>")
+	gws := fs.String("gateways", "dev", "gateway names, comma separated: ration://gateway/<name> (the client certificates an agent with -listen-client-auth admits)")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "DNS names and IP addresses every certificate is valid for (the names processes are dialed by)")
 	validity := fs.Duration("validity", 30*24*time.Hour, "validity of the certificates")
 	if err := fs.Parse(args); err != nil {
@@ -95,6 +96,11 @@ func run(args []string, stdout io.Writer) error {
 	}
 	for _, name := range split(*ops) {
 		if err := issue("operator-"+name, tlsfiles.URI(tlsfiles.RoleOperator, name)); err != nil {
+			return err
+		}
+	}
+	for _, name := range split(*gws) {
+		if err := issue("gateway-"+name, tlsfiles.URI(tlsfiles.RoleGateway, name)); err != nil {
 			return err
 		}
 	}

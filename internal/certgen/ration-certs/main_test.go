@@ -29,6 +29,7 @@ func TestWritesLoadablePKI(t *testing.T) {
 		{"coordinator-u1", tlsfiles.RoleRegion, "us"},
 		{"agent-gw-1", tlsfiles.RoleAgent, "gw-1"},
 		{"operator-ops", tlsfiles.RoleOperator, "ops"},
+		{"gateway-dev", tlsfiles.RoleGateway, "dev"},
 	} {
 		src, err := tlsfiles.Open(tlsfiles.Files{Cert: filepath.Join(dir, tc.file+".crt"), Key: filepath.Join(dir, tc.file+".key"), CA: filepath.Join(dir, "ca.crt")}, tlsfiles.Options{})
 		if err != nil {
