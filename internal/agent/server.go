@@ -91,7 +91,10 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 		} else {
 			tcfg = core.TLS().ServerConfigNoClientCert()
 		}
-		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(tcfg.Clone())))
+		// A failed handshake on -grpc is logged at most once a minute
+		// (net/http's on -http go through httpsafe.ErrorLog).
+		hs := tlsfiles.NewHandshakeLog(logger.With("component", "tls"), "-grpc", time.Minute)
+		grpcOpts = append(grpcOpts, grpc.Creds(hs.Credentials(credentials.NewTLS(tcfg.Clone()))))
 		s.httpLn = tls.NewListener(s.httpLn, tcfg)
 	}
 	if cfg.MetricsAddr != "" {

@@ -52,3 +52,7 @@ const MaxStreamsPerConn = maxStreamsPerConn
 // TLSSource is the node's TLS material (nil in plaintext), for tests of
 // its reloads.
 func (n *Node) TLSSource() *tlsfiles.Source { return n.tls }
+
+// HandshakeFailures counts the failed TLS handshakes on listener ("-grpc",
+// "-admin", "-raft").
+func (n *Node) HandshakeFailures(listener string) int64 { return n.handshakeLog(listener).Failures() }

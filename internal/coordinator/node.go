@@ -78,6 +78,10 @@ type Node struct {
 	// status is the status page's charts and leader changes (status.go).
 	status statusState
 
+	// handshakes log each listener's failed TLS handshakes (handshakeLog).
+	handshakesMu sync.Mutex
+	handshakes   map[string]*tlsfiles.HandshakeLog
+
 	// tls is the node's TLS material; nil in plaintext (-insecure, -dev).
 	tls *tlsfiles.Source
 	// peers is what the Raft transport admits under TLS (raftpeers.go).
@@ -212,7 +216,7 @@ func (n *Node) open(ctx context.Context) error {
 	}
 	if n.tls != nil {
 		var layer *tlsStreamLayer
-		if layer, err = newTLSStreamLayer(cfg.RaftAddr, advertise, n.tls, n.peers); err == nil {
+		if layer, err = newTLSStreamLayer(cfg.RaftAddr, advertise, n.tls, n.peers, n.handshakeLog("-raft")); err == nil {
 			n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 				Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl.Named("transport"),
 			})
@@ -300,10 +304,10 @@ func (n *Node) open(ctx context.Context) error {
 	// the membership and the bound, is on a listener of its own that a
 	// NetworkPolicy (or loopback) keeps from the agents.
 	n.grpcServer = grpc.NewServer(append(grpcsafe.ServerOptions(n.logger, n.m.grpcPanics.Inc),
-		n.serverCreds(), grpc.UnknownServiceHandler(notServed("-grpc")))...)
+		n.serverCreds("-grpc"), grpc.UnknownServiceHandler(notServed("-grpc")))...)
 	rationv1.RegisterLeasesServer(n.grpcServer, &leasesServer{n: n})
 	n.adminServer = grpc.NewServer(append(grpcsafe.ServerOptions(n.logger, n.m.grpcPanics.Inc),
-		n.serverCreds(), grpc.ChainUnaryInterceptor(n.adminOnly), grpc.ChainStreamInterceptor(n.adminOnlyStream),
+		n.serverCreds("-admin"), grpc.ChainUnaryInterceptor(n.adminOnly), grpc.ChainStreamInterceptor(n.adminOnlyStream),
 		grpc.UnknownServiceHandler(notServed("-admin")))...)
 	rationv1.RegisterAdminServer(n.adminServer, &adminServer{n: n})
 	for _, srv := range []struct {

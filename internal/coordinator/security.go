@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"slices"
@@ -231,11 +232,31 @@ func notServed(listener string) grpc.StreamHandler {
 // serverOptions are the gRPC server's credentials: mutual TLS (any
 // certificate of the CA completes the handshake; each call is then
 // authorized by its identity), or plaintext.
-func (n *Node) serverCreds() grpc.ServerOption {
+func (n *Node) serverCreds(listener string) grpc.ServerOption {
 	if n.tls == nil {
 		return grpc.Creds(insecure.NewCredentials())
 	}
-	return grpc.Creds(n.tls.ServerCredentials(nil))
+	return grpc.Creds(n.handshakeLog(listener).Credentials(n.tls.ServerCredentials(nil)))
+}
+
+// handshakeLogEvery: a listener logs at most one failed TLS handshake a
+// minute (each process's rule for repeated warnings).
+const handshakeLogEvery = time.Minute
+
+// handshakeLog is the failed-handshake log of listener, made at its first
+// use.
+func (n *Node) handshakeLog(listener string) *tlsfiles.HandshakeLog {
+	n.handshakesMu.Lock()
+	defer n.handshakesMu.Unlock()
+	if n.handshakes == nil {
+		n.handshakes = map[string]*tlsfiles.HandshakeLog{}
+	}
+	h := n.handshakes[listener]
+	if h == nil {
+		h = tlsfiles.NewHandshakeLog(n.logger.With("component", "tls"), listener, handshakeLogEvery)
+		n.handshakes[listener] = h
+	}
+	return h
 }
 
 // dialOptions are how this node dials the coordinators of group (-join:
@@ -258,6 +279,7 @@ type tlsStreamLayer struct {
 	src       *tlsfiles.Source
 	server    *tls.Config
 	peers     *raftPeers
+	failed    *tlsfiles.HandshakeLog
 }
 
 // handshakeTimeout bounds a Raft connection's TLS handshake: raft reads
@@ -265,12 +287,12 @@ type tlsStreamLayer struct {
 // sends nothing would otherwise hold a goroutine forever.
 const handshakeTimeout = 10 * time.Second
 
-func newTLSStreamLayer(bind string, advertise net.Addr, src *tlsfiles.Source, peers *raftPeers) (*tlsStreamLayer, error) {
+func newTLSStreamLayer(bind string, advertise net.Addr, src *tlsfiles.Source, peers *raftPeers, failed *tlsfiles.HandshakeLog) (*tlsStreamLayer, error) {
 	lis, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
 	}
-	l := &tlsStreamLayer{lis: lis, advertise: advertise, src: src, peers: peers,
+	l := &tlsStreamLayer{lis: lis, advertise: advertise, src: src, peers: peers, failed: failed,
 		server: src.ServerConfig(tlsfiles.RequireCoordinator(peers.group))}
 	if l.advertise == nil {
 		l.advertise = lis.Addr()
@@ -311,7 +333,7 @@ func (l *tlsStreamLayer) Accept() (net.Conn, error) {
 	}
 	// The handshake runs on raft's goroutine for this connection (first
 	// Read), not here: one slow peer must not hold up the accept loop.
-	return &rpcGuard{handshakeConn: &handshakeConn{Conn: tls.Server(c, l.server)}, peers: l.peers}, nil
+	return &rpcGuard{handshakeConn: &handshakeConn{Conn: tls.Server(c, l.server), failed: l.failed}, peers: l.peers}, nil
 }
 
 func (l *tlsStreamLayer) Close() error   { return l.lis.Close() }
@@ -328,18 +350,27 @@ func (l *tlsStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration)
 
 // handshakeConn completes the server side of the handshake, within
 // handshakeTimeout, before the first Read or Write.
+//
+// A failed handshake is recorded in failed (at most a line a minute) and
+// read as io.EOF: raft's transport would log every one as an error, and a
+// client of another CA fails at every connection.
 type handshakeConn struct {
 	*tls.Conn
-	once sync.Once
-	err  error
+	failed *tlsfiles.HandshakeLog
+	once   sync.Once
+	err    error
 }
 
 func (c *handshakeConn) handshake() error {
 	c.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
 		defer cancel()
-		if c.err = c.Conn.HandshakeContext(ctx); c.err != nil {
+		if err := c.Conn.HandshakeContext(ctx); err != nil {
 			c.Conn.Close()
+			if c.failed != nil {
+				c.failed.Failed(c.Conn.RemoteAddr(), err)
+			}
+			c.err = io.EOF
 		}
 	})
 	return c.err
