@@ -59,7 +59,9 @@ var _ rlsv3.RateLimitServiceServer = (*envoyServer)(nil)
 
 // registerEnvoy adds the Envoy rate-limit service to the agent's gRPC server.
 func registerEnvoy(g *grpc.Server, svc *Service) {
-	rlsv3.RegisterRateLimitServiceServer(g, &envoyServer{svc: svc})
+	// ShouldRateLimit's request is read through the agent's codec
+	// (envoywire.go), so that bad bytes are answered as on Allow.
+	g.RegisterService(envoyServiceDesc(), &envoyServer{svc: svc})
 }
 
 // ShouldRateLimit decides every descriptor of one Envoy request.

@@ -186,3 +186,48 @@ func TestInvalidUTF8RefusedAlikeOnHTTPAndGRPC(t *testing.T) {
 		})
 	}
 }
+
+// Envoy's ShouldRateLimit answers a string that is not UTF-8 as the
+// agent's own API does: INVALID_ARGUMENT, counted once as invalid, and
+// nothing charged; the connection goes on serving. Before, protobuf's
+// reader failed the call as INTERNAL.
+func TestEnvoyInvalidUTF8IsInvalidArgument(t *testing.T) {
+	a := startAgent(t, strictRules)
+	conn, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	raw := grpc.ForceCodec(rawCodec{})
+	// RateLimitRequest{domain: 1, descriptors: 2 {entries: 1 {key: 1, value: 2}}}.
+	rls := func(domain, key, value string) []byte {
+		entry := appendStr(appendStr(nil, 1, key), 2, value)
+		desc := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), entry)
+		return protowire.AppendBytes(protowire.AppendTag(appendStr(nil, 1, domain), 2, protowire.BytesType), desc)
+	}
+	const method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct{ name, domain, key, value string }{
+		{"domain", "ration\xff", "user", "e1"},
+		{"descriptor key", "ration", "user\xfe", "e2"},
+		{"descriptor value", "ration", "user", "e3\xc3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := metricValue(t, a.srv.Registry, "ration_requests_invalid_total", nil)
+			in, out := rls(tc.domain, tc.key, tc.value), []byte(nil)
+			err := conn.Invoke(ctx, method, &in, &out, raw)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "UTF-8") {
+				t.Fatalf("ShouldRateLimit with a %s not UTF-8 = %v, want INVALID_ARGUMENT naming UTF-8", tc.name, err)
+			}
+			if got := metricValue(t, a.srv.Registry, "ration_requests_invalid_total", nil) - before; got != 1 {
+				t.Fatalf("ration_requests_invalid_total rose by %v, want 1", got)
+			}
+			// The same connection still decides a good request.
+			good := rls("ration", "user", "e-good")
+			if err := conn.Invoke(ctx, method, &good, &out, raw); err != nil {
+				t.Fatalf("a good ShouldRateLimit after the bad one: %v", err)
+			}
+		})
+	}
+}

@@ -387,6 +387,8 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 		return invalidString(decodeBatch(data.Materialize(), w), &w.invalid)
 	case *allowWire:
 		return invalidString(decodeAllow(data.Materialize(), w), &w.invalid)
+	case *rlsWire:
+		return c.unmarshalRLS(data, w)
 	}
 	return c.CodecV2.Unmarshal(data, v)
 }
