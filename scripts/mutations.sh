@@ -6,7 +6,8 @@
 # breaks ("breaks: ...") and which test must catch it ("test: <package>
 # <go test -run pattern>"). All patches are applied, one at a time, to one
 # copy of this work tree (so the build cache serves what a patch does not
-# touch); nothing here is changed.
+# touch); nothing here is changed. MUTATION_WORKERS (default 2) copies
+# run side by side.
 #
 #   scripts/mutations.sh                      # all of them
 #   scripts/mutations.sh reserved-subject     # test/mutations/reserved-subject.patch
@@ -20,36 +21,52 @@ if [ $# -gt 0 ]; then
 else
   patches=(test/mutations/*.patch)
 fi
-src="$tmp/src"
-mkdir -p "$src"
-git ls-files -z | xargs -0 cp --parents -t "$src"
-bad=0
-for p in "${patches[@]}"; do
-  name=$(basename "$p" .patch)
-  read -r pkg pattern <<<"$(sed -n 's/^test: //p' "$p")"
-  if [ -z "${pkg:-}" ] || [ -z "${pattern:-}" ]; then
-    echo "mutations: $name: no 'test: <package> <pattern>' line"
-    bad=1
-    continue
-  fi
-  if ! (cd "$src" && git apply "$OLDPWD/$p" 2>"$tmp/apply.txt"); then
-    echo "mutations: $name: the patch no longer applies; refresh it:"
-    cat "$tmp/apply.txt"
-    bad=1
-    continue
-  fi
-  out="$tmp/$name.txt"
-  if (cd "$src" && go test -count=1 -timeout 5m -run "$pattern" "$pkg") >"$out" 2>&1; then
-    echo "mutations: $name NOT caught by $pkg $pattern:"
-    sed -n 's/^breaks: /  breaks: /p' "$p"
-    bad=1
-  elif grep -q -e '^--- FAIL' -e '^panic: ' "$out"; then
-    echo "mutations: $name caught by $(grep -m1 '^--- FAIL' "$out" | sed 's/^--- FAIL: //; s/ (.*//') ($pkg)"
-  else
-    echo "mutations: $name failed without a failing test (a build error?):"
-    tail -20 "$out"
-    bad=1
-  fi
-  (cd "$src" && git apply -R "$OLDPWD/$p")
+# Two workers, each with its own copy of the tree: a failing test mostly
+# waits (for a deadline, a timeout), so two at a time take about half the
+# wall time on two cores.
+workers=${MUTATION_WORKERS:-2}
+run_worker() {
+  local w=$1 src="$tmp/src$1" i=0 bad=0
+  mkdir -p "$src"
+  git ls-files -z | xargs -0 cp --parents -t "$src"
+  for p in "${patches[@]}"; do
+    i=$((i + 1))
+    [ $(((i - 1) % workers)) -eq "$w" ] || continue
+    name=$(basename "$p" .patch)
+    res="$tmp/$(printf '%03d' "$i")-$name.res"
+    read -r pkg pattern <<<"$(sed -n 's/^test: //p' "$p")"
+    if [ -z "${pkg:-}" ] || [ -z "${pattern:-}" ]; then
+      echo "mutations: $name: no 'test: <package> <pattern>' line" >"$res"
+      bad=1
+      continue
+    fi
+    if ! (cd "$src" && git apply "$OLDPWD/$p" 2>"$tmp/apply$w.txt"); then
+      { echo "mutations: $name: the patch no longer applies; refresh it:"; cat "$tmp/apply$w.txt"; } >"$res"
+      bad=1
+      continue
+    fi
+    out="$tmp/$name.txt"
+    if (cd "$src" && go test -count=1 -timeout 5m -run "$pattern" "$pkg") >"$out" 2>&1; then
+      { echo "mutations: $name NOT caught by $pkg $pattern:"; sed -n 's/^breaks: /  breaks: /p' "$p"; } >"$res"
+      bad=1
+    elif grep -q -e '^--- FAIL' -e '^panic: ' "$out"; then
+      echo "mutations: $name caught by $(grep -m1 '^--- FAIL' "$out" | sed 's/^--- FAIL: //; s/ (.*//') ($pkg)" >"$res"
+    else
+      { echo "mutations: $name failed without a failing test (a build error?):"; tail -20 "$out"; } >"$res"
+      bad=1
+    fi
+    (cd "$src" && git apply -R "$OLDPWD/$p")
+  done
+  return $bad
+}
+pids=()
+for ((w = 0; w < workers; w++)); do
+  run_worker "$w" &
+  pids+=($!)
 done
+bad=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || bad=1
+done
+cat "$tmp"/*.res
 exit $bad
