@@ -436,6 +436,25 @@ func (c *Coordinators) liveAdminAddrs() []string {
 	return out
 }
 
+// SetRules gives every node set, as a rules reload (SIGHUP) on each would:
+// the live nodes at once, and a node killed now starts again with it
+// (Restart, Add) rather than with the rules it was first started with.
+func (c *Coordinators) SetRules(set *rules.Set) {
+	c.mu.Lock()
+	c.rules = set
+	var live []*coordinator.Node
+	for _, s := range c.slots {
+		s.cfg.Rules = set
+		if s.node != nil {
+			live = append(live, s.node)
+		}
+	}
+	c.mu.Unlock()
+	for _, n := range live {
+		n.SetRules(set)
+	}
+}
+
 // Config returns node i's configuration (its addresses as bound).
 func (c *Coordinators) Config(i int) coordinator.Config {
 	c.mu.Lock()

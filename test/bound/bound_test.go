@@ -1,0 +1,256 @@
+package bound
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/harness"
+)
+
+// The checker's knobs, for a run by hand:
+//
+//	RATION_BOUND_SEED=7 RATION_BOUND_RUN=10m go test -race -run TestBoundOnEveryPath -timeout 20m ./test/bound/
+const (
+	envSeed = "RATION_BOUND_SEED" // the schedule's seed (default 1)
+	envRun  = "RATION_BOUND_RUN"  // how long the load and the faults run (default 40s)
+
+	defaultSeed = 1
+	defaultRun  = 40 * time.Second
+)
+
+// The world's timings. A lease lasts a second, so a stall of the link to
+// the coordinators outlives it; a decision waits up to a second for a new
+// subject's first grant (so a batch's later items are decided a second
+// after it started); agents read the rules file every 50ms.
+const (
+	leasePeriod     = time.Second
+	decisionTimeout = time.Second
+	reloadInterval  = 50 * time.Millisecond
+	safetyMargin    = 200 * time.Millisecond // harness.RaftTestConfig's
+	maxAgents       = 4
+	workers         = 8
+)
+
+// The rules, one per way of deciding, each with fail_closed so that no
+// failure policy admits: a store or coordinator out of reach refuses.
+var initialShapes = map[string]shape{
+	"redis":  {Mode: "redis", Burst: 20, Rate: 20},
+	"leased": {Mode: "leased", Burst: 20, Rate: 20},
+	"share":  {Mode: "leased", Burst: 30, Rate: 20, DefaultShare: 0.5},
+	"auto":   {Mode: "auto", Burst: 20, Rate: 20},
+	"flip":   {Mode: "redis", Burst: 20, Rate: 20}, // reloads switch it between redis and auto
+}
+
+func ruleNames() []string {
+	names := make([]string, 0, len(initialShapes))
+	for n := range initialShapes {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// rulesYAML renders shapes as a rules file, in name order. Each rule
+// matches {m: <its name>, user: "*"}, so a request names one rule and
+// one subject.
+func rulesYAML(shapes map[string]shape) string {
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	for _, name := range ruleNames() {
+		s := shapes[name]
+		fmt.Fprintf(&b, "  - name: %s\n    match: {m: %s, user: \"*\"}\n    burst: %g\n    rate: %g\n    on_failure: fail_closed\n", name, name, s.Burst, s.Rate)
+		if s.Mode != "redis" {
+			fmt.Fprintf(&b, "    mode: %s\n", s.Mode)
+		}
+		switch {
+		case s.Mode == "leased" && s.DefaultShare > 0:
+			fmt.Fprintf(&b, "    lease: {period: %v, default_share: %g}\n", leasePeriod, s.DefaultShare)
+		case s.Mode != "redis":
+			fmt.Fprintf(&b, "    lease: {period: %v}\n", leasePeriod)
+		}
+		if s.Mode == "auto" {
+			b.WriteString("    auto: {promote_above: 20, hold: 300ms}\n")
+		}
+	}
+	return b.String()
+}
+
+func seedAndRun(t *testing.T) (uint64, time.Duration) {
+	t.Helper()
+	seed, run := uint64(defaultSeed), defaultRun
+	if v := os.Getenv(envSeed); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: want a whole number: %v", envSeed, v, err)
+		}
+		seed = n
+	}
+	if v := os.Getenv(envRun); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("%s=%q: want a positive duration such as 10m", envRun, v)
+		}
+		run = d
+	}
+	return seed, run
+}
+
+// TestBoundOnEveryPath is the bound checker: a 3-node coordinator group, a
+// redis-server and agents in-process, every agent's link to the
+// coordinators through a StallProxy. Workers call the agents through each
+// decision entry point (entry.go) with a few hot subjects and a stream of
+// new ones, while the test's goroutine follows a seeded schedule of
+// faults and reloads (schedule.go). Every admission the callers saw is
+// held to B + r*T per (rule, subject) in every window (judge).
+func TestBoundOnEveryPath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the bound checker runs real processes for a while")
+	}
+	seed, run := seedAndRun(t)
+	t.Logf("bound checker: seed %d, run %v (%s, %s)", seed, run, envSeed, envRun)
+	w := newWorld(t, seed)
+	for range 2 {
+		w.startAgent()
+	}
+	w.startLoad(seed)
+	w.runSchedule(run)
+	w.stopLoad()
+	w.verify(seed)
+}
+
+// world is the system under test and what the checker saw of it.
+type world struct {
+	t         *testing.T
+	rnd       *rand.Rand // the schedule's; the test's goroutine only
+	origin    time.Time
+	coords    *harness.Coordinators
+	redisAddr string
+	rulesPath string
+
+	mu        sync.Mutex
+	shapes    map[string]shape
+	timelines map[string]*timeline
+	events    []string
+	agents    []*testAgent
+	spans     map[string][]admission.Span // by rule|subject
+	byEntry   map[string]int              // admissions by entry point
+	calls     map[string]int              // calls by entry point
+	fresh     atomic.Int64                // new subjects handed out
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+func newWorld(t *testing.T, seed uint64) *world {
+	t.Helper()
+	w := &world{
+		t:         t,
+		rnd:       rand.New(rand.NewPCG(seed, 0x626f756e64)),
+		shapes:    map[string]shape{},
+		timelines: map[string]*timeline{},
+		spans:     map[string][]admission.Span{},
+		byEntry:   map[string]int{},
+		calls:     map[string]int{},
+		stop:      make(chan struct{}),
+	}
+	for name, s := range initialShapes {
+		w.shapes[name] = s
+		w.timelines[name] = &timeline{
+			initial: s,
+			linger:  2*reloadInterval + leasePeriod + safetyMargin + 100*time.Millisecond,
+			lag:     2*reloadInterval + 50*time.Millisecond,
+		}
+	}
+	yaml := rulesYAML(w.shapes)
+	w.coords = harness.StartCoordinators(t, 3, yaml)
+	w.redisAddr = harness.StartRedis(t).Addr
+	w.rulesPath = filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(w.rulesPath, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w.origin = time.Now()
+	return w
+}
+
+func (w *world) now() time.Duration { return time.Since(w.origin) }
+
+// event logs one step of the schedule, with its time on the judge's clock.
+func (w *world) event(format string, args ...any) {
+	e := fmt.Sprintf("%9.3fs  ", w.now().Seconds()) + fmt.Sprintf(format, args...)
+	w.mu.Lock()
+	w.events = append(w.events, e)
+	w.mu.Unlock()
+	if testing.Verbose() {
+		w.t.Log(e)
+	}
+}
+
+// admit records one admission the caller saw, sent at from and answered
+// at to.
+func (w *world) admit(entry, rule, user string, cost float64, from, to time.Duration) {
+	w.mu.Lock()
+	w.spans[rule+"|"+user] = append(w.spans[rule+"|"+user], admission.Span{From: from, To: to, Cost: cost})
+	w.byEntry[entry]++
+	w.mu.Unlock()
+}
+
+func (w *world) called(entry string) {
+	w.mu.Lock()
+	w.calls[entry]++
+	w.mu.Unlock()
+}
+
+// verify judges every (rule, subject) and says what the run exercised.
+func (w *world) verify(seed uint64) {
+	t := w.t
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keys := make([]string, 0, len(w.spans))
+	for k := range w.spans {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var bad []string
+	var admitted int
+	for _, k := range keys {
+		rule, subject, _ := strings.Cut(k, "|")
+		spans := w.spans[k]
+		admitted += len(spans)
+		v := judge(*w.timelines[rule], spans)
+		if v.Over > 1e-6 {
+			bad = append(bad, fmt.Sprintf("rule %s subject user=%s: %.2f tokens over the bound in [%.3fs, %.3fs] "+
+				"(B %g, r %g, %d mode switches allowed for; %d admissions, %.0f tokens, in the judged stretch)",
+				rule, subject, v.Over, v.From.Seconds(), v.To.Seconds(), v.Burst, v.Rate, v.Switches, v.Count, v.Admitted))
+		}
+	}
+	var entries []string
+	for _, e := range entryNames {
+		entries = append(entries, fmt.Sprintf("%s %d/%d", e, w.byEntry[e], w.calls[e]))
+	}
+	promotions, leased := w.metrics()
+	t.Logf("bound checker: %d subjects, %d admissions; admitted/calls by entry point: %s; %v hot promotions taken up, %v decisions on leases",
+		len(keys), admitted, strings.Join(entries, ", "), promotions, leased)
+	if len(bad) > 0 {
+		t.Errorf("bound checker, seed %d (%s=%d to run it again): the bound broke:\n  %s\nschedule (seconds on the judge's clock; spans are [send, answer]):\n  %s",
+			seed, envSeed, seed, strings.Join(bad, "\n  "), strings.Join(w.events, "\n  "))
+	}
+	// The verdict means nothing if the run did not reach the paths.
+	for _, e := range entryNames {
+		if w.byEntry[e] == 0 {
+			t.Errorf("no admission through %s: the run did not exercise it", e)
+		}
+	}
+	if promotions == 0 || leased == 0 {
+		t.Errorf("%v hot promotions, %v decisions on leases: the run did not exercise the leased paths", promotions, leased)
+	}
+}

@@ -1,0 +1,316 @@
+package bound
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/harness"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// testAgent is one agent in-process, reached as its callers reach it: over
+// gRPC (Ration's API and Envoy's) and HTTP on loopback. Its link to each
+// coordinator goes through a StallProxy of its own.
+type testAgent struct {
+	name    string
+	srv     *agent.Server
+	proxies []*harness.StallProxy
+	rl      rationv1.RateLimiterClient
+	envoy   rlsv3.RateLimitServiceClient
+	base    string
+	http    *http.Client
+	stalled bool // the schedule's; the test's goroutine only
+}
+
+// startAgent starts one more agent on the shared rules file.
+func (w *world) startAgent() *testAgent {
+	t := w.t
+	t.Helper()
+	w.mu.Lock()
+	name := fmt.Sprintf("a%d", len(w.agents)+1)
+	w.mu.Unlock()
+	a := &testAgent{name: name}
+	var addrs []string
+	for _, up := range w.coords.GRPCAddrs() {
+		p := harness.NewStallProxy(t, up)
+		a.proxies = append(a.proxies, p)
+		addrs = append(addrs, p.Addr())
+	}
+	cfg := agent.DefaultConfig()
+	cfg.AgentID = name
+	cfg.RulesFile = w.rulesPath
+	cfg.Redis = w.redisAddr
+	cfg.Coordinators = strings.Join(addrs, ",")
+	cfg.Insecure = true
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.GRPCAddr = "127.0.0.1:0"
+	cfg.DecisionTimeout = decisionTimeout
+	cfg.ReloadInterval = reloadInterval
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("RATION_TEST_LOG") != "" {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	srv, err := agent.Start(context.Background(), cfg, logger.With("agent", name), nil)
+	if err != nil {
+		t.Fatalf("agent %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	a.srv, a.rl, a.envoy = srv, rationv1.NewRateLimiterClient(conn), rlsv3.NewRateLimitServiceClient(conn)
+	a.base = "http://" + srv.HTTPAddr()
+	a.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
+	t.Cleanup(a.http.CloseIdleConnections)
+	deadline := time.Now().Add(30 * time.Second)
+	for !srv.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatalf("agent %s not ready after 30s", name)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	w.mu.Lock()
+	w.agents = append(w.agents, a)
+	w.mu.Unlock()
+	w.event("agent %s started", name)
+	return a
+}
+
+// The decision entry points a caller can use.
+var entryNames = []string{"Allow", "AllowBatch", "AllowStream", "ShouldRateLimit", "POST /v1/allow", "GET /v1/check"}
+
+// item is one decision a caller asks for: one rule, one subject.
+type item struct {
+	rule, user string
+	cost       float64
+}
+
+func (it item) descriptors() map[string]string {
+	return map[string]string{"m": it.rule, "user": it.user}
+}
+
+// pick draws a decision: mostly a few subjects of each rule (one of them
+// hot enough for mode auto to promote it), sometimes a new subject.
+func (w *world) pick(rnd *rand.Rand, freshShare float64) item {
+	names := ruleNames()
+	it := item{rule: names[rnd.IntN(len(names))], cost: float64(1 + rnd.IntN(3))}
+	switch p := rnd.Float64(); {
+	case p < freshShare:
+		it.user = fmt.Sprintf("n%d", w.fresh.Add(1))
+	case p < 0.55:
+		it.user = "hot"
+	default:
+		it.user = fmt.Sprintf("u%d", rnd.IntN(2))
+	}
+	return it
+}
+
+// startLoad starts the callers: each worker calls a random agent through
+// a random entry point, with a short random pause between calls.
+func (w *world) startLoad(seed uint64) {
+	for i := range workers {
+		rnd := rand.New(rand.NewPCG(seed, uint64(i)+1))
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			for {
+				select {
+				case <-w.stop:
+					return
+				default:
+				}
+				w.mu.Lock()
+				a := w.agents[rnd.IntN(len(w.agents))]
+				w.mu.Unlock()
+				entry := entryNames[rnd.IntN(len(entryNames))]
+				w.called(entry)
+				w.call(rnd, a, entry)
+				time.Sleep(time.Duration(rnd.IntN(8)) * time.Millisecond)
+			}
+		}()
+	}
+}
+
+func (w *world) stopLoad() {
+	close(w.stop)
+	w.wg.Wait()
+}
+
+// call makes one call and records what it admitted. A call that fails
+// (the agent's deadline, a transport error) admitted nothing the caller
+// could act on.
+func (w *world) call(rnd *rand.Rand, a *testAgent, entry string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	switch entry {
+	case "Allow":
+		it := w.pick(rnd, 0.05)
+		from := w.now()
+		resp, err := a.rl.Allow(ctx, &rationv1.AllowRequest{Descriptors: it.descriptors(), Cost: it.cost})
+		if err == nil && resp.Allowed {
+			w.admit(entry, it.rule, it.user, it.cost, from, w.now())
+		}
+	case "AllowBatch":
+		// New subjects first: each waits for its first grant (leased
+		// rules), and the items after it are decided after that wait.
+		var items []item
+		for range 1 + rnd.IntN(3) {
+			items = append(items, w.pick(rnd, 1))
+		}
+		for range 2 + rnd.IntN(8) {
+			items = append(items, w.pick(rnd, 0))
+		}
+		req := &rationv1.AllowBatchRequest{}
+		for _, it := range items {
+			req.Requests = append(req.Requests, &rationv1.AllowRequest{Descriptors: it.descriptors(), Cost: it.cost})
+		}
+		from := w.now()
+		resp, err := a.rl.AllowBatch(ctx, req)
+		if err != nil {
+			return
+		}
+		to := w.now()
+		for i, r := range resp.Responses {
+			if r.Allowed {
+				w.admit(entry, items[i].rule, items[i].user, items[i].cost, from, to)
+			}
+		}
+	case "AllowStream":
+		w.stream(ctx, rnd, a)
+	case "ShouldRateLimit":
+		// One to three descriptors decided together: admitted only when
+		// all are (the others' charges are refunded otherwise).
+		var items []item
+		req := &rlsv3.RateLimitRequest{Domain: "bound"}
+		for range 1 + rnd.IntN(3) {
+			it := w.pick(rnd, 0.05)
+			items = append(items, it)
+			req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{
+				Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "m", Value: it.rule}, {Key: "user", Value: it.user}},
+				HitsAddend: wrapperspb.UInt64(uint64(it.cost)),
+			})
+		}
+		from := w.now()
+		resp, err := a.envoy.ShouldRateLimit(ctx, req)
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			return
+		}
+		to := w.now()
+		for _, it := range items {
+			w.admit(entry, it.rule, it.user, it.cost, from, to)
+		}
+	case "POST /v1/allow":
+		it := w.pick(rnd, 0.05)
+		body, _ := json.Marshal(map[string]any{"descriptors": it.descriptors(), "cost": it.cost})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.base+"/v1/allow", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		from := w.now()
+		resp, err := a.http.Do(req)
+		if err != nil {
+			return
+		}
+		var ans struct {
+			Allowed bool `json:"allowed"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&ans)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode == http.StatusOK && ans.Allowed {
+			w.admit(entry, it.rule, it.user, it.cost, from, w.now())
+		}
+	case "GET /v1/check":
+		it := w.pick(rnd, 0.05)
+		q := url.Values{"m": {it.rule}, "user": {it.user}, "cost": {fmt.Sprint(it.cost)}}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/v1/check?"+q.Encode(), nil)
+		from := w.now()
+		resp, err := a.http.Do(req)
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			w.admit(entry, it.rule, it.user, it.cost, from, w.now())
+		}
+	}
+}
+
+// stream sends a few requests on one AllowStream; each answer is the
+// decision of the request sent in its turn, so its span starts at that
+// send.
+func (w *world) stream(ctx context.Context, rnd *rand.Rand, a *testAgent) {
+	s, err := a.rl.AllowStream(ctx)
+	if err != nil {
+		return
+	}
+	n := 1 + rnd.IntN(6)
+	items := make([]item, n)
+	sent := make([]time.Duration, n)
+	for i := range n {
+		items[i] = w.pick(rnd, 0.05)
+		sent[i] = w.now()
+		if err := s.Send(&rationv1.AllowRequest{Descriptors: items[i].descriptors(), Cost: items[i].cost}); err != nil {
+			return
+		}
+	}
+	_ = s.CloseSend()
+	for i := range n {
+		r, err := s.Recv()
+		if err != nil {
+			return
+		}
+		if r.Allowed {
+			w.admit("AllowStream", items[i].rule, items[i].user, items[i].cost, sent[i], w.now())
+		}
+	}
+}
+
+// metrics sums, over every agent, the hot promotions taken up and the
+// decisions made on leases: whether the run reached those paths.
+func (w *world) metrics() (promotions, leased float64) {
+	for _, a := range w.agents {
+		mfs, err := a.srv.Registry.Gather()
+		if err != nil {
+			w.t.Fatalf("agent %s metrics: %v", a.name, err)
+		}
+		for _, mf := range mfs {
+			switch mf.GetName() {
+			case "ration_agent_hot_promotions_total":
+				for _, m := range mf.GetMetric() {
+					promotions += m.GetCounter().GetValue()
+				}
+			case "ration_decisions_total":
+				for _, m := range mf.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if l.GetName() == "path" && l.GetValue() == "leased" {
+							leased += m.GetCounter().GetValue()
+						}
+					}
+				}
+			}
+		}
+	}
+	return promotions, leased
+}
