@@ -37,6 +37,7 @@ const (
 	decisionTimeout = time.Second
 	reloadInterval  = 50 * time.Millisecond
 	safetyMargin    = 200 * time.Millisecond // harness.RaftTestConfig's
+	idleAfter       = 3 * time.Second        // the lease holder's, 1m in a process
 	maxAgents       = 4
 	workers         = 8
 )
@@ -44,11 +45,11 @@ const (
 // The rules, one per way of deciding, each with fail_closed so that no
 // failure policy admits: a store or coordinator out of reach refuses.
 var initialShapes = map[string]shape{
-	"redis":  {Mode: "redis", Burst: 20, Rate: 20},
-	"leased": {Mode: "leased", Burst: 20, Rate: 20},
-	"share":  {Mode: "leased", Burst: 30, Rate: 20, DefaultShare: 0.5},
-	"auto":   {Mode: "auto", Burst: 20, Rate: 20},
-	"flip":   {Mode: "redis", Burst: 20, Rate: 20}, // reloads switch it between redis and auto
+	"redis":  {Mode: "redis", Burst: 20, Rate: 10},
+	"leased": {Mode: "leased", Burst: 40, Rate: 4},
+	"share":  {Mode: "leased", Burst: 40, Rate: 4, DefaultShare: 0.5},
+	"auto":   {Mode: "auto", Burst: 20, Rate: 10},
+	"flip":   {Mode: "redis", Burst: 20, Rate: 10}, // reloads switch it between redis and auto
 }
 
 func ruleNames() []string {

@@ -21,7 +21,9 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/coordclient"
 	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/holder"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -67,7 +69,21 @@ func (w *world) startAgent() *testAgent {
 	if os.Getenv("RATION_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	srv, err := agent.Start(context.Background(), cfg, logger.With("agent", name), nil)
+	logger = logger.With("agent", name)
+	// The lease holder the agent would build from cfg (internal/agent's
+	// startLeases), but for IdleAfter: quotas unused for a few seconds are
+	// released and subjects' copies of a default lease forgotten within
+	// the run, not after a minute.
+	client := coordclient.New(addrs, coordclient.Options{Logger: logger})
+	t.Cleanup(func() { _ = client.Close() })
+	leases, err := holder.New(holder.Options{
+		Client: client, Holder: name, Region: cfg.Region,
+		ColdStart: cfg.DecisionTimeout, IdleAfter: idleAfter, Logger: logger,
+	})
+	if err != nil {
+		t.Fatalf("agent %s: lease holder: %v", name, err)
+	}
+	srv, err := agent.Start(context.Background(), cfg, logger, leases)
 	if err != nil {
 		t.Fatalf("agent %s: %v", name, err)
 	}
@@ -112,20 +128,34 @@ func (it item) descriptors() map[string]string {
 	return map[string]string{"m": it.rule, "user": it.user}
 }
 
-// pick draws a decision: mostly a few subjects of each rule (one of them
-// hot enough for mode auto to promote it), sometimes a new subject.
+// pick draws a decision: a subject of a random rule, with demand spread
+// unevenly (one hot enough for mode auto to promote it, a tail of quiet
+// ones whose leases stay full at the agents they seldom reach), and a
+// new subject at freshShare.
 func (w *world) pick(rnd *rand.Rand, freshShare float64) item {
 	names := ruleNames()
 	it := item{rule: names[rnd.IntN(len(names))], cost: float64(1 + rnd.IntN(3))}
 	switch p := rnd.Float64(); {
 	case p < freshShare:
 		it.user = fmt.Sprintf("n%d", w.fresh.Add(1))
-	case p < 0.55:
+	case p < 0.4:
 		it.user = "hot"
 	default:
-		it.user = fmt.Sprintf("u%d", rnd.IntN(2))
+		// u0 half as likely as ... u5 a 32nd of the rest.
+		k := 0
+		for k < 5 && rnd.IntN(2) == 0 {
+			k++
+		}
+		it.user = fmt.Sprintf("u%d", k)
 	}
 	return it
+}
+
+// pickFresh draws a new subject of a leased rule: its first decision waits
+// for its first grant.
+func (w *world) pickFresh(rnd *rand.Rand) item {
+	leased := []string{"leased", "share"}
+	return item{rule: leased[rnd.IntN(len(leased))], user: fmt.Sprintf("n%d", w.fresh.Add(1)), cost: 1}
 }
 
 // startLoad starts the callers: each worker calls a random agent through
@@ -136,15 +166,23 @@ func (w *world) startLoad(seed uint64) {
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
+			// Each worker stays with one agent for a while, so that an
+			// agent's load comes and goes (its leases fill while it is
+			// quiet).
+			var a *testAgent
+			var until time.Time
 			for {
 				select {
 				case <-w.stop:
 					return
 				default:
 				}
-				w.mu.Lock()
-				a := w.agents[rnd.IntN(len(w.agents))]
-				w.mu.Unlock()
+				if time.Now().After(until) {
+					w.mu.Lock()
+					a = w.agents[rnd.IntN(len(w.agents))]
+					w.mu.Unlock()
+					until = time.Now().Add(time.Duration(100+rnd.IntN(1400)) * time.Millisecond)
+				}
 				entry := entryNames[rnd.IntN(len(entryNames))]
 				w.called(entry)
 				w.call(rnd, a, entry)
@@ -177,10 +215,11 @@ func (w *world) call(rnd *rand.Rand, a *testAgent, entry string) {
 		// New subjects first: each waits for its first grant (leased
 		// rules), and the items after it are decided after that wait.
 		var items []item
-		for range 1 + rnd.IntN(3) {
+		items = append(items, w.pickFresh(rnd))
+		for range rnd.IntN(3) {
 			items = append(items, w.pick(rnd, 1))
 		}
-		for range 2 + rnd.IntN(8) {
+		for range 2 + rnd.IntN(10) {
 			items = append(items, w.pick(rnd, 0))
 		}
 		req := &rationv1.AllowBatchRequest{}

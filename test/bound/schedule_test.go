@@ -100,7 +100,7 @@ func (w *world) reload() {
 	old := w.shapes[name]
 	w.mu.Unlock()
 	s := old
-	sizes := []float64{10, 20, 40}
+	bursts, rates := []float64{10, 20, 40}, []float64{2, 4, 10, 20}
 	switch k := w.rnd.IntN(3); {
 	case name == "flip" && k == 0:
 		s.Mode = map[string]string{"redis": "auto", "auto": "redis"}[s.Mode]
@@ -108,9 +108,9 @@ func (w *world) reload() {
 		shares := []float64{0, 0.3, 0.5, 0.8}
 		s.DefaultShare = shares[w.rnd.IntN(len(shares))]
 	case k == 1:
-		s.Burst = sizes[w.rnd.IntN(len(sizes))]
+		s.Burst = bursts[w.rnd.IntN(len(bursts))]
 	default:
-		s.Rate = sizes[w.rnd.IntN(len(sizes))]
+		s.Rate = rates[w.rnd.IntN(len(rates))]
 	}
 	if s == old {
 		return
