@@ -47,7 +47,7 @@ const (
 var initialShapes = map[string]shape{
 	"redis":  {Mode: "redis", Burst: 20, Rate: 10},
 	"leased": {Mode: "leased", Burst: 40, Rate: 4},
-	"share":  {Mode: "leased", Burst: 40, Rate: 4, DefaultShare: 0.5},
+	"share":  {Mode: "leased", Burst: 40, Rate: 40, DefaultShare: 0.5},
 	"auto":   {Mode: "auto", Burst: 20, Rate: 10},
 	"flip":   {Mode: "redis", Burst: 20, Rate: 10}, // reloads switch it between redis and auto
 }
@@ -223,11 +223,19 @@ func (w *world) verify(seed uint64) {
 	slices.Sort(keys)
 	var bad []string
 	var admitted int
+	// How near each rule came to its bound: how much a bug must add to be
+	// seen (a window where the subject spent its whole burst and then
+	// its rate is at 0).
+	closest, closestSubject := map[string]verdict{}, map[string]string{}
 	for _, k := range keys {
 		rule, subject, _ := strings.Cut(k, "|")
 		spans := w.spans[k]
 		admitted += len(spans)
 		v := judge(*w.timelines[rule], spans)
+		if c, ok := closest[rule]; !ok || v.Over > c.Over {
+			closest[rule] = v
+			closestSubject[rule] = subject
+		}
 		if v.Over > 1e-6 {
 			bad = append(bad, fmt.Sprintf("rule %s subject user=%s: %.2f tokens over the bound in [%.3fs, %.3fs] "+
 				"(B %g, r %g, %d mode switches allowed for; %d admissions, %.0f tokens, in the judged stretch)",
@@ -241,6 +249,11 @@ func (w *world) verify(seed uint64) {
 	promotions, leased := w.metrics()
 	t.Logf("bound checker: %d subjects, %d admissions; admitted/calls by entry point: %s; %v hot promotions taken up, %v decisions on leases",
 		len(keys), admitted, strings.Join(entries, ", "), promotions, leased)
+	for _, rule := range ruleNames() {
+		c := closest[rule]
+		t.Logf("rule %s: closest to its bound: user=%s %.2f tokens in [%.3fs, %.3fs] (B %g, r %g)",
+			rule, closestSubject[rule], c.Over, c.From.Seconds(), c.To.Seconds(), c.Burst, c.Rate)
+	}
 	if len(bad) > 0 {
 		t.Errorf("bound checker, seed %d (%s=%d to run it again): the bound broke:\n  %s\nschedule (seconds on the judge's clock; spans are [send, answer]):\n  %s",
 			seed, envSeed, seed, strings.Join(bad, "\n  "), strings.Join(w.events, "\n  "))

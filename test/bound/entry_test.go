@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -38,7 +39,8 @@ type testAgent struct {
 	envoy   rlsv3.RateLimitServiceClient
 	base    string
 	http    *http.Client
-	stalled bool // the schedule's; the test's goroutine only
+	stalled bool        // the schedule's; the test's goroutine only
+	quiet   atomic.Bool // callers leave it alone meanwhile
 }
 
 // startAgent starts one more agent on the shared rules file.
@@ -177,9 +179,12 @@ func (w *world) startLoad(seed uint64) {
 					return
 				default:
 				}
-				if time.Now().After(until) {
+				if a == nil || a.quiet.Load() || time.Now().After(until) {
 					w.mu.Lock()
 					a = w.agents[rnd.IntN(len(w.agents))]
+					for k := 0; a.quiet.Load() && k < len(w.agents); k++ {
+						a = w.agents[(rnd.IntN(len(w.agents)))]
+					}
 					w.mu.Unlock()
 					until = time.Now().Add(time.Duration(100+rnd.IntN(1400)) * time.Millisecond)
 				}

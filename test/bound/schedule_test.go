@@ -52,6 +52,8 @@ func (w *world) runSchedule(run time.Duration) {
 				down = -1
 				w.event("coordinator node%d restarted", i)
 			}})
+		case p < 0.7:
+			todo = append(todo, w.cutAndChange()...)
 		case p < 0.9:
 			w.mu.Lock()
 			a := w.agents[w.rnd.IntN(len(w.agents))]
@@ -85,6 +87,43 @@ func (w *world) runSchedule(run time.Duration) {
 	}
 }
 
+// cutAndChange composes the faults that matter together: an agent left
+// without callers for a moment (its leases refill), then cut off from the
+// coordinators, a rules reload while it is, and its callers back: it
+// spends the leases it holds under the old rules while the others lease
+// under the new ones. It returns the steps that end it.
+func (w *world) cutAndChange() []pending {
+	w.mu.Lock()
+	a := w.agents[w.rnd.IntN(len(w.agents))]
+	w.mu.Unlock()
+	if a.stalled {
+		return nil
+	}
+	a.quiet.Store(true)
+	w.event("agent %s left without callers", a.name)
+	stallAt := w.now() + w.between(300*time.Millisecond, time.Second)
+	resumeAt := stallAt + w.between(6*leasePeriod/5, 3*leasePeriod)
+	a.stalled = true
+	return []pending{
+		{at: stallAt, do: func() {
+			for _, px := range a.proxies {
+				px.Stall()
+			}
+			w.event("agent %s's links to the coordinators stalled", a.name)
+			w.reload()
+			a.quiet.Store(false)
+			w.event("agent %s has callers again", a.name)
+		}},
+		{at: resumeAt, do: func() {
+			for _, px := range a.proxies {
+				px.Resume()
+			}
+			a.stalled = false
+			w.event("agent %s's links resumed", a.name)
+		}},
+	}
+}
+
 func (w *world) between(lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(w.rnd.Int64N(int64(hi-lo)+1))
 }
@@ -104,7 +143,7 @@ func (w *world) reload() {
 	switch k := w.rnd.IntN(3); {
 	case name == "flip" && k == 0:
 		s.Mode = map[string]string{"redis": "auto", "auto": "redis"}[s.Mode]
-	case name == "share" && k == 0:
+	case name == "share" && k < 2:
 		shares := []float64{0, 0.3, 0.5, 0.8}
 		s.DefaultShare = shares[w.rnd.IntN(len(shares))]
 	case k == 1:
