@@ -21,10 +21,10 @@ import (
 //
 //	RATION_BOUND_SEED=7 RATION_BOUND_RUN=10m go test -race -run TestBoundOnEveryPath -timeout 20m ./test/bound/
 const (
-	envSeed = "RATION_BOUND_SEED" // the schedule's seed (default 1)
+	envSeed = "RATION_BOUND_SEED" // the schedule's seed (default 3)
 	envRun  = "RATION_BOUND_RUN"  // how long the load and the faults run (default 40s)
 
-	defaultSeed = 1
+	defaultSeed = 3
 	defaultRun  = 40 * time.Second
 )
 
@@ -46,10 +46,10 @@ const (
 // failure policy admits: a store or coordinator out of reach refuses.
 var initialShapes = map[string]shape{
 	"redis":  {Mode: "redis", Burst: 20, Rate: 10},
-	"leased": {Mode: "leased", Burst: 40, Rate: 4},
+	"leased": {Mode: "leased", Burst: 40, Rate: 20},
 	"share":  {Mode: "leased", Burst: 40, Rate: 40, DefaultShare: 0.5},
-	"auto":   {Mode: "auto", Burst: 20, Rate: 10},
-	"flip":   {Mode: "redis", Burst: 20, Rate: 10}, // reloads switch it between redis and auto
+	"auto":   {Mode: "auto", Burst: 20, Rate: 20},
+	"flip":   {Mode: "redis", Burst: 20, Rate: 20}, // reloads switch it between redis and auto
 }
 
 func ruleNames() []string {

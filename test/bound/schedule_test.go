@@ -37,9 +37,9 @@ func (w *world) runSchedule(run time.Duration) {
 		}
 		next = w.now() + w.between(300*time.Millisecond, 2*time.Second)
 		switch p := w.rnd.Float64(); {
-		case p < 0.45:
+		case p < 0.35:
 			w.reload()
-		case p < 0.6:
+		case p < 0.45:
 			if down >= 0 {
 				continue
 			}
@@ -52,7 +52,7 @@ func (w *world) runSchedule(run time.Duration) {
 				down = -1
 				w.event("coordinator node%d restarted", i)
 			}})
-		case p < 0.7:
+		case p < 0.6:
 			todo = append(todo, w.cutAndChange()...)
 		case p < 0.9:
 			w.mu.Lock()
@@ -139,7 +139,7 @@ func (w *world) reload() {
 	old := w.shapes[name]
 	w.mu.Unlock()
 	s := old
-	bursts, rates := []float64{10, 20, 40}, []float64{2, 4, 10, 20}
+	bursts, rates := []float64{10, 20, 40}, []float64{5, 10, 20, 40}
 	switch k := w.rnd.IntN(3); {
 	case name == "flip" && k == 0:
 		s.Mode = map[string]string{"redis": "auto", "auto": "redis"}[s.Mode]
