@@ -109,9 +109,9 @@ func seedAndRun(t *testing.T) (uint64, time.Duration) {
 // TestBoundOnEveryPath is the bound checker: a 3-node coordinator group, a
 // redis-server and agents in-process, every agent's link to the
 // coordinators through a StallProxy. Workers call the agents through each
-// decision entry point (entry.go) with a few hot subjects and a stream of
+// decision entry point (entry_test.go) with a few hot subjects and a stream of
 // new ones, while the test's goroutine follows a seeded schedule of
-// faults and reloads (schedule.go). Every admission the callers saw is
+// faults and reloads (schedule_test.go). Every admission the callers saw is
 // held to B + r*T per (rule, subject) in every window (judge).
 func TestBoundOnEveryPath(t *testing.T) {
 	if testing.Short() {

@@ -210,94 +210,119 @@ func (w *world) call(rnd *rand.Rand, a *testAgent, entry string) {
 	defer cancel()
 	switch entry {
 	case "Allow":
-		it := w.pick(rnd, 0.05)
-		from := w.now()
-		resp, err := a.rl.Allow(ctx, &rationv1.AllowRequest{Descriptors: it.descriptors(), Cost: it.cost})
-		if err == nil && resp.Allowed {
-			w.admit(entry, it.rule, it.user, it.cost, from, w.now())
-		}
+		w.allowOne(ctx, rnd, a)
 	case "AllowBatch":
-		// New subjects first: each waits for its first grant (leased
-		// rules), and the items after it are decided after that wait.
-		var items []item
-		items = append(items, w.pickFresh(rnd))
-		for range rnd.IntN(3) {
-			items = append(items, w.pick(rnd, 1))
-		}
-		for range 2 + rnd.IntN(10) {
-			items = append(items, w.pick(rnd, 0))
-		}
-		req := &rationv1.AllowBatchRequest{}
-		for _, it := range items {
-			req.Requests = append(req.Requests, &rationv1.AllowRequest{Descriptors: it.descriptors(), Cost: it.cost})
-		}
-		from := w.now()
-		resp, err := a.rl.AllowBatch(ctx, req)
-		if err != nil {
-			return
-		}
-		to := w.now()
-		for i, r := range resp.Responses {
-			if r.Allowed {
-				w.admit(entry, items[i].rule, items[i].user, items[i].cost, from, to)
-			}
-		}
+		w.batch(ctx, rnd, a)
 	case "AllowStream":
 		w.stream(ctx, rnd, a)
 	case "ShouldRateLimit":
-		// One to three descriptors decided together: admitted only when
-		// all are (the others' charges are refunded otherwise).
-		var items []item
-		req := &rlsv3.RateLimitRequest{Domain: "bound"}
-		for range 1 + rnd.IntN(3) {
-			it := w.pick(rnd, 0.05)
-			items = append(items, it)
-			req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{
-				Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "m", Value: it.rule}, {Key: "user", Value: it.user}},
-				HitsAddend: wrapperspb.UInt64(uint64(it.cost)),
-			})
-		}
-		from := w.now()
-		resp, err := a.envoy.ShouldRateLimit(ctx, req)
-		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
-			return
-		}
-		to := w.now()
-		for _, it := range items {
-			w.admit(entry, it.rule, it.user, it.cost, from, to)
-		}
+		w.envoy(ctx, rnd, a)
 	case "POST /v1/allow":
-		it := w.pick(rnd, 0.05)
-		body, _ := json.Marshal(map[string]any{"descriptors": it.descriptors(), "cost": it.cost})
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.base+"/v1/allow", bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		from := w.now()
-		resp, err := a.http.Do(req)
-		if err != nil {
-			return
-		}
-		var ans struct {
-			Allowed bool `json:"allowed"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&ans)
-		resp.Body.Close()
-		if err == nil && resp.StatusCode == http.StatusOK && ans.Allowed {
-			w.admit(entry, it.rule, it.user, it.cost, from, w.now())
-		}
+		w.postAllow(ctx, rnd, a)
 	case "GET /v1/check":
+		w.check(ctx, rnd, a)
+	}
+}
+
+// allowOne asks Allow for one decision.
+func (w *world) allowOne(ctx context.Context, rnd *rand.Rand, a *testAgent) {
+	it := w.pick(rnd, 0.05)
+	from := w.now()
+	resp, err := a.rl.Allow(ctx, &rationv1.AllowRequest{Descriptors: it.descriptors(), Cost: it.cost})
+	if err == nil && resp.Allowed {
+		w.admit("Allow", it.rule, it.user, it.cost, from, w.now())
+	}
+}
+
+// batch asks AllowBatch for a new subject of a leased rule, up to two
+// more new subjects, then 2 to 11 items: the new subjects wait for their
+// first grants, and the items after them are decided after that wait.
+func (w *world) batch(ctx context.Context, rnd *rand.Rand, a *testAgent) {
+	items := []item{w.pickFresh(rnd)}
+	for range rnd.IntN(3) {
+		items = append(items, w.pick(rnd, 1))
+	}
+	for range 2 + rnd.IntN(10) {
+		items = append(items, w.pick(rnd, 0))
+	}
+	req := &rationv1.AllowBatchRequest{}
+	for _, it := range items {
+		req.Requests = append(req.Requests, &rationv1.AllowRequest{Descriptors: it.descriptors(), Cost: it.cost})
+	}
+	from := w.now()
+	resp, err := a.rl.AllowBatch(ctx, req)
+	if err != nil {
+		return
+	}
+	to := w.now()
+	for i, r := range resp.Responses {
+		if r.Allowed {
+			w.admit("AllowBatch", items[i].rule, items[i].user, items[i].cost, from, to)
+		}
+	}
+}
+
+// envoy asks ShouldRateLimit for one to three descriptors decided
+// together: admitted only when all are (the others' charges are refunded
+// otherwise).
+func (w *world) envoy(ctx context.Context, rnd *rand.Rand, a *testAgent) {
+	var items []item
+	req := &rlsv3.RateLimitRequest{Domain: "bound"}
+	for range 1 + rnd.IntN(3) {
 		it := w.pick(rnd, 0.05)
-		q := url.Values{"m": {it.rule}, "user": {it.user}, "cost": {fmt.Sprint(it.cost)}}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/v1/check?"+q.Encode(), nil)
-		from := w.now()
-		resp, err := a.http.Do(req)
-		if err != nil {
-			return
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusOK {
-			w.admit(entry, it.rule, it.user, it.cost, from, w.now())
-		}
+		items = append(items, it)
+		req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{
+			Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "m", Value: it.rule}, {Key: "user", Value: it.user}},
+			HitsAddend: wrapperspb.UInt64(uint64(it.cost)),
+		})
+	}
+	from := w.now()
+	resp, err := a.envoy.ShouldRateLimit(ctx, req)
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		return
+	}
+	to := w.now()
+	for _, it := range items {
+		w.admit("ShouldRateLimit", it.rule, it.user, it.cost, from, to)
+	}
+}
+
+// postAllow asks POST /v1/allow for one decision: admitted is 200 with
+// "allowed": true.
+func (w *world) postAllow(ctx context.Context, rnd *rand.Rand, a *testAgent) {
+	it := w.pick(rnd, 0.05)
+	body, _ := json.Marshal(map[string]any{"descriptors": it.descriptors(), "cost": it.cost})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.base+"/v1/allow", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	from := w.now()
+	resp, err := a.http.Do(req)
+	if err != nil {
+		return
+	}
+	var ans struct {
+		Allowed bool `json:"allowed"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&ans)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode == http.StatusOK && ans.Allowed {
+		w.admit("POST /v1/allow", it.rule, it.user, it.cost, from, w.now())
+	}
+}
+
+// check asks GET /v1/check for one decision: admitted is 200.
+func (w *world) check(ctx context.Context, rnd *rand.Rand, a *testAgent) {
+	it := w.pick(rnd, 0.05)
+	q := url.Values{"m": {it.rule}, "user": {it.user}, "cost": {fmt.Sprint(it.cost)}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/v1/check?"+q.Encode(), nil)
+	from := w.now()
+	resp, err := a.http.Do(req)
+	if err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		w.admit("GET /v1/check", it.rule, it.user, it.cost, from, w.now())
 	}
 }
 

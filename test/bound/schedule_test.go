@@ -17,8 +17,9 @@ type pending struct {
 // runSchedule follows the seeded schedule for run, on the test's
 // goroutine (the harness's Kill and Restart must be called there): every
 // 0.3 to 2 s one of a rules reload, a kill of the Raft leader (restarted
-// 0.5 to 3 s later), a stall of one agent's links to every coordinator
-// for 1.2 to 3 lease periods, or a new agent. At the end every fault is
+// 0.5 to 3 s later), a cut-off agent across a reload (cutAndChange), a
+// stall of one agent's links to every coordinator for 1.2 to 3 lease
+// periods, or a new agent. At the end every fault is
 // undone, so that the agents' last answers are given by a whole system.
 func (w *world) runSchedule(run time.Duration) {
 	var todo []pending
