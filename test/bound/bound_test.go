@@ -80,7 +80,7 @@ func rulesYAML(shapes map[string]shape) string {
 			fmt.Fprintf(&b, "    lease: {period: %v}\n", leasePeriod)
 		}
 		if s.Mode == "auto" {
-			b.WriteString("    auto: {promote_above: 20, hold: 300ms}\n")
+			b.WriteString("    auto: {promote_above: 10, hold: 300ms}\n")
 		}
 	}
 	return b.String()
