@@ -1,6 +1,7 @@
 package bound
 
 import (
+	"cmp"
 	"os"
 	"slices"
 	"time"
@@ -19,15 +20,15 @@ type pending struct {
 // 0.3 to 2 s one of a rules reload, a kill of the Raft leader (restarted
 // 0.5 to 3 s later), a cut-off agent across a reload (cutAndChange), a
 // stall of one agent's links to every coordinator for 1.2 to 3 lease
-// periods, or a new agent. At the end every fault is
-// undone, so that the agents' last answers are given by a whole system.
+// periods, or a new agent. At the end the steps still pending are taken
+// in their order, so that every fault is undone.
 func (w *world) runSchedule(run time.Duration) {
 	var todo []pending
 	down := -1 // the node killed, if any
 	next := w.now() + w.between(300*time.Millisecond, 2*time.Second)
 	end := w.now() + run
 	for w.now() < end {
-		slices.SortFunc(todo, func(a, b pending) int { return int(a.at - b.at) })
+		slices.SortStableFunc(todo, byTime)
 		for len(todo) > 0 && todo[0].at <= w.now() {
 			todo[0].do()
 			todo = todo[1:]
@@ -83,10 +84,13 @@ func (w *world) runSchedule(run time.Duration) {
 			}
 		}
 	}
+	slices.SortStableFunc(todo, byTime)
 	for _, p := range todo {
 		p.do()
 	}
 }
+
+func byTime(a, b pending) int { return cmp.Compare(a.at, b.at) }
 
 // cutAndChange composes the faults that matter together: an agent left
 // without callers for a moment (its leases refill), then cut off from the
