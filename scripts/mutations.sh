@@ -11,13 +11,19 @@
 #
 #   scripts/mutations.sh                      # all of them
 #   scripts/mutations.sh reserved-subject     # test/mutations/reserved-subject.patch
+#   scripts/mutations.sh test/bound/testdata/bound-lease-term.patch
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 patches=()
 if [ $# -gt 0 ]; then
-  for n in "$@"; do patches+=("test/mutations/$n.patch"); done
+  for n in "$@"; do
+    case $n in
+      *.patch) patches+=("$n") ;; # a patch kept elsewhere, e.g. test/bound/testdata
+      *) patches+=("test/mutations/$n.patch") ;;
+    esac
+  done
 else
   patches=(test/mutations/*.patch)
 fi
