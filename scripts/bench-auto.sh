@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hot keys: one rule in mode auto against the same rule in mode redis
-# (issue 14, "Measured"). On loopback only and bounded in time (about 2
+# (docs/performance.md, Hot keys). On loopback only and bounded in time (about 2
 # minutes with the defaults), it starts
 #   - one redis-server on a free port (never 6379),
 #   - a one-node coordinator (its own data dir, -bootstrap),
@@ -214,7 +214,7 @@ for round in $(seq "$ROUNDS"); do
     run=$work/$round-$mode
     mkdir -p "$run"
     # -timeout 30s: a call the client gives up on is cancelled at the agent,
-    # which (issue 14) counts it as a store failure and can open the
+    # which counts it as a store failure and can open the
     # breaker for every caller; a long deadline keeps that out of the run.
     common=(-mode allow -target "$targets" -rule "$rule" -rate "$half" -duration "${DUR}s" -warmup 0 -timeout 30s -json)
     # The counters before the run (both agents), then the load.

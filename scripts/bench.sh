@@ -348,7 +348,7 @@ cpu_bound=$(ratio "$cpu_empty" "$cpu_allow")
 # The servers' CPU per decision (agent + redis + coordinator): steadier
 # than decisions/s when other work on the machine takes a varying share.
 srv() { r "$1" '.cpu_total_us_per_decision'; }
-# Issue 16's targets: the servers' CPU of a Redis-path unary Allow against
+# The Redis path's targets: the servers' CPU of a Redis-path unary Allow against
 # the empty call, Envoy's path against unary Allow, the script's own time.
 r16_cpu=$(ratio "$(srv allow)" "$(srv empty)")
 r16_envoy=$(ratio "$(srv envoy)" "$(srv allow)")
@@ -460,10 +460,10 @@ runs dry is asked for again at once (docs/leases.md, How shares move).
 | leased unary Allow / empty unary (decided/s) | $r_leased_empty ($leased_rate / $empty_rate) | | |
 | leased AllowBatch of $BIG_BATCH / Redis AllowBatch of $BIG_BATCH (decided/s) | $r_leased_big ($leased_big_rate / $bigbatch_rate) | | |
 | leased AllowBatch of $BIG_BATCH / redis-benchmark ceiling (P16) | $r_leased_big_ceil ($leased_big_rate / $ceil16) | | |
-| issue 16: unary Allow / empty unary (decided/s) | $r_allow ($allow_rate / $empty_rate) | >= 0.60 | $(verdict "$r_allow" ">=" 0.60) |
-| issue 16: servers' CPU per decision, Redis unary Allow / empty unary | $r16_cpu ($(srv allow) / $(srv empty) µs) | <= 1.80 | $(verdict "$r16_cpu" "<=" 1.80) |
-| issue 16: servers' CPU per decision, Envoy ShouldRateLimit / unary Allow | $r16_envoy ($(srv envoy) / $(srv allow) µs) | <= 1.10 | $(verdict "$r16_envoy" "<=" 1.10) |
-| issue 16: the script's run time in Redis, one client, unpipelined (µs, \`usec_per_call\`) | $script_us | <= 8 | $(verdict "$script_us" "<=" 8) |
+| Redis path: unary Allow / empty unary (decided/s) | $r_allow ($allow_rate / $empty_rate) | >= 0.60 | $(verdict "$r_allow" ">=" 0.60) |
+| Redis path: servers' CPU per decision, Redis unary Allow / empty unary | $r16_cpu ($(srv allow) / $(srv empty) µs) | <= 1.80 | $(verdict "$r16_cpu" "<=" 1.80) |
+| Envoy path: servers' CPU per decision, Envoy ShouldRateLimit / unary Allow | $r16_envoy ($(srv envoy) / $(srv allow) µs) | <= 1.10 | $(verdict "$r16_envoy" "<=" 1.10) |
+| Redis path: the script's run time in Redis, one client, unpipelined (µs, \`usec_per_call\`) | $script_us | <= 8 | $(verdict "$script_us" "<=" 8) |
 
 The same comparisons in the servers' CPU per decision (agent + redis +
 coordinator, µs), which moves less than decisions/s when other work on the

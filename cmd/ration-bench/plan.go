@@ -74,7 +74,7 @@ var measured = Plan{
 	LeasedP99US:   2013,  // unary Allow (leased) at 1000/s
 }
 
-// DefaultPlan is the question of issue 5: one million decisions per second,
+// DefaultPlan is the capacity question Ration is built for: one million decisions per second,
 // a fifth of them leased, 200 gateways, 10s leases, 30% headroom.
 func DefaultPlan() Plan {
 	p := measured

@@ -16,7 +16,7 @@ import (
 	"github.com/ration-dev/ration/internal/harness"
 )
 
-// scriptBefore is the bucket script as it was at 9abcb1c, before issue 16's
+// scriptBefore is the bucket script as it was at 9abcb1c, before the Redis path's
 // second round of cuts: BenchmarkScriptCost measures it beside today's in
 // the same run, so that the comparison does not depend on the machine's load
 // at two different times. It keeps a bucket as a hash (today's script as a

@@ -13,7 +13,7 @@ import (
 
 // BenchmarkRenewScale is BenchmarkRenew's load (a 3-node loopback group,
 // BoltDB with fsync, real gRPC, every holder renewing one lease in a
-// closed loop) at issue 15's holder counts, with every holder holding the
+// closed loop) at the coordinator goal's holder counts, with every holder holding the
 // same quota (shared=true: each renewal is sized against all the others)
 // or one quota each (scaleRules). Reported: renewals/s, p50 and p99 in ms,
 // and the CPU time of the whole process (three nodes and every holder) per
@@ -50,7 +50,7 @@ func BenchmarkRenewScale(b *testing.B) {
 // quota at an offered rate instead of a closed loop: the holders renew on a
 // schedule, rate renewals/s together, the way agents renew at their renew
 // points, and a renewal's latency counts from when it was due. This is the
-// latency at a given load that issue 15's goal names (20,000 renewals/s at
+// latency at a given load that the coordinator's goal names (20,000 renewals/s at
 // 1,000 holders, p99 at most 50 ms); the closed loop measures the group's
 // saturation, where every renewal queues behind the others (at 1,000
 // holders its mean wait is 1,000 / (renewals/s): 50 ms at exactly 20,000/s).

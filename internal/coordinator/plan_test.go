@@ -14,7 +14,7 @@ import (
 
 // TestRenewCostIndependentOfHolders holds the leader's work per renewal
 // to a constant, whatever the number of holders of the renewed quota
-// (issue 15): the nudge plan, which reads every live lease of a quota, is
+// (a coordinator that keeps up): the nudge plan, which reads every live lease of a quota, is
 // made once per quota per planning round (nudge.go), not once per
 // renewal. At 10 and at 1,000 holders of one quota, every holder renews
 // in turn (32 at a time, 3,000 renewals in all, within a minute); the leases the leader's
