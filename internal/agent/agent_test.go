@@ -52,6 +52,14 @@ func startAgent(t *testing.T, rulesYAML string, mutate ...func(*agent.Config)) *
 // redis-sentinel://, redis-cluster://).
 func startAgentOn(t *testing.T, redisAddr, rulesYAML string, mutate ...func(*agent.Config)) *testAgent {
 	t.Helper()
+	return startAgentLeases(t, redisAddr, rulesYAML, nil, mutate...)
+}
+
+// startAgentLeases is startAgentOn with leases, when not nil, in place of
+// the holder the agent would build (agent.Start's leases argument): a
+// lease holder with a bug on purpose.
+func startAgentLeases(t *testing.T, redisAddr, rulesYAML string, leases agent.Leases, mutate ...func(*agent.Config)) *testAgent {
+	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(path, []byte(rulesYAML), 0o644); err != nil {
@@ -70,7 +78,7 @@ func startAgentOn(t *testing.T, redisAddr, rulesYAML string, mutate ...func(*age
 	// The coordinators of these tests are plaintext unless a test gives
 	// the agent TLS files (tls_test.go).
 	cfg.Insecure = !cfg.TLS.Enabled()
-	srv, err := agent.Start(context.Background(), cfg, testLogger(t), nil)
+	srv, err := agent.Start(context.Background(), cfg, testLogger(t), leases)
 	if err != nil {
 		t.Fatalf("agent.Start: %v", err)
 	}

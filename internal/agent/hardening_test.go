@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
@@ -79,24 +77,7 @@ rules:
 // the process, here the test binary.
 func TestHandlerPanicAnswersInternal(t *testing.T) {
 	r := harness.StartRedis(t)
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(path, []byte(panicRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg := agent.DefaultConfig()
-	cfg.RulesFile, cfg.Redis = path, r.Addr
-	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.DecisionTimeout = 500 * time.Millisecond
-	srv, err := agent.Start(context.Background(), cfg, testLogger(t), panickingLeases{start: time.Now()})
-	if err != nil {
-		t.Fatalf("agent.Start: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
-	waitFor(t, "agent ready", srv.Ready)
+	srv := startAgentLeases(t, r.Addr, panicRules, panickingLeases{start: time.Now()}).srv
 	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,26 +65,7 @@ func (l *wedgingLeases) Stepped() time.Time {
 func startWedgeable(t *testing.T, l *wedgingLeases) *agent.Server {
 	t.Helper()
 	r := harness.StartRedis(t)
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(path, []byte(panicRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg := agent.DefaultConfig()
-	cfg.RulesFile, cfg.Redis = path, r.Addr
-	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.DecisionTimeout = 500 * time.Millisecond
-	cfg.StallTimeout = time.Second
-	srv, err := agent.Start(context.Background(), cfg, testLogger(t), l)
-	if err != nil {
-		t.Fatalf("agent.Start: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	})
-	waitFor(t, "agent ready", srv.Ready)
-	return srv
+	return startAgentLeases(t, r.Addr, panicRules, l, func(cfg *agent.Config) { cfg.StallTimeout = time.Second }).srv
 }
 
 func healthz(t *testing.T, srv *agent.Server) (int, string) {
