@@ -56,6 +56,7 @@ func TestHandshakeFailuresLogOnce(t *testing.T) {
 	for _, port := range []struct{ listener, addr string }{
 		{"-grpc", n.GRPCAddr()}, {"-admin", n.AdminAddr()}, {"-raft", n.RaftAddr()},
 	} {
+		start := time.Now()
 		for range knocks {
 			c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", port.addr, stranger.ClientConfig("127.0.0.1", nil))
 			if err == nil {
@@ -67,8 +68,11 @@ func TestHandshakeFailuresLogOnce(t *testing.T) {
 		for n.HandshakeFailures(port.listener) < knocks {
 			time.Sleep(10 * time.Millisecond)
 		}
-		if got := strings.Count(log.String(), "listener="+port.listener+" "); got != 1 {
-			t.Errorf("%s: %d lines for %d failed handshakes, want 1:\n%s", port.listener, got, knocks, log.String())
+		// One line per minute: on a machine so loaded that the knocks
+		// outlast a minute, one more line for each minute they took.
+		want := 1 + int(time.Since(start)/time.Minute)
+		if got := strings.Count(log.String(), "listener="+port.listener+" "); got < 1 || got > want {
+			t.Errorf("%s: %d lines for %d failed handshakes, want 1 (at most %d after %v):\n%s", port.listener, got, knocks, want, time.Since(start), log.String())
 		}
 	}
 	if strings.Contains(log.String(), "failed to decode incoming command") {
