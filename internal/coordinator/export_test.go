@@ -1,6 +1,8 @@
 package coordinator
 
 import (
+	"context"
+
 	"github.com/ration-dev/ration/internal/lease"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 )
@@ -56,3 +58,13 @@ func (n *Node) TLSSource() *tlsfiles.Source { return n.tls }
 // HandshakeFailures counts the failed TLS handshakes on listener ("-grpc",
 // "-admin", "-raft").
 func (n *Node) HandshakeFailures(listener string) int64 { return n.handshakeLog(listener).Failures() }
+
+// ProposeCommand commits one lease command through the node's term, as
+// its own loops do (stamped with the term's clock); tests only.
+func (n *Node) ProposeCommand(ctx context.Context, cmd lease.Command) (OpResult, error) {
+	res, err := n.propose(ctx, &proposal{ops: []pendingOp{{cmd: cmd}}})
+	if err != nil {
+		return OpResult{}, err
+	}
+	return res[0], nil
+}

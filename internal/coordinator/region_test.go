@@ -632,6 +632,44 @@ func TestHierarchyRegionalLeaderFailover(t *testing.T) {
 	}
 }
 
+// A regional leader numbers its upstream requests past every answer its
+// group has funded, whatever its clock says: a number at or below one
+// already funded could be answered from the global group's record again
+// and deposited twice. The group's state is made to hold a funded number
+// far past any clock (a Fund numbered 2^62, which also drops the funding);
+// the leader's own Funds are then refused as stale, its leader is killed,
+// and the next leader's Funds must be numbered past 2^62 and applied.
+func TestRegionalLeaderNumbersPastFunded(t *testing.T) {
+	hr := startHierarchy(t, hierRules, 1, 3, 1, []string{"eu"})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		hr.drive("g", "x", 8*time.Second, func(*regionAgent, time.Duration) float64 { return 50 })
+	}()
+	defer func() { close(hr.quit); <-done }()
+	eu := hr.regions["eu"]
+	upSeq := func(i int) (seq uint64) {
+		eu.Node(i).ReadState(func(s *lease.State) { seq = s.UpstreamSeq() })
+		return seq
+	}
+	li, leader := eu.Leader(t)
+	if waitFor(10*time.Second, func() bool { return upSeq(li) > 0 }) == 0 {
+		t.Fatal("eu's quota was never funded from upstream")
+	}
+	const far = uint64(1) << 62
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := leader.ProposeCommand(ctx, lease.Fund{Quota: coordinator.QuotaID("g", "x"), Seq: far})
+	if err != nil || r.Err != nil {
+		t.Fatalf("proposing a Fund numbered 2^62: %v, %v", err, r.Err)
+	}
+	eu.Kill(li)
+	ni, _ := eu.Leader(t)
+	if waitFor(15*time.Second, func() bool { return upSeq(ni) > far }) == 0 {
+		t.Fatalf("no Fund numbered past 2^62 applied under node%d, the new leader: funded up to %d", ni, upSeq(ni))
+	}
+}
+
 // A global leased rule with lease.default_share: the default quota (g|*)
 // is leased by each region from the global group and subleased to its
 // agents like any quota, and every subject's admissions across the

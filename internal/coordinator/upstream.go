@@ -122,15 +122,28 @@ func (n *Node) termClock(t *term) int64 {
 	return t.base + n.clock().Sub(t.start).Microseconds()
 }
 
+// upstreamSeqStart is the first sequence number of the term's upstream
+// requests. Numbers continue across leaders of this group, past every
+// number whose answer a Fund in this group's state applied (the Barrier
+// and LeaderElected before the loop starts put every earlier term's
+// committed Fund in the state). A number an earlier leader sent but never
+// funded may be reused: the global group then either refuses it (stale) or
+// replays its answer, which this leader funds once, as the earlier one never
+// did. The term's clock (never below the wall clock at the term's start)
+// keeps numbers apart from an earlier leader's unfunded ones in the common
+// case, so that few requests are refused as stale.
+func (n *Node) upstreamSeqStart(t *term) uint64 {
+	var funded uint64
+	n.fsm.read(func(s *lease.State) { funded = s.UpstreamSeq() })
+	return max(uint64(n.termClock(t)), funded+1)
+}
+
 // runUpstream is the term's upstream loop (regional groups only).
 func (n *Node) runUpstream(t *term) {
 	defer n.wg.Done()
 	u := &upstream{
 		n: n, t: t, holder: region.HolderName(region.ID(n.cfg.Region)),
-		// Sequence numbers continue across leaders of this group: the wall
-		// clock in µs is past any number an earlier leader used (each
-		// used about one per request since its own, earlier, start).
-		seq:    uint64(max(time.Now().UnixMicro(), n.termClock(t))),
+		seq:    n.upstreamSeqStart(t),
 		quotas: map[string]*upQuota{},
 		nudged: map[string]bool{},
 	}
@@ -372,6 +385,7 @@ func (u *upstream) round() {
 			if q.h.Valid(recv) {
 				funds = append(funds, pendingOp{cmd: lease.Fund{
 					Quota: q.id, Burst: g.Cap, Rate: rateOr0(g.Rate), Deposit: g.Balance, NotAfter: q.h.ValidUntil,
+					Seq: seqs[i],
 				}})
 			}
 		case strings.HasPrefix(e, ItemErrUnknownQuota), strings.HasPrefix(e, ItemErrTooManySubjects):

@@ -193,6 +193,13 @@ func (f Funding) Active(now int64) bool { return (f.Burst > 0 || f.Rate > 0) && 
 // while L is valid. So the sublessees together never spend more than L
 // allows plus the quota's own part, and conservation at the upper level
 // carries down.
+//
+// Seq is the sequence number of the upstream request whose answer this
+// funds (0 in logs written before it existed). The state keeps the largest
+// one applied (UpstreamSeq) and refuses an older one with ErrStale: an
+// upstream answer is deposited once, even if a later leader of this group
+// were answered it again (a recorded answer replayed to a reused number),
+// and a new leader numbers its requests past every answer already funded.
 type Fund struct {
 	Now      int64   `json:"now"`
 	Quota    string  `json:"quota"`
@@ -200,6 +207,7 @@ type Fund struct {
 	Rate     float64 `json:"rate"`
 	Deposit  float64 `json:"deposit"`
 	NotAfter int64   `json:"not_after"`
+	Seq      uint64  `json:"seq,omitempty"`
 }
 
 // Grant asks for a lease on Quota for Holder. A holder has at most one

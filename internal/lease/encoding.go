@@ -19,6 +19,8 @@ import (
 //   - 4: Renew in binary (binary.go), not JSON: every renewal is decoded
 //     on every replica, and JSON decoding was the largest cost of applying
 //     one. Only Renew has a version 4.
+//   - 5: adds Fund.Seq (JSON). A replica older than it stops at the first
+//     Fund a newer regional leader writes: upgrade followers first.
 //
 // A JSON command is encoded at the lowest version that has every field it
 // sets (jsonVersionOf), so a command that sets no new field encodes exactly
@@ -30,7 +32,7 @@ import (
 const (
 	commandVersion    = 1
 	binaryVersion     = 4
-	maxCommandVersion = 4
+	maxCommandVersion = 5
 )
 
 // commandVersionOf is the version c is encoded at. v must be value(c).
@@ -51,6 +53,10 @@ func jsonVersionOf(v Command) byte {
 		}
 		if c.Config != nil {
 			return 2
+		}
+	case Fund:
+		if c.Seq != 0 {
+			return 5
 		}
 	case ConfigureQuota:
 		if c.StartEmpty {
@@ -162,16 +168,20 @@ func decodeStrict[T any](b []byte) (T, error) {
 }
 
 // Snapshot versions: 2 adds QuotaConfig's Rule and MaxSubjects and the
-// answer code of ErrTooManySubjects; 3 adds QuotaConfig.StartEmpty. A state that uses none of them is
+// answer code of ErrTooManySubjects; 3 adds QuotaConfig.StartEmpty; 4 adds
+// the upstream sequence number funded last (UpstreamSeq). A state that uses none of them is
 // written as version 1, byte for byte as before, so an older replica can
 // still restore it; UnmarshalBinary reads both.
 const (
 	snapshotVersion    = 1
-	maxSnapshotVersion = 3
+	maxSnapshotVersion = 4
 )
 
 // snapshotVersionOf is the lowest version that can hold s.
 func (s *State) snapshotVersionOf() int {
+	if s.upSeq != 0 {
+		return 4
+	}
 	for _, q := range s.quotas {
 		if q.base.StartEmpty {
 			return 3
@@ -197,6 +207,7 @@ type snapshot struct {
 	Quotas  []quotaRecord  `json:"quotas"`
 	Holders []holderRecord `json:"holders"`
 	Tunings []Tuning       `json:"tunings,omitempty"`
+	UpSeq   uint64         `json:"up_seq,omitempty"`
 }
 
 type quotaRecord struct {
@@ -224,7 +235,7 @@ type holderRecord struct {
 // give equal bytes (quotas and holders sorted by name, leases in the
 // state's order, floats in their shortest exact form).
 func (s *State) MarshalBinary() ([]byte, error) {
-	snap := snapshot{Version: s.snapshotVersionOf(), Now: s.now, NextID: s.nextID,
+	snap := snapshot{Version: s.snapshotVersionOf(), Now: s.now, NextID: s.nextID, UpSeq: s.upSeq,
 		Quotas: []quotaRecord{}, Holders: []holderRecord{}}
 	for _, name := range s.Quotas() {
 		q := s.quotas[name]
@@ -265,7 +276,7 @@ func (s *State) UnmarshalBinary(b []byte) error {
 		return fmt.Errorf("lease: unmarshal state: version %d, know %d to %d: %w", snap.Version, snapshotVersion, maxSnapshotVersion, ErrCorrupt)
 	}
 	n := New()
-	n.now, n.nextID = snap.Now, snap.NextID
+	n.now, n.nextID, n.upSeq = snap.Now, snap.NextID, snap.UpSeq
 	for _, t := range snap.Tunings {
 		if err := t.Check(); err != nil || t.Empty() || n.tunings[t.Key()].Rule != "" {
 			return fmt.Errorf("lease: unmarshal state: tuning %q invalid, empty or repeated: %w", t.Key(), ErrCorrupt)

@@ -118,3 +118,59 @@ func TestFundEncoding(t *testing.T) {
 		t.Errorf("an unfunded quota's snapshot record changed form: %s", snap)
 	}
 }
+
+// An upstream answer is deposited once: a Fund numbered below one already
+// applied is stale and changes nothing (a new regional leader answered an
+// earlier leader's recorded answer again must not deposit it twice), one
+// with the same number applies (a round's renewals share one number), and
+// a Fund of an older log (Seq 0) always applies. The number is the
+// state's, not a quota's (a quota removed when idle does not take it
+// along), and survives a snapshot.
+func TestFundSeqDepositsOnce(t *testing.T) {
+	fund := func(now int64, seq uint64, deposit float64) Fund {
+		return Fund{Now: now, Quota: "f", Burst: 90, Rate: 9, Deposit: deposit, NotAfter: 6 * sec, Seq: seq}
+	}
+	wantUp := func(seq uint64) check {
+		return func(t *testing.T, s *State, _ Result) {
+			t.Helper()
+			if got := s.UpstreamSeq(); got != seq {
+				t.Errorf("UpstreamSeq = %d, want %d", got, seq)
+			}
+		}
+	}
+	s, _ := run(t, []step{
+		{cmd: quotaF(0)},
+		{cmd: Grant{Now: 0, Holder: "a", Seq: 1, Quota: "f", Demand: 10}}, // takes the own 10
+		{cmd: fund(0, 100, 50), want: []check{wantPool("f", 50), wantUp(100)}},
+		{cmd: fund(0, 99, 50), err: ErrStale},                                    // replayed answer: nothing deposited
+		{cmd: fund(0, 100, 10), want: []check{wantPool("f", 60), wantUp(100)}},   // same round, another item
+		{cmd: fund(0, 0, 10), want: []check{wantPool("f", 70), wantUp(100)}},     // an older log's Fund
+		{cmd: fund(0, 101, 0), want: []check{wantPool("f", 70), wantUp(101)}},    // the next round
+		{cmd: Fund{Now: 0, Quota: "nope", Seq: 5, NotAfter: sec}, err: ErrStale}, // stale before unknown
+	})
+	snap, err := s.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := New()
+	if err := r.UnmarshalBinary(snap); err != nil {
+		t.Fatalf("UnmarshalBinary: %v", err)
+	}
+	if r.UpstreamSeq() != 101 || !bytes.Contains(snap, []byte(`"version":4`)) {
+		t.Fatalf("restored UpstreamSeq = %d (snapshot %s), want 101 at version 4", r.UpstreamSeq(), snap)
+	}
+	f := fund(7, 101, 1)
+	b, err := EncodeCommand(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b[1] != 5 {
+		t.Errorf("a Fund with Seq is encoded at version %d, want 5", b[1])
+	}
+	if got, err := DecodeCommand(b); err != nil || !reflect.DeepEqual(got, f) {
+		t.Fatalf("DecodeCommand(EncodeCommand(%+v)) = %+v, %v", f, got, err)
+	}
+	if b, _ := EncodeCommand(fund(7, 0, 1)); b[1] != 1 {
+		t.Errorf("a Fund without Seq is encoded at version %d, want 1 (as before)", b[1])
+	}
+}

@@ -23,6 +23,9 @@ type State struct {
 	leases  map[uint64]*lease
 	holders map[string]*holder
 	tunings map[string]Tuning // by Tuning.Key
+	// upSeq is the largest upstream sequence number a Fund has applied
+	// (Fund.Seq); it survives the removal of the quota it funded.
+	upSeq uint64
 	// subjects counts the quotas of each QuotaConfig.Rule, for MaxSubjects;
 	// derived, rebuilt from the quotas.
 	subjects map[string]int
@@ -242,6 +245,9 @@ func (s *State) fundQuota(c Fund) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
+	if c.Seq != 0 && c.Seq < s.upSeq {
+		return fmt.Errorf("lease: fund %q with the answer to upstream seq %d, older than %d already funded: %w", c.Quota, c.Seq, s.upSeq, ErrStale)
+	}
 	q := s.quotas[c.Quota]
 	if q == nil {
 		return fmt.Errorf("lease: fund %q: %w", c.Quota, ErrUnknownQuota)
@@ -251,6 +257,7 @@ func (s *State) fundQuota(c Fund) error {
 	}
 	s.advance(c.Now)
 	q.refill(s.now)
+	s.upSeq = max(s.upSeq, c.Seq)
 	q.fund = Funding{Burst: c.Burst, Rate: c.Rate, NotAfter: c.NotAfter}
 	if !q.fund.Active(s.now) {
 		q.fund = Funding{}
@@ -262,6 +269,11 @@ func (s *State) fundQuota(c Fund) error {
 	q.settle()
 	return nil
 }
+
+// UpstreamSeq is the largest upstream sequence number whose answer a Fund
+// applied (0 if none): a regional leader numbers its upstream requests past
+// it, so no answer already funded is ever answered to it again.
+func (s *State) UpstreamSeq() uint64 { return s.upSeq }
 
 // newQuota creates quota name with shape cfg at now. A new bucket starts
 // full; a funded one holds only its own part until an upstream lease funds
