@@ -67,3 +67,71 @@ rules:
 		t.Errorf("ration_store_errors_total{kind=\"caller_gone\"} = %v, want the hung-up calls counted", gone)
 	}
 }
+
+// A caller who hangs up before its decision's dependency answers gets no
+// failure policy: the decision is counted as caller_gone and touches no
+// policy, outage episode or emergency allowance. Rules of every policy are
+// called while Redis is stalled, each by callers who give up first; none
+// may count an activation, start an episode, or spend the emergency
+// allowance (its one token is there for the first decision after).
+func TestCallerGoneActivatesNoPolicy(t *testing.T) {
+	const rules = `
+rules:
+  - name: closed
+    match: {c: "*"}
+    burst: 100
+    rate: 100
+    on_failure: fail_closed
+  - name: open
+    match: {o: "*"}
+    burst: 100
+    rate: 100
+    on_failure: fail_open
+  - name: emergency
+    match: {e: "*"}
+    burst: 100
+    rate: 100
+    on_failure: emergency
+    emergency: {burst: 1, rate: 0.001, max_duration: 1m}
+`
+	a := startAgent(t, rules, func(c *agent.Config) {
+		c.DecisionTimeout = 2 * time.Second
+		c.Breaker.Threshold = 1000
+	})
+	allow := func(timeout time.Duration, key string) (*rationv1.AllowResponse, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		return a.rl.Allow(ctx, &rationv1.AllowRequest{Descriptors: map[string]string{key: "s"}})
+	}
+	for _, key := range []string{"c", "o", "e"} {
+		if r, err := allow(5*time.Second, key); err != nil || !r.Allowed {
+			t.Fatalf("first decision of %s: %v %v, want admitted", key, r, err)
+		}
+	}
+	a.redis.Pause()
+	t.Cleanup(a.redis.Resume)
+	for i := range 5 {
+		for _, key := range []string{"c", "o", "e"} {
+			if r, err := allow(50*time.Millisecond, key); err == nil && r.Allowed {
+				t.Fatalf("call %d of %s admitted while Redis is stalled and its caller gone: %v", i, key, r)
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the store calls return once their callers' contexts end
+	for _, p := range []struct{ rule, policy string }{{"closed", "fail_closed"}, {"open", "fail_open"}, {"emergency", "emergency"}} {
+		if n := metricValue(t, a.srv.Registry, "ration_fallback_activations_total", map[string]string{"rule": p.rule, "policy": p.policy}); n != 0 {
+			t.Errorf("ration_fallback_activations_total{rule=%q} = %v: a caller hanging up activated its failure policy", p.rule, n)
+		}
+	}
+	if active := metricValue(t, a.srv.Registry, "ration_fallback_active", nil); active != 0 {
+		t.Errorf("ration_fallback_active = %v: callers hanging up started an outage episode", active)
+	}
+	if gone := metricValue(t, a.srv.Registry, "ration_store_errors_total", map[string]string{"kind": "caller_gone"}); gone < 15 {
+		t.Errorf("ration_store_errors_total{kind=\"caller_gone\"} = %v, want the 15 hung-up calls counted", gone)
+	}
+	// A real outage now (callers who wait): the emergency rule's one token
+	// is still there for its first fallback decision.
+	if r, err := allow(5*time.Second, "e"); err != nil || !r.Allowed || r.Reason != rationv1.Reason_REASON_EMERGENCY {
+		t.Fatalf("first decision of a real outage on the emergency rule: %v %v, want admitted by the emergency allowance", r, err)
+	}
+}

@@ -116,9 +116,14 @@ const (
 	pathRedis         // the shared store (Redis, or memory under -dev)
 	pathLeased        // local lease
 	pathFallback      // failure policy
+	// pathGone: the caller hung up (or its own deadline passed) before its
+	// dependency answered. Nothing was decided and nothing is spent: no
+	// failure policy, episode or emergency allowance is touched, and the
+	// answer (which no one reads) is "unavailable".
+	pathGone
 )
 
-var pathNames = [...]string{"none", "store", "leased", "fallback"}
+var pathNames = [...]string{"none", "store", "leased", "fallback", "gone"}
 
 func (p path) String() string { return pathNames[p] }
 
@@ -549,6 +554,10 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 				// expired meanwhile, and mark hot keys that lapsed, as if
 				// still valid. The Ref path above never waits.
 				leaseNow = s.leases.Now()
+				if !ok && ctx.Err() != nil {
+					st.path = pathGone // hung up during a first-grant wait
+					continue
+				}
 				if ok {
 					st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
 					st.src = src
@@ -578,6 +587,10 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 	var now time.Time
 	for i := range steps {
 		st := &steps[i]
+		if st.path == pathGone {
+			st.allowed, st.reason = false, ReasonUnavailable
+			continue
+		}
 		if st.path != pathFallback {
 			continue
 		}
@@ -605,6 +618,10 @@ func (s *Service) spendHot(ctx context.Context, st *step, k *hotKey, now int64) 
 		st.src = src
 		st.reason = verdict(res.Allowed)
 		k.count.Add(1)
+		return
+	}
+	if ctx.Err() != nil {
+		st.path = pathGone
 		return
 	}
 	st.path = pathFallback
@@ -798,7 +815,7 @@ const (
 func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result, err error) storeHealth {
 	if err != nil && caller.Err() != nil {
 		s.metrics.storeErrors.WithLabelValues("caller_gone").Inc()
-		st.path = pathFallback
+		st.path = pathGone
 		return storeSilent
 	}
 	if err != nil {
