@@ -33,7 +33,7 @@ rules:
 // falls to fail_closed, none is admitted.
 func TestBatchItemsAfterAWaitUseTheClockAfterIt(t *testing.T) {
 	c := harness.StartCoordinators(t, 1, batchClockRules)
-	proxy := harness.NewStallProxy(t, c.GRPCAddrs()[0])
+	proxy := harness.NewProxy(t, c.GRPCAddrs()[0])
 	a := startAgent(t, batchClockRules, func(cfg *agent.Config) {
 		cfg.Coordinators = proxy.Addr()
 		cfg.DecisionTimeout = 2 * time.Second

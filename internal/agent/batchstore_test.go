@@ -38,8 +38,9 @@ rules:
 // answered the other client 503.
 func TestMaxBatchDoesNotOpenBreaker(t *testing.T) {
 	r := harness.StartRedis(t)
-	slow := harness.StartThrottle(t, r.Addr, 400e3)
-	a := startAgentOn(t, slow.Addr, batchBesideRules, func(cfg *agent.Config) {
+	slow := harness.NewProxy(t, r.Addr)
+	slow.SetRate(harness.Upstream, 400e3)
+	a := startAgentOn(t, slow.Addr(), batchBesideRules, func(cfg *agent.Config) {
 		cfg.DecisionTimeout = 500 * time.Millisecond
 	})
 	a.redis = r
@@ -137,8 +138,8 @@ func TestMaxBatchDoesNotOpenBreaker(t *testing.T) {
 // seconds, a single decision's some milliseconds.
 func TestBatchStoreCallCountsOnceAgainstBreaker(t *testing.T) {
 	r := harness.StartRedis(t)
-	slow := harness.StartThrottle(t, r.Addr, 0)
-	a := startAgentOn(t, slow.Addr, batchBesideRules, func(cfg *agent.Config) {
+	slow := harness.NewProxy(t, r.Addr)
+	a := startAgentOn(t, slow.Addr(), batchBesideRules, func(cfg *agent.Config) {
 		cfg.DecisionTimeout = 300 * time.Millisecond
 	})
 	a.redis = r
@@ -152,7 +153,7 @@ func TestBatchStoreCallCountsOnceAgainstBreaker(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	slow.SetRate(20e3)
+	slow.SetRate(harness.Upstream, 20e3)
 
 	reqs := make([]*rationv1.AllowRequest, 500)
 	for i := range reqs {

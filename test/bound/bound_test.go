@@ -108,7 +108,7 @@ func seedAndRun(t *testing.T) (uint64, time.Duration) {
 
 // TestBoundOnEveryPath is the bound checker: a 3-node coordinator group, a
 // redis-server and agents in-process, every agent's link to the
-// coordinators through a StallProxy. Workers call the agents through each
+// coordinators through a harness.Proxy. Workers call the agents through each
 // decision entry point (entry_test.go) with a few hot subjects and a stream of
 // new ones, while the test's goroutine follows a seeded schedule of
 // faults and reloads (schedule_test.go). Every admission the callers saw is

@@ -30,11 +30,11 @@ import (
 
 // testAgent is one agent in-process, reached as its callers reach it: over
 // gRPC (Ration's API and Envoy's) and HTTP on loopback. Its link to each
-// coordinator goes through a StallProxy of its own.
+// coordinator goes through a harness.Proxy of its own.
 type testAgent struct {
 	name    string
 	srv     *agent.Server
-	proxies []*harness.StallProxy
+	proxies []*harness.Proxy
 	rl      rationv1.RateLimiterClient
 	envoy   rlsv3.RateLimitServiceClient
 	base    string
@@ -53,7 +53,7 @@ func (w *world) startAgent() *testAgent {
 	a := &testAgent{name: name}
 	var addrs []string
 	for _, up := range w.coords.GRPCAddrs() {
-		p := harness.NewStallProxy(t, up)
+		p := harness.NewProxy(t, up)
 		a.proxies = append(a.proxies, p)
 		addrs = append(addrs, p.Addr())
 	}

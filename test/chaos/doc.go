@@ -1,6 +1,6 @@
 // Package chaos proves Ration's overshoot bounds under real faults: real
 // gateway-agent, coordinator and redis-server processes on loopback, an
-// in-process TCP fault proxy (toxiproxy, embedded) and a gRPC reply
+// in-process TCP fault proxy (internal/harness.Proxy) and a gRPC reply
 // dropper between them, open-loop load at three times each quota's rate,
 // and a checker (internal/admission) over every decision the agents
 // recorded with -record.

@@ -156,7 +156,7 @@ func s3(t *testing.T, label, brk string, startCut func(testing.TB, AgentOptions)
 	r := rng(t)
 	coords := startCoordinators(t, 1, leasedRules)
 	redis := harness.StartRedis(t)
-	px := NewProxy(t, "coordinator", coords.GRPCAddrs()[0])
+	px := harness.NewProxy(t, coords.GRPCAddrs()[0])
 	cutRules := leasedRules
 	if broken(brk) {
 		// The cut agent decides by looser policies than the scenario

@@ -69,7 +69,7 @@ func TestS20AutoFailoverLosesMark(t *testing.T) {
 	// The replica replicates through a proxy, so that its link can be cut
 	// for certain: a replica merely stopped (SIGSTOP) still finds, once
 	// resumed, what the dead primary had sent into its socket.
-	repl := NewProxy(t, "replication", primary.Addr)
+	repl := harness.NewProxy(t, primary.Addr)
 	replica := harness.StartRedis(t, harness.WithReplicaOf(repl.Addr()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -77,7 +77,7 @@ func TestS20AutoFailoverLosesMark(t *testing.T) {
 		info, err := replica.Client().Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
-	px := NewProxy(t, "redis", primary.Addr)
+	px := harness.NewProxy(t, primary.Addr)
 	var agents []*Agent
 	for i := range 3 {
 		agents = append(agents, StartAgent(t, AgentOptions{ID: fmt.Sprintf("s20a%d", i), Rules: s20Rules,

@@ -56,7 +56,7 @@ rules:
     on_failure: fail_open
 `
 	redis := harness.StartRedis(t)
-	px := NewProxy(t, "redis", redis.Addr)
+	px := harness.NewProxy(t, redis.Addr)
 	args := []string{"-decision-timeout", decisionTO.String(), "-breaker-probe-interval", probe.String()}
 	if broken("S10") {
 		t.Log("chaos: S10 protection removed: the breaker never opens")
@@ -180,7 +180,7 @@ rules:
 `
 	const B, total = 30, 90
 	redis := harness.StartRedis(t)
-	px := NewProxy(t, "redis", redis.Addr)
+	px := harness.NewProxy(t, redis.Addr)
 	a := StartAgent(t, AgentOptions{ID: "s11a", Rules: rulesYAML, Redis: px.Addr(),
 		Args: []string{"-decision-timeout", "50ms", "-breaker-probe-interval", "100ms"}})
 	fresh := broken("S11")
@@ -194,7 +194,7 @@ rules:
 	go func() {
 		defer close(faultsDone)
 		for ctx.Err() == nil {
-			px.Blackhole(Downstream)
+			px.Blackhole(harness.Downstream)
 			time.Sleep(300 * time.Millisecond)
 			px.Heal()
 			time.Sleep(time.Duration(200+r.IntN(200)) * time.Millisecond)

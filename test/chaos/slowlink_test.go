@@ -15,7 +15,7 @@ import (
 // the default share (lease.default_share 1), B = 1000 and r = 1/s per
 // subject, leases of 10s; one coordinator. Agent a1 spends s19Spent of
 // one subject, then its link to the coordinator turns slow (s19Delay each
-// way, toxiproxy's latency) and the subject stays idle on a1 past the
+// way, the proxy's Delay) and the subject stays idle on a1 past the
 // agents' idle time (one minute, holder.Options.IdleAfter: the scenario
 // cannot be shorter; the lease period does not shorten it); then agent a2
 // arrives, offering the subject s19Offer, and a1's default lease shrinks
@@ -66,7 +66,7 @@ func TestS19DefaultShareSlowLinkArrival(t *testing.T) {
 	_ = rng(t)
 	coords := StartCoordinatorProcs(t, 1, s19Rules)
 	redis := harness.StartRedis(t)
-	px := NewProxy(t, "coordinator", coords.GRPC[0])
+	px := harness.NewProxy(t, coords.GRPC[0])
 	a1 := StartAgent(t, AgentOptions{ID: "s19a1", Rules: s19Rules, Redis: redis.Addr, Coordinators: px.Addr()})
 	const x = "user=x"
 
@@ -75,8 +75,8 @@ func TestS19DefaultShareSlowLinkArrival(t *testing.T) {
 	a2 := StartAgent(t, AgentOptions{ID: "s19a2", Rules: s19Rules, Redis: redis.Addr, Coordinators: coords.GRPC[0]})
 	calls := callsOf(t, a1, "s19", x, s19Spent)
 	spent := mono()
-	px.Delay(Upstream, s19Delay, 0)
-	px.Delay(Downstream, s19Delay, 0)
+	px.Delay(harness.Upstream, s19Delay, 0)
+	px.Delay(harness.Downstream, s19Delay, 0)
 	time.Sleep(s19Idle - (mono() - spent))
 	arrive := StartLoad([]Target{{Agent: a2, Rule: "s19", Subject: x, Rate: s19Offer}})
 	time.Sleep(s19Arrive)

@@ -145,7 +145,7 @@ var soakFaultNames = [soakFaultKinds]string{"leader kill", "leader pause", "agen
 type soakAgent struct {
 	*Agent
 	region  string
-	link    *Proxy // to its regional coordinator
+	link    *harness.Proxy // to its regional coordinator
 	dropper *ReplyDropper
 	off     int64 // bytes of its admission log read so far
 	recs    []admission.Record
@@ -156,7 +156,7 @@ type soak struct {
 	r        *rand.Rand
 	global   *CoordinatorProcs
 	regional map[string]*CoordinatorProcs
-	upstream map[string][]*Proxy // region -> a proxy per global node
+	upstream map[string][]*harness.Proxy // region -> a proxy per global node
 	redis    map[string]*harness.SentinelSet
 	agents   []*soakAgent
 	load     *Load
@@ -178,7 +178,7 @@ func startSoak(t *testing.T, r *rand.Rand) *soak {
 		t.Fatal(err)
 	}
 	rules := string(rulesB)
-	s := &soak{t: t, r: r, regional: map[string]*CoordinatorProcs{}, upstream: map[string][]*Proxy{},
+	s := &soak{t: t, r: r, regional: map[string]*CoordinatorProcs{}, upstream: map[string][]*harness.Proxy{},
 		redis: map[string]*harness.SentinelSet{}, failovers: map[string]int{}, restarts: map[string]int{},
 		worst: map[string]Judged{}}
 	s.global = StartCoordinatorGroup(t, GroupOptions{N: 3, Rules: rules, ID: "global"})
@@ -193,8 +193,8 @@ func startSoak(t *testing.T, r *rand.Rand) *soak {
 			up = StartCoordinatorGroup(t, GroupOptions{N: 1, Rules: rules, ID: "rogue"})
 		}
 		var via []string
-		for i, addr := range up.GRPC {
-			p := NewProxy(t, fmt.Sprintf("up-%s-%d", region, i), addr)
+		for _, addr := range up.GRPC {
+			p := harness.NewProxy(t, addr)
 			s.upstream[region] = append(s.upstream[region], p)
 			via = append(via, p.Addr())
 		}
@@ -207,7 +207,7 @@ func startSoak(t *testing.T, r *rand.Rand) *soak {
 		redisURL := "redis-sentinel://" + strings.Join(ss.SentinelAddrs, ",") + "/" + ss.MasterName
 		for _, n := range []string{"a1", "a2"} {
 			id := region + "-" + n
-			link := NewProxy(t, "link-"+id, s.regional[region].GRPC[0])
+			link := harness.NewProxy(t, s.regional[region].GRPC[0])
 			dr := NewReplyDropper(t, link.Addr(), 0, rand.New(rand.NewPCG(r.Uint64(), r.Uint64())))
 			a := StartAgent(t, AgentOptions{ID: id, Rules: rules, Redis: redisURL, Coordinators: dr.Addr(),
 				Args: []string{"-region", region, "-log-level", "warn"}})
