@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what Ration's tests need on a fresh machine: redis-server (with
 # redis-sentinel and redis-benchmark), jq (scripts/bench.sh), nginx (the
-# auth_request end-to-end test), caddy (the forward_auth one) and chromium
-# (the coordinator status page, rendered in headless Chromium). Tests
+# auth_request end-to-end test), caddy (the forward_auth one), chromium
+# (the coordinator status page, rendered in headless Chromium) and a C
+# compiler (internal/harness builds a shim that steps a redis-server's
+# clock). Tests
 # start their own servers on free loopback ports with their own files; a
 # redis on 6379 or an nginx or caddy on 80 is neither used nor touched.
 set -euo pipefail
@@ -18,6 +20,9 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v caddy >/dev/null 2>&1 || need+=(caddy)
 # Debian installs the browser as /usr/bin/chromium (the status page test runs it headless).
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# harness.WithClock compiles an LD_PRELOAD shim; libc6-dev is only
+# recommended by gcc, and its headers are needed.
+{ command -v cc && echo '#include <sys/time.h>' | cc -E -x c -; } >/dev/null 2>&1 || need+=(gcc libc6-dev)
 
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 

@@ -48,6 +48,7 @@ type Redis struct {
 	args     []string // after the config file
 	busPort  int      // cluster bus port, 0 when not a cluster node
 	sentinel bool
+	env      []string // added to the process's environment
 
 	mu     sync.Mutex
 	proc   *os.Process
@@ -68,6 +69,7 @@ type redisConfig struct {
 	cluster  bool
 	tls      []string // tls-* lines (WithTLS); the port is added at start
 	password string   // requirepass (WithPassword)
+	env      []string // added to the process's environment (WithClock)
 }
 
 // WithPassword sets requirepass: every client, the harness's included,
@@ -131,6 +133,7 @@ func startRedis(t testing.TB, c redisConfig) *Redis {
 		dir:      t.TempDir(),
 		sentinel: c.sentinel,
 		password: c.password,
+		env:      c.env,
 	}
 	if c.sentinel {
 		r.name = "sentinel"
@@ -196,6 +199,9 @@ func (r *Redis) start() error {
 	_ = os.Rename(logPath, logPath+".prev")
 	cmd := exec.Command(r.bin, append([]string{r.conf}, r.args...)...)
 	cmd.Dir = r.dir
+	if len(r.env) > 0 {
+		cmd.Env = append(os.Environ(), r.env...)
+	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = procAttr()
 	if err := cmd.Start(); err != nil {
