@@ -37,6 +37,7 @@ const (
 	decisionTimeout = time.Second
 	reloadInterval  = 50 * time.Millisecond
 	safetyMargin    = 200 * time.Millisecond // harness.RaftTestConfig's
+	autoHold        = 300 * time.Millisecond // the auto rules' auto.hold
 	idleAfter       = 3 * time.Second        // the lease holder's, 1m in a process
 	maxAgents       = 4
 	workers         = 8
@@ -80,7 +81,7 @@ func rulesYAML(shapes map[string]shape) string {
 			fmt.Fprintf(&b, "    lease: {period: %v}\n", leasePeriod)
 		}
 		if s.Mode == "auto" {
-			b.WriteString("    auto: {promote_above: 10, hold: 300ms}\n")
+			fmt.Fprintf(&b, "    auto: {promote_above: 10, hold: %v}\n", autoHold)
 		}
 	}
 	return b.String()
@@ -135,18 +136,29 @@ type world struct {
 	rnd       *rand.Rand // the schedule's; the test's goroutine only
 	origin    time.Time
 	coords    *harness.Coordinators
-	redisAddr string
 	rulesPath string
 
-	mu        sync.Mutex
-	shapes    map[string]shape
-	timelines map[string]*timeline
-	events    []string
-	agents    []*testAgent
-	spans     map[string][]admission.Span // by rule|subject
-	byEntry   map[string]int              // admissions by entry point
-	calls     map[string]int              // calls by entry point
-	fresh     atomic.Int64                // new subjects handed out
+	// The store: the primary the agents reach through redisPx, and its
+	// replica (store_test.go). The schedule's; the test's goroutine only.
+	primary, replica *redisNode
+	redisPx          *harness.Proxy
+	failingOver      bool
+	down             int // the coordinator node killed, -1 if none
+
+	mu         sync.Mutex
+	shapes     map[string]shape
+	timelines  map[string]*timeline
+	events     []string
+	agents     []*testAgent
+	spans      map[string][]admission.Span // by rule|subject
+	byEntry    map[string]int              // admissions by entry point
+	calls      map[string]int              // calls by entry point
+	fresh      atomic.Int64                // new subjects handed out
+	failovers  []failover                  // Redis failovers, in time order
+	steps      []clockStep                 // forward steps of the agents' store's clock
+	faults     map[string]int              // the schedule's steps by kind
+	retries    atomic.Int64                // coordinator calls the agents' clients retried
+	streamEnds atomic.Int64                // lease watch streams that ended
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -162,6 +174,8 @@ func newWorld(t *testing.T, seed uint64) *world {
 		spans:     map[string][]admission.Span{},
 		byEntry:   map[string]int{},
 		calls:     map[string]int{},
+		faults:    map[string]int{},
+		down:      -1,
 		stop:      make(chan struct{}),
 	}
 	for name, s := range initialShapes {
@@ -170,11 +184,12 @@ func newWorld(t *testing.T, seed uint64) *world {
 			initial: s,
 			linger:  2*reloadInterval + leasePeriod + safetyMargin + 100*time.Millisecond,
 			lag:     2*reloadInterval + 50*time.Millisecond,
+			hold:    autoHold,
 		}
 	}
 	yaml := rulesYAML(w.shapes)
 	w.coords = harness.StartCoordinators(t, 3, yaml)
-	w.redisAddr = harness.StartRedis(t).Addr
+	w.startStore()
 	w.rulesPath = filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(w.rulesPath, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
@@ -231,15 +246,17 @@ func (w *world) verify(seed uint64) {
 		rule, subject, _ := strings.Cut(k, "|")
 		spans := w.spans[k]
 		admitted += len(spans)
-		v := judge(*w.timelines[rule], spans)
+		tl := *w.timelines[rule]
+		tl.failovers, tl.steps = w.failovers, w.steps
+		v := judge(tl, spans)
 		if c, ok := closest[rule]; !ok || v.Over > c.Over {
 			closest[rule] = v
 			closestSubject[rule] = subject
 		}
 		if v.Over > 1e-6 {
 			bad = append(bad, fmt.Sprintf("rule %s subject user=%s: %.2f tokens over the bound in [%.3fs, %.3fs] "+
-				"(B %g, r %g, %d mode switches allowed for; %d admissions, %.0f tokens, in the judged stretch)",
-				rule, subject, v.Over, v.From.Seconds(), v.To.Seconds(), v.Burst, v.Rate, v.Switches, v.Count, v.Admitted))
+				"(B %g, r %g, %d mode switches and %d store faults allowed for, %.2f tokens; %d admissions, %.0f tokens, in the judged stretch)",
+				rule, subject, v.Over, v.From.Seconds(), v.To.Seconds(), v.Burst, v.Rate, v.Switches, v.Store, v.Extra, v.Count, v.Admitted))
 		}
 	}
 	var entries []string
@@ -249,6 +266,22 @@ func (w *world) verify(seed uint64) {
 	promotions, leased := w.metrics()
 	t.Logf("bound checker: %d subjects, %d admissions; admitted/calls by entry point: %s; %v hot promotions taken up, %v decisions on leases",
 		len(keys), admitted, strings.Join(entries, ", "), promotions, leased)
+	var kinds []string
+	for _, k := range stepKinds {
+		kinds = append(kinds, fmt.Sprintf("%s %d", k.name, w.faults[k.name]))
+	}
+	var lost []string
+	lostSome := false
+	for _, f := range w.failovers {
+		lost = append(lost, fmt.Sprintf("%v (%d bytes)", (f.Promoted-f.Cut).Round(time.Millisecond), f.Lost))
+		lostSome = lostSome || f.Lost > 0
+	}
+	var ahead []string
+	for _, s := range w.steps {
+		ahead = append(ahead, s.D.Round(time.Millisecond).String())
+	}
+	t.Logf("bound checker: schedule steps taken: %s; failovers' lost writes: %s; forward clock steps: %s; coordinator calls retried %d, lease watch streams ended %d",
+		strings.Join(kinds, ", "), strings.Join(lost, ", "), strings.Join(ahead, ", "), w.retries.Load(), w.streamEnds.Load())
 	for _, rule := range ruleNames() {
 		c := closest[rule]
 		t.Logf("rule %s: closest to its bound: user=%s %.2f tokens in [%.3fs, %.3fs] (B %g, r %g)",
@@ -266,5 +299,16 @@ func (w *world) verify(seed uint64) {
 	}
 	if promotions == 0 || leased == 0 {
 		t.Errorf("%v hot promotions, %v decisions on leases: the run did not exercise the leased paths", promotions, leased)
+	}
+	for _, k := range mustReach {
+		if w.faults[k] == 0 {
+			t.Errorf("the schedule took no %q step: the run did not exercise it", k)
+		}
+	}
+	if !lostSome {
+		t.Errorf("no Redis failover lost a write (replication bytes lost: %s): the run did not exercise it", strings.Join(lost, ", "))
+	}
+	if w.retries.Load() == 0 {
+		t.Errorf("the agents' coordinator clients retried no call: the run did not exercise it")
 	}
 }

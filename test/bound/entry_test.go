@@ -39,7 +39,7 @@ type testAgent struct {
 	envoy   rlsv3.RateLimitServiceClient
 	base    string
 	http    *http.Client
-	stalled bool        // the schedule's; the test's goroutine only
+	stalled bool        // its links are under a fault: the schedule's; the test's goroutine only
 	quiet   atomic.Bool // callers leave it alone meanwhile
 }
 
@@ -60,7 +60,7 @@ func (w *world) startAgent() *testAgent {
 	cfg := agent.DefaultConfig()
 	cfg.AgentID = name
 	cfg.RulesFile = w.rulesPath
-	cfg.Redis = w.redisAddr
+	cfg.Redis = w.redisPx.Addr()
 	cfg.Coordinators = strings.Join(addrs, ",")
 	cfg.Insecure = true
 	cfg.HTTPAddr = "127.0.0.1:0"
@@ -76,7 +76,7 @@ func (w *world) startAgent() *testAgent {
 	// startLeases), but for IdleAfter: quotas unused for a few seconds are
 	// released and subjects' copies of a default lease forgotten within
 	// the run, not after a minute.
-	client := coordclient.New(addrs, coordclient.Options{Logger: logger})
+	client := coordclient.New(addrs, coordclient.Options{Logger: slog.New(countingHandler{next: logger.Handler(), w: w})})
 	t.Cleanup(func() { _ = client.Close() })
 	leases, err := holder.New(holder.Options{
 		Client: client, Holder: name, Region: cfg.Region,
@@ -382,4 +382,36 @@ func (w *world) metrics() (promotions, leased float64) {
 		}
 	}
 	return promotions, leased
+}
+
+// countingHandler counts what the agents' coordinator clients log of the
+// faults they meet: a call retried (with the same sequence number) and a
+// lease watch stream that ended. Both are logged at debug level, so it
+// takes every record, and passes on what next takes.
+type countingHandler struct {
+	next slog.Handler
+	w    *world
+}
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	switch r.Message {
+	case "coordinator call failed, retrying":
+		h.w.retries.Add(1)
+	case "lease watch stream ended":
+		h.w.streamEnds.Add(1)
+	}
+	if h.next.Enabled(ctx, r.Level) {
+		return h.next.Handle(ctx, r)
+	}
+	return nil
+}
+
+func (h countingHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return countingHandler{next: h.next.WithAttrs(as), w: h.w}
+}
+
+func (h countingHandler) WithGroup(name string) slog.Handler {
+	return countingHandler{next: h.next.WithGroup(name), w: h.w}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -15,18 +16,38 @@ type pending struct {
 	do func()
 }
 
+// The schedule's kinds of step, with their chances; a step that cannot be
+// taken at its turn (its agent is under a fault already, a failover is
+// under way) is skipped.
+var stepKinds = []struct {
+	name   string
+	chance float64
+}{
+	{"reload", 0.25},
+	{"leader kill", 0.08},
+	{"cut and change", 0.12},
+	{"stall", 0.18},
+	{"new agent", 0.07},
+	{"redis failover", 0.08},
+	{"redis clock step", 0.08},
+	{"coordinator links reset", 0.07},
+	{"coordinator replies dropped", 0.07},
+}
+
+// mustReach are the kinds every run takes at least once: past half the
+// run, a kind not yet taken is taken at the next turn.
+var mustReach = []string{"leader kill", "stall", "redis failover", "redis clock step",
+	"coordinator links reset", "coordinator replies dropped"}
+
 // runSchedule follows the seeded schedule for run, on the test's
 // goroutine (the harness's Kill and Restart must be called there): every
-// 0.3 to 2 s one of a rules reload, a kill of the Raft leader (restarted
-// 0.5 to 3 s later), a cut-off agent across a reload (cutAndChange), a
-// stall of one agent's links to every coordinator for 1.2 to 3 lease
-// periods, or a new agent. At the end the steps still pending are taken
-// in their order, so that every fault is undone.
+// 0.3 to 2 s a step of one of stepKinds (see step). At the end the steps
+// still pending are taken in their order, so that every fault is undone.
 func (w *world) runSchedule(run time.Duration) {
 	var todo []pending
-	down := -1 // the node killed, if any
 	next := w.now() + w.between(300*time.Millisecond, 2*time.Second)
-	end := w.now() + run
+	start := w.now()
+	end := start + run
 	for w.now() < end {
 		slices.SortStableFunc(todo, byTime)
 		for len(todo) > 0 && todo[0].at <= w.now() {
@@ -38,56 +59,146 @@ func (w *world) runSchedule(run time.Duration) {
 			continue
 		}
 		next = w.now() + w.between(300*time.Millisecond, 2*time.Second)
-		switch p := w.rnd.Float64(); {
-		case p < 0.35:
-			w.reload()
-		case p < 0.45:
-			if down >= 0 {
-				continue
-			}
-			i, _ := w.coords.Leader(w.t)
-			w.coords.Kill(i)
-			down = i
-			w.event("coordinator node%d (the leader) killed", i)
-			todo = append(todo, pending{at: w.now() + w.between(500*time.Millisecond, 3*time.Second), do: func() {
-				w.coords.Restart(i)
-				down = -1
-				w.event("coordinator node%d restarted", i)
-			}})
-		case p < 0.6:
-			todo = append(todo, w.cutAndChange()...)
-		case p < 0.9:
+		kind := w.drawKind(w.now()-start > run/2)
+		more, taken := w.step(kind)
+		todo = append(todo, more...)
+		if taken {
 			w.mu.Lock()
-			a := w.agents[w.rnd.IntN(len(w.agents))]
+			w.faults[kind]++
 			w.mu.Unlock()
-			if a.stalled {
-				continue
-			}
-			for _, px := range a.proxies {
-				px.Stall()
-			}
-			a.stalled = true
-			w.event("agent %s's links to the coordinators stalled", a.name)
-			todo = append(todo, pending{at: w.now() + w.between(6*leasePeriod/5, 3*leasePeriod), do: func() {
-				for _, px := range a.proxies {
-					px.Resume()
-				}
-				a.stalled = false
-				w.event("agent %s's links resumed", a.name)
-			}})
-		default:
-			w.mu.Lock()
-			n := len(w.agents)
-			w.mu.Unlock()
-			if n < maxAgents {
-				w.startAgent()
-			}
 		}
 	}
 	slices.SortStableFunc(todo, byTime)
 	for _, p := range todo {
 		p.do()
 	}
+}
+
+// drawKind draws the next step's kind; late, a kind of mustReach not yet
+// taken comes first.
+func (w *world) drawKind(late bool) string {
+	p := w.rnd.Float64()
+	if late {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, k := range mustReach {
+			if w.faults[k] == 0 {
+				return k
+			}
+		}
+	}
+	for _, k := range stepKinds {
+		if p < k.chance {
+			return k.name
+		}
+		p -= k.chance
+	}
+	return stepKinds[0].name
+}
+
+// step takes one step of the schedule: a rules reload; a kill of the Raft
+// leader (restarted 0.5 to 3 s later); a cut-off agent across a reload
+// (cutAndChange); a stall of one agent's links to every coordinator for
+// 1.2 to 3 lease periods; a new agent; a Redis failover that loses a
+// suffix of writes (redisFailover); a step of a Redis server's clock
+// (stepClock); one agent's connections to the coordinators reset, or the
+// coordinators' replies to it dropped for 0.1 to 0.6 s and its
+// connections then reset (linkFaults). It returns the steps that end it,
+// and whether it was taken.
+func (w *world) step(kind string) ([]pending, bool) {
+	switch kind {
+	case "reload":
+		return nil, w.reload()
+	case "leader kill":
+		if w.down >= 0 {
+			return nil, false
+		}
+		i, _ := w.coords.Leader(w.t)
+		w.coords.Kill(i)
+		w.down = i
+		w.event("coordinator node%d (the leader) killed", i)
+		return []pending{{at: w.now() + w.between(500*time.Millisecond, 3*time.Second), do: func() {
+			w.coords.Restart(i)
+			w.down = -1
+			w.event("coordinator node%d restarted", i)
+		}}}, true
+	case "cut and change":
+		more := w.cutAndChange()
+		return more, more != nil
+	case "stall":
+		a := w.anyAgent()
+		if a.stalled {
+			return nil, false
+		}
+		for _, px := range a.proxies {
+			px.Stall()
+		}
+		a.stalled = true
+		w.event("agent %s's links to the coordinators stalled", a.name)
+		return []pending{{at: w.now() + w.between(6*leasePeriod/5, 3*leasePeriod), do: func() {
+			for _, px := range a.proxies {
+				px.Resume()
+			}
+			a.stalled = false
+			w.event("agent %s's links resumed", a.name)
+		}}}, true
+	case "new agent":
+		w.mu.Lock()
+		n := len(w.agents)
+		w.mu.Unlock()
+		if n >= maxAgents {
+			return nil, false
+		}
+		w.startAgent()
+		return nil, true
+	case "redis failover":
+		more := w.redisFailover()
+		return more, more != nil
+	case "redis clock step":
+		w.stepClock()
+		return nil, true
+	default:
+		return w.linkFaults(kind)
+	}
+}
+
+func (w *world) anyAgent() *testAgent {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.agents[w.rnd.IntN(len(w.agents))]
+}
+
+// linkFaults breaks one agent's calls to the coordinators mid-flight: its
+// connections reset (the calls under way fail, its lease watch and renew
+// streams break), or the replies to it dropped for 0.1 to 0.6 s and then
+// its connections reset (the coordinators applied what they answered;
+// the agent's client retries each call with the same sequence number on
+// a new connection).
+func (w *world) linkFaults(kind string) ([]pending, bool) {
+	a := w.anyAgent()
+	if a.stalled {
+		return nil, false
+	}
+	if kind == "coordinator links reset" {
+		for _, px := range a.proxies {
+			px.Reset()
+		}
+		w.event("agent %s's connections to the coordinators reset", a.name)
+		return nil, true
+	}
+	for _, px := range a.proxies {
+		px.Blackhole(harness.Downstream)
+	}
+	a.stalled = true
+	w.event("agent %s: the coordinators' replies dropped", a.name)
+	return []pending{{at: w.now() + w.between(100*time.Millisecond, 600*time.Millisecond), do: func() {
+		for _, px := range a.proxies {
+			px.Heal()
+			px.Reset()
+		}
+		a.stalled = false
+		w.event("agent %s's connections to the coordinators reset, replies pass again", a.name)
+	}}}, true
 }
 
 func byTime(a, b pending) int { return cmp.Compare(a.at, b.at) }
@@ -98,9 +209,7 @@ func byTime(a, b pending) int { return cmp.Compare(a.at, b.at) }
 // spends the leases it holds under the old rules while the others lease
 // under the new ones. It returns the steps that end it.
 func (w *world) cutAndChange() []pending {
-	w.mu.Lock()
-	a := w.agents[w.rnd.IntN(len(w.agents))]
-	w.mu.Unlock()
+	a := w.anyAgent()
 	if a.stalled {
 		return nil
 	}
@@ -137,7 +246,7 @@ func (w *world) between(lo, hi time.Duration) time.Duration {
 // default_share of the rule that has one, or the mode of the rule that
 // switches between redis and auto. The agents read the new file within
 // their reload interval; the coordinators get it at once.
-func (w *world) reload() {
+func (w *world) reload() bool {
 	names := ruleNames()
 	name := names[w.rnd.IntN(len(names))]
 	w.mu.Lock()
@@ -157,7 +266,7 @@ func (w *world) reload() {
 		s.Rate = rates[w.rnd.IntN(len(rates))]
 	}
 	if s == old {
-		return
+		return false
 	}
 	w.mu.Lock()
 	w.shapes[name] = s
@@ -183,4 +292,5 @@ func (w *world) reload() {
 	tl.changes = append(tl.changes, change{At: at, Rule: name, From: old, To: s})
 	w.mu.Unlock()
 	w.event("reload: %s from %v to %v", name, old, s)
+	return true
 }
