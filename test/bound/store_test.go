@@ -125,7 +125,7 @@ func (w *world) redisFailover() []pending {
 		}
 		w.mu.Unlock()
 		w.event("redis: primary killed, replica promoted and the agents' proxy moved to it: %v of writes lost (%d bytes of the replication stream), its clock %v ahead of the old primary's",
-			(f.Promoted - f.Cut).Round(time.Millisecond), f.Lost, d)
+			(f.Promoted - f.Cut).Round(time.Millisecond), f.Lost, d.Round(time.Millisecond))
 		w.replica = w.startRedisNode(next.srv.Addr)
 		w.failingOver = false
 	}}}
@@ -153,5 +153,5 @@ func (w *world) stepClock() {
 		w.steps = append(w.steps, clockStep{At: at, D: to - from})
 		w.mu.Unlock()
 	}
-	w.event("redis: the %s's clock stepped from %v to %v ahead", which, from, to)
+	w.event("redis: the %s's clock stepped from %v to %v ahead", which, from.Round(time.Millisecond), to.Round(time.Millisecond))
 }
