@@ -133,20 +133,34 @@ func schedule(s *Sim) []fault {
 	return fs
 }
 
-// crash takes g's leader node down from..to.
+// crash takes g's leader node down from..to, at the worst moment of
+// Raft's: once the next entry it proposes has reached a follower and
+// before any follower's ack is back, so that the next leader finds an
+// entry of the lost term in its log (see elect).
 func crash(s *Sim, g *group, from, to int64) fault {
 	var n *cnode
+	down := func() {
+		n = g.leaderNode()
+		if n == nil {
+			n = g.nodes[0]
+		}
+		n.alive = false
+		s.logf("fault: %s: node %d (leader) crashes", g.name, n.idx)
+		g.loseLeader("crashed")
+	}
 	return fault{name: g.name + " leader crash", from: from, to: to,
 		start: func() {
-			n = g.leaderNode()
-			if n == nil {
-				n = g.nodes[0]
+			if g.leaderNode() == nil {
+				down()
+				return
 			}
-			n.alive = false
-			s.logf("fault: %s: node %d (leader) crashes", g.name, n.idx)
-			g.loseLeader("crashed")
+			g.midEntry = down
 		},
 		stop: func() {
+			g.midEntry = nil
+			if n == nil {
+				return // no entry proposed all along: no crash
+			}
 			n.alive = true
 			s.logf("healed: %s: node %d back as a follower", g.name, n.idx)
 		},

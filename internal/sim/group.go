@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"math"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -51,10 +52,18 @@ type group struct {
 	// isolatedSince is when the leader last lost its majority (-1: it has
 	// one).
 	isolatedSince int64
-	up            *upstream // regional groups only
-	submitted     uint64    // the applier's number of this group's last commit
-	load          *loadSeries
-	plan          planner // regional groups only
+	// log is this term's entries not yet committed, in order; lost is the
+	// last lost term's, until the next election, and lostAt when it was
+	// lost.
+	log, lost []*entry
+	lostAt    int64
+	// midEntry, when set, runs once, when the next entry proposed reaches
+	// its first follower: a crash fault's moment.
+	midEntry  func()
+	up        *upstream // regional groups only
+	submitted uint64    // the applier's number of this group's last commit
+	load      *loadSeries
+	plan      planner // regional groups only
 }
 
 func (g *group) leaderNode() *cnode {
@@ -90,10 +99,30 @@ type applied struct {
 	err error
 }
 
+// never is the receive time of an entry a node does not have.
+const never = math.MaxInt64
+
+// entry is one proposed log entry not yet committed.
+type entry struct {
+	cmds []lease.Command
+	// done gets the commit; nil for a lost term's entry, which the next
+	// leader commits without an answer to anyone.
+	done func(*commit)
+	// recv is, per node, when the entry is in its log (true time): the
+	// leader's at once, a follower's when the AppendEntries reaches it,
+	// never for a node down or cut off. Kept non-decreasing along the
+	// log: a follower that gets an entry gets every earlier one with it.
+	recv []int64
+}
+
 // propose appends cmds as one entry; done gets the commit when it
-// commits, whose wait gives the results (see applier). An entry that does
-// not commit (the leader cannot reach a majority, or loses leadership
-// first) is never answered, as a real proposal times out.
+// commits, whose wait gives the results (see applier). An entry commits
+// when the leader reaches a majority: one round trip to its nearest live
+// follower, after every earlier entry. An entry the leader could send to
+// no follower stays in its log, committed with a later one. An entry still
+// uncommitted when the leader loses its term is never answered (its
+// proposer times out, as a real proposal does), but it is not gone: the
+// next leader commits it if its log has it (see elect).
 func (g *group) propose(cmds []lease.Command, done func(*commit)) {
 	s := g.s
 	l := g.leaderNode()
@@ -104,41 +133,86 @@ func (g *group) propose(cmds []lease.Command, done func(*commit)) {
 	for i, c := range cmds {
 		cmds[i] = coordinator.StampCommand(c, now)
 	}
-	// One round trip to the nearest live follower it reaches, plus an
-	// fsync; after every earlier entry.
+	e := &entry{cmds: cmds, done: done, recv: make([]int64, len(g.nodes))}
 	best := int64(-1)
-	for _, f := range g.nodes {
-		if f == l || !f.alive || s.blocked(l.ep(), f.ep()) {
+	for i, f := range g.nodes {
+		e.recv[i] = never
+		if f == l {
+			e.recv[i] = s.now
 			continue
 		}
-		if rt := s.latency(l.ep(), f.ep()) + s.latency(f.ep(), l.ep()); best < 0 || rt < best {
+		if !f.alive || s.blocked(l.ep(), f.ep()) {
+			continue
+		}
+		out := s.latency(l.ep(), f.ep())
+		back := s.latency(f.ep(), l.ep())
+		e.recv[i] = s.now + out
+		if rt := out + back; best < 0 || rt < best {
 			best = rt
 		}
 	}
+	for _, p := range g.log {
+		for i, t := range e.recv {
+			p.recv[i] = min(p.recv[i], t)
+		}
+	}
+	g.log = append(g.log, e)
 	if best < 0 {
 		return
 	}
+	if fn := g.midEntry; fn != nil {
+		// The first follower has it before any ack is back: the
+		// nearest round trip is longer than its first leg.
+		g.midEntry = nil
+		first := int64(never)
+		for i, t := range e.recv {
+			if g.nodes[i] != l {
+				first = min(first, t)
+			}
+		}
+		s.at(first, fn)
+	}
+	// Plus an fsync.
 	at := max(s.now+best+200, g.lastCommit)
 	g.lastCommit = at
 	term := g.term
 	s.at(at, func() {
 		if g.term != term || g.leader < 0 {
-			return // lost with the leader's term
+			return // still in g.log when the term ended: see loseLeader
 		}
-		c := &commit{g: g, cmds: cmds, out: make([]applied, len(cmds)), sec: g.load.sec(s)}
-		g.load.entries[c.sec]++
-		s.apply.submit(c)
-		done(c)
+		g.commitThrough(e)
 	})
 }
 
-// loseLeader ends the term; an election follows.
+// commitThrough commits the log up to e, in order.
+func (g *group) commitThrough(e *entry) {
+	s := g.s
+	for len(g.log) > 0 {
+		p := g.log[0]
+		g.log[0] = nil
+		g.log = g.log[1:]
+		c := &commit{g: g, cmds: p.cmds, out: make([]applied, len(p.cmds)), sec: g.load.sec(s)}
+		g.load.entries[c.sec]++
+		s.apply.submit(c)
+		if p.done != nil {
+			p.done(c)
+		}
+		if p == e {
+			return
+		}
+	}
+}
+
+// loseLeader ends the term; an election follows. The term's uncommitted
+// entries stay where they reached: each node's log holds those that had
+// arrived by now (a message still in flight is taken as lost).
 func (g *group) loseLeader(why string) {
 	if g.leader < 0 {
 		return
 	}
 	s := g.s
 	s.logf("%s: leader %d lost (%s)", g.name, g.leader, why)
+	g.lost, g.lostAt, g.log = g.log, s.now, nil
 	g.leader, g.ready, g.isolatedSince = -1, false, -1
 	g.term++
 	if g.up != nil {
@@ -147,17 +221,40 @@ func (g *group) loseLeader(why string) {
 	s.after(us(s.cfg.ElectionTimeout)+s.exp(s.cfg.ElectionTimeout/2), g.elect)
 }
 
+// held is how many of the lost term's entries node i's log has.
+func (g *group) held(i int) int {
+	n := 0
+	for _, e := range g.lost {
+		if e.recv[i] > g.lostAt {
+			break
+		}
+		n++
+	}
+	return n
+}
+
 // elect picks a new leader among the live nodes that reach a majority and
-// commits its LeaderElected; it tries again later when none can.
+// commits its LeaderElected; it tries again later when none can. As
+// Raft's election restriction has it, the leader is one whose log is the
+// most complete: it commits the lost term's entries it has, in order,
+// before its own (no proposer hears of them: each has timed out or will),
+// and the entries it lacks are gone.
 func (g *group) elect() {
 	s := g.s
 	if g.leader >= 0 {
 		return
 	}
 	var cands []int
+	most := -1
 	for i, n := range g.nodes {
 		if n.alive && g.reach(n) >= g.majority() {
-			cands = append(cands, i)
+			h := g.held(i)
+			if h > most {
+				cands, most = cands[:0], h
+			}
+			if h == most {
+				cands = append(cands, i)
+			}
 		}
 	}
 	if len(cands) == 0 {
@@ -167,6 +264,21 @@ func (g *group) elect() {
 	g.leader = cands[s.rng.IntN(len(cands))]
 	g.term++
 	g.isolatedSince = -1
+	s.stats.lostCommitted += int64(most)
+	s.stats.lostDropped += int64(len(g.lost) - most)
+	if most > 0 {
+		s.logf("%s: node %d commits %d of the lost term's %d uncommitted entries", g.name, g.leader, most, len(g.lost))
+	}
+	for _, e := range g.lost[:most] {
+		e.done = nil
+		for i, t := range e.recv {
+			if t > g.lostAt {
+				e.recv[i] = never
+			}
+		}
+		g.log = append(g.log, e)
+	}
+	g.lost = nil
 	// A new term's clock starts at no less than the state's.
 	s.apply.drain(g)
 	g.lastStamp = max(g.lastStamp, g.st.Now())

@@ -260,9 +260,9 @@ func (r *Report) Text(w io.Writer) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "ration-sim %s, seed %d: %d regions x %d agents = %d agents, %v simulated, %.0f decisions/s on average\n",
 		c.Name, c.Seed, c.Regions, c.AgentsPerRegion, c.Regions*c.AgentsPerRegion, c.Duration, c.Rate)
-	fmt.Fprintf(&b, "decisions %d, admitted %d (%.4f); messages %d (lost %d, cut %d, duplicated %d); holder rounds %d; nudge messages %d; elections %d; agent crashes %d\n",
+	fmt.Fprintf(&b, "decisions %d, admitted %d (%.4f); messages %d (lost %d, cut %d, duplicated %d); holder rounds %d; nudge messages %d; elections %d (lost-term entries committed by the next leader %d, gone %d); agent crashes %d\n",
 		r.Stats.decisions, r.Stats.admitted, float64(r.Stats.admitted)/math.Max(1, float64(r.Stats.decisions)),
-		r.Stats.messages, r.Stats.lost, r.Stats.cut, r.Stats.duplicated, r.Stats.rounds, r.Stats.nudges, r.Stats.elections, r.Stats.crashes)
+		r.Stats.messages, r.Stats.lost, r.Stats.cut, r.Stats.duplicated, r.Stats.rounds, r.Stats.nudges, r.Stats.elections, r.Stats.lostCommitted, r.Stats.lostDropped, r.Stats.crashes)
 	verdict := "PASS"
 	if !r.OK() {
 		verdict = "FAIL"

@@ -94,6 +94,9 @@ type stats struct {
 	rounds, nudges, elections       int64
 	decisions, admitted             int64
 	crashes                         int64
+	// A lost term's uncommitted entries: committed by the next leader,
+	// or gone (its log lacked them).
+	lostCommitted, lostDropped int64
 }
 
 // New builds the run of cfg: its groups, agents, quotas and faults.
@@ -401,6 +404,15 @@ func (s *Sim) failAt(at int64, format string, args ...any) {
 	}
 }
 
+// runUntil runs the events up to time t.
+func (s *Sim) runUntil(t int64) {
+	for s.queue.Len() > 0 && s.queue[0].at <= t {
+		e := s.queue.pop()
+		s.now = e.at
+		e.fn()
+	}
+}
+
 // Run runs the simulation to its end and returns its report.
 func (s *Sim) Run() (*Report, error) {
 	s.started = time.Now()
@@ -437,14 +449,7 @@ func (s *Sim) Run() (*Report, error) {
 				time.Duration(s.now)*time.Microsecond, s.cfg.Duration, s.stats.decisions, time.Since(s.started).Round(time.Second))
 		})
 	}
-	for s.queue.Len() > 0 {
-		e := s.queue.pop()
-		if e.at > s.end {
-			break
-		}
-		s.now = e.at
-		e.fn()
-	}
+	s.runUntil(s.end)
 	for _, a := range s.agents {
 		a.crash()
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/ration-dev/ration/internal/lease"
 )
 
 // tiny is Small cut down to run in seconds under the race detector, with
@@ -220,4 +222,59 @@ func TestExcessMatchesEveryWindow(t *testing.T) {
 			t.Fatalf("excess = %v, brute force %v", got, want)
 		}
 	})
+}
+
+// The Raft model: an entry that reached the followers but whose acks the
+// leader never got (it crashed) is committed by the next leader, without
+// an answer to its proposer; one that reached no follower is gone.
+func TestNextLeaderCommitsLostTermEntries(t *testing.T) {
+	c := tiny(1)
+	c.Faults, c.Loss, c.Dup, c.Reorder = false, 0, 0, 0
+	c.LocalBase, c.LocalJitter = 10*time.Millisecond, 0 // every message takes 10ms
+	s, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.apply = newApplier()
+	defer s.apply.stop()
+	advance := func(d int64) { // to now+d, though no event be there
+		t := s.now + d
+		s.runUntil(t)
+		s.now = t
+	}
+	g := s.groups[1]
+	g.elect()
+	advance(us(time.Second))
+	if !g.ready {
+		t.Fatal("no leader after a second")
+	}
+	qc := lease.QuotaConfig{Burst: 10, Rate: 1, LeasePeriod: 5_000_000, SafetyMargin: 100_000}
+	grant := func(holder string) []lease.Command {
+		return []lease.Command{lease.Grant{Holder: holder, Seq: 1, Quota: "q", Demand: 1, Config: &qc}}
+	}
+	answered := 0
+	g.propose(grant("reached"), func(*commit) { answered++ })
+	advance(12_000) // at the followers (10ms), its acks not back (20ms)
+	g.propose(grant("lost"), func(*commit) { answered++ })
+	advance(3_000)
+	g.nodes[g.leader].alive = false
+	g.loseLeader("test")
+	advance(us(5 * time.Second))
+	if !g.ready {
+		t.Fatal("no new leader")
+	}
+	s.apply.drain(g)
+	holders := map[string]bool{}
+	for _, l := range g.st.Leases("q") {
+		holders[l.Holder] = true
+	}
+	if !holders["reached"] || holders["lost"] {
+		t.Errorf("leases of q held by %v, want the entry that reached the followers only", holders)
+	}
+	if answered != 0 {
+		t.Errorf("%d proposers of the lost term answered, want none", answered)
+	}
+	if s.stats.lostCommitted != 1 || s.stats.lostDropped != 1 {
+		t.Errorf("lost-term entries: %d committed, %d gone; want 1 and 1", s.stats.lostCommitted, s.stats.lostDropped)
+	}
 }
