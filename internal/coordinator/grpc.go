@@ -88,117 +88,33 @@ func (s *leasesServer) renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	}
 	n.seenHolder(ctx, req.Holder)
 	set := n.rules.Load()
-	items := newItemChecker(true)
-	var touched []string // quota ids proposed, for rebalance
-	grants := make([]*rationv1.Grant, len(req.Items))
-	p := &proposal{kind: kindRenew}
-	var renew lease.Renew
-	var renewItems []int // request item index of each renew item
-	var grantItems []int // request item index of each grant command
-	// Numbers follow from the request alone (not from which items the
-	// rules accept), so a retry maps to the same numbers even across a
-	// rules reload: the n-th item with lease_id 0 is seq+n, the renewal
-	// comes after all of them.
-	seq := req.Seq
-	for i, it := range req.Items {
-		grants[i] = &rationv1.Grant{Quota: it.GetQuota(), LeaseId: it.GetLeaseId()}
-		grantSeq := seq
-		if it.GetLeaseId() == 0 {
-			seq++
+	plan := PlanRenew(req, func(ref *rationv1.QuotaRef, holder string) (string, lease.ConfigureQuota, float64, *lease.Bounds, string) {
+		return n.quotaFor(set, ref, holder)
+	})
+	var results []OpResult
+	if len(plan.Ops) > 0 {
+		p := &proposal{kind: kindRenew, configs: plan.Configs, touched: plan.Touched, requester: req.Holder}
+		for _, c := range plan.Ops {
+			p.ops = append(p.ops, pendingOp{cmd: c})
 		}
-		if msg := items.check(i, it); msg != "" {
-			grants[i].Error = msg
-			continue
+		done, err := n.admitIncarnation(req.Holder, plan.HasGrants())
+		if err != nil {
+			return nil, err
 		}
-		qid, cfg, weight, bounds, msg := n.quotaFor(set, it.Quota, req.Holder)
-		if msg != "" {
-			grants[i].Error = msg
-			continue
-		}
-		touched = append(touched, qid)
-		p.configs = append(p.configs, cfg)
-		if it.LeaseId == 0 {
-			p.ops = append(p.ops, pendingOp{cmd: lease.Grant{
-				Holder: req.Holder, Seq: grantSeq, Quota: qid, Demand: it.Demand, Weight: weight, Bounds: bounds,
-			}})
-			grantItems = append(grantItems, i)
-			continue
-		}
-		renew.Items = append(renew.Items, lease.RenewItem{
-			LeaseID: it.LeaseId, Quota: qid, Unused: it.Unused, Demand: it.Demand, Weight: weight, Bounds: bounds,
-			ConfirmedCap: it.ConfirmedCap, ConfirmedRate: it.ConfirmedRate,
-		})
-		renewItems = append(renewItems, i)
-	}
-	if len(renew.Items) > 0 {
-		renew.Holder, renew.Seq = req.Holder, seq
-		p.ops = append(p.ops, pendingOp{cmd: renew})
-	}
-	if len(p.ops) == 0 {
-		return &rationv1.RenewResponse{Grants: grants}, nil
-	}
-	p.touched, p.requester = touched, req.Holder
-	done, err := n.admitIncarnation(req.Holder, len(grantItems) > 0)
-	if err != nil {
-		return nil, err
-	}
-	results, err := n.propose(ctx, p)
-	done()
-	if err != nil {
-		return nil, err
-	}
-	last := results[len(results)-1]
-	// The last command answered from the record: the request was applied
-	// before (this is a retry), and earlier commands come back ErrStale.
-	replayed := last.Result.Replayed
-	if errors.Is(last.Err, lease.ErrStale) {
-		return nil, last.Err
-	}
-	for j, i := range grantItems {
-		r := results[j]
-		switch {
-		case r.Err == nil:
-			if r.Result.Lease == nil || r.Result.Lease.Quota != p.ops[j].cmd.(lease.Grant).Quota {
-				return nil, errSeqReused(req.Seq)
-			}
-			FillGrant(grants[i], r.Result.Lease)
-		case errors.Is(r.Err, lease.ErrStale) && replayed:
-			grants[i].Error = ItemErrRetryGrant
-		default:
-			if msg := ItemError(r.Err); msg != "" {
-				grants[i].Error = msg
-			} else {
-				return nil, r.Err
-			}
+		results, err = n.propose(ctx, p)
+		done()
+		if err != nil {
+			return nil, err
 		}
 	}
-	if len(renewItems) > 0 {
-		r := results[len(results)-1]
-		if r.Err != nil {
-			return nil, r.Err
-		}
-		// A replayed answer is the answer to whatever was sent with that
-		// seq: if the holder reused it for other items, say so rather than
-		// hand out another request's answers.
-		if len(r.Result.Items) != len(renew.Items) {
-			return nil, errSeqReused(renew.Seq)
-		}
-		for j, i := range renewItems {
-			ir := r.Result.Items[j]
-			if ir.LeaseID != renew.Items[j].LeaseID || ir.Quota != renew.Items[j].Quota {
-				return nil, errSeqReused(renew.Seq)
-			}
-			if ir.Err != nil {
-				grants[i].Error = ItemError(ir.Err)
-				continue
-			}
-			FillGrant(grants[i], ir.Lease)
-		}
+	resp, _, err := plan.Answer(results)
+	if err != nil || len(plan.Ops) == 0 {
+		return resp, err
 	}
 	if id, isRegion := region.FromHolder(req.Holder); isRegion && n.cfg.Upstream == "" {
-		n.settleSafe(ctx, set, id, req.Items, grants)
+		n.settleSafe(ctx, set, id, req.Items, resp.Grants)
 	}
-	return &rationv1.RenewResponse{Grants: grants}, nil
+	return resp, nil
 }
 
 func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest) (*rationv1.ReleaseResponse, error) {
@@ -213,40 +129,24 @@ func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest
 		return nil, n.rpcError(ctx, err)
 	}
 	n.seenHolder(ctx, req.Holder)
-	resp := &rationv1.ReleaseResponse{Errors: make([]string, len(req.Items))}
-	items := newItemChecker(false)
-	p := &proposal{kind: kindRelease}
-	for i, it := range req.Items {
-		// A refused item keeps its number: a retry maps to the same commands.
-		if msg := items.check(i, it); msg != "" {
-			resp.Errors[i] = msg
-			continue
+	plan := PlanRelease(req)
+	var results []OpResult
+	if len(plan.Ops) > 0 {
+		p := &proposal{kind: kindRelease}
+		for _, c := range plan.Ops {
+			p.ops = append(p.ops, pendingOp{cmd: c})
 		}
-		p.ops = append(p.ops, pendingOp{cmd: lease.Release{
-			Holder: req.Holder, Seq: req.Seq + uint64(i), LeaseID: it.LeaseId, Unused: it.Unused,
-		}})
-	}
-	if len(p.ops) == 0 {
-		return resp, nil
-	}
-	// What the releases free may be wanted at once by the other holders
-	// of those quotas: the responder marks them once applied.
-	n.fsm.read(func(s *lease.State) {
-		for _, o := range p.ops {
-			if l, ok := s.LeaseByID(o.cmd.(lease.Release).LeaseID); ok && l.Holder == req.Holder {
-				p.touched = append(p.touched, l.Quota)
-			}
+		// What the releases free may be wanted at once by the other holders
+		// of those quotas: the responder marks them once applied.
+		n.fsm.read(func(s *lease.State) { p.touched = plan.Touched(s) })
+		var err error
+		if results, err = n.propose(ctx, p); err != nil {
+			return nil, n.rpcError(ctx, err)
 		}
-	})
-	results, err := n.propose(ctx, p)
+	}
+	resp, _, err := plan.Answer(results)
 	if err != nil {
 		return nil, n.rpcError(ctx, err)
-	}
-	// A release of a lease that is no longer live credits nothing and is
-	// not an error for the holder: it stopped spending either way. Only a
-	// stale request (older than the holder's last) is reported.
-	if last := results[len(results)-1]; errors.Is(last.Err, lease.ErrStale) {
-		return nil, n.rpcError(ctx, last.Err)
 	}
 	return resp, nil
 }

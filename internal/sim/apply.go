@@ -57,7 +57,7 @@ func (a *applier) run() {
 			if data, err := lease.EncodeCommand(cmd); err == nil {
 				bytes += len(data)
 			}
-			c.out[i].res, c.out[i].err = c.g.st.Apply(cmd)
+			c.out[i].Result, c.out[i].Err = c.g.st.Apply(cmd)
 		}
 		// The loop counts entries; bytes are the applier's alone, read
 		// after the last drain.

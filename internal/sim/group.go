@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"math"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -13,12 +14,9 @@ import (
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
-// Item errors the simulated coordinator answers itself (the rest come from
-// coordinator.ItemError).
-const (
-	itemErrUnknownQuota = coordinator.ItemErrUnknownQuota
-	itemErrRetryGrant   = coordinator.ItemErrRetryGrant
-)
+// itemErrUnknownQuota is the item error of a quota the simulated rules
+// do not lease in a group.
+const itemErrUnknownQuota = coordinator.ItemErrUnknownQuota
 
 var errNotLeader = status.Error(codes.Unavailable, "not the leader (simulated)")
 
@@ -94,10 +92,8 @@ func (g *group) stamp() int64 {
 	return t
 }
 
-type applied struct {
-	res lease.Result
-	err error
-}
+// applied is one command's result.
+type applied = coordinator.OpResult
 
 // never is the receive time of an entry a node does not have.
 const never = math.MaxInt64
@@ -286,8 +282,8 @@ func (g *group) elect() {
 	term := g.term
 	g.propose([]lease.Command{lease.LeaderElected{}}, func(c *commit) {
 		res := g.s.apply.wait(c)
-		if res[0].err != nil {
-			s.fail("%s: LeaderElected refused: %v", g.name, res[0].err)
+		if res[0].Err != nil {
+			s.fail("%s: LeaderElected refused: %v", g.name, res[0].Err)
 			return
 		}
 		if g.term == term {
@@ -325,18 +321,18 @@ func (g *group) tick() {
 	}
 }
 
-// quotaFor resolves an item's quota for holder, as the coordinator does
-// from its rules: the quota id, its shape, the holder's weight, or an
-// item error.
-func (g *group) quotaFor(ref *rationv1.QuotaRef, holder string) (string, lease.QuotaConfig, float64, string) {
+// quotaFor resolves an item's quota for holder from the simulated rules
+// (the coordinator's QuotaResolver): the quota id, its shape, the holder's
+// weight, or an item error.
+func (g *group) quotaFor(ref *rationv1.QuotaRef, holder string) (string, lease.ConfigureQuota, float64, *lease.Bounds, string) {
 	s := g.s
-	id := ref.GetRule() + "|" + ref.GetSubject()
+	id := coordinator.QuotaID(ref.GetRule(), ref.GetSubject())
 	spec, ok := s.specs[id]
 	if !ok || (!spec.global && spec.region != g.region) {
-		return "", lease.QuotaConfig{}, 0, itemErrUnknownQuota + ": no such leased rule in " + g.name
+		return "", lease.ConfigureQuota{}, 0, nil, itemErrUnknownQuota + ": no such leased rule in " + g.name
 	}
-	cfg := lease.QuotaConfig{
-		Burst: spec.burst, Rate: spec.rate,
+	cfg := lease.ConfigureQuota{
+		Quota: id, Burst: spec.burst, Rate: spec.rate,
 		LeasePeriod: us(s.cfg.LeasePeriod), SafetyMargin: us(s.cfg.SafetyMargin),
 	}
 	var weight float64
@@ -347,19 +343,31 @@ func (g *group) quotaFor(ref *rationv1.QuotaRef, holder string) (string, lease.Q
 			// the upstream lease.
 			cfg.Burst, cfg.Rate, cfg.Funded = 0, 0, true
 		} else if _, isRegion := region.FromHolder(holder); !isRegion {
-			return "", lease.QuotaConfig{}, 0, itemErrUnknownQuota + ": the global group leases global rules to regions only"
+			return "", lease.ConfigureQuota{}, 0, nil, itemErrUnknownQuota + ": the global group leases global rules to regions only"
 		} else {
 			weight = 1
 		}
 	}
-	return id, cfg, weight, ""
+	return id, cfg, weight, nil, ""
 }
 
-// renew answers a RenewRequest as internal/coordinator's leasesServer
-// does: a Grant per item with lease_id 0 numbered seq, seq+1, ..., then
-// one Renew for the rest numbered after them, all in one entry. reply gets
-// the answer, built where it is called (the applier may still be applying
-// the entry when reply is called).
+// requestError is a whole request's error as the client sees it (the
+// coordinator's rpcStatus): a stale or reused seq is FailedPrecondition;
+// anything else is a state machine error no item names, a failure of the
+// run.
+func (g *group) requestError(at int64, holder string, err error) error {
+	if errors.Is(err, lease.ErrStale) {
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	g.s.failAt(at, "%s: request of %s failed: %v", g.name, holder, err)
+	return status.Error(codes.Internal, err.Error())
+}
+
+// renew answers a RenewRequest with the coordinator's own request
+// handling (coordinator.PlanRenew): its commands, all in one entry, and
+// its answer from their results. reply gets the answer, built where it is
+// called (the applier may still be applying the entry when reply is
+// called).
 func (g *group) renew(req *rationv1.RenewRequest, reply func(answer)) {
 	replyNow := func(r *rationv1.RenewResponse, err error) { reply(ready(r, nil, err)) }
 	if !g.ready {
@@ -367,48 +375,23 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(answer)) {
 		return
 	}
 	g.load.request(g.s, len(req.Items))
-	grants := make([]*rationv1.Grant, len(req.Items))
-	var cmds []lease.Command
-	var renew lease.Renew
-	var renewItems, grantItems []int
-	var touched []string // quota ids proposed, for the planner
-	seq := req.Seq
-	for i, it := range req.Items {
-		grants[i] = &rationv1.Grant{Quota: it.GetQuota(), LeaseId: it.GetLeaseId()}
-		grantSeq := seq
-		if it.GetLeaseId() == 0 {
-			seq++
-		}
-		qid, cfg, weight, msg := g.quotaFor(it.GetQuota(), req.Holder)
-		if msg != "" {
-			grants[i].Error = msg
-			continue
-		}
-		touched = append(touched, qid)
-		if it.LeaseId == 0 {
-			c := cfg
-			cmds = append(cmds, lease.Grant{Holder: req.Holder, Seq: grantSeq, Quota: qid, Demand: it.Demand, Weight: weight, Config: &c})
-			grantItems = append(grantItems, i)
-			continue
-		}
-		renew.Items = append(renew.Items, lease.RenewItem{
-			LeaseID: it.LeaseId, Quota: qid, Unused: it.Unused, Demand: it.Demand, Weight: weight,
-			ConfirmedCap: it.ConfirmedCap, ConfirmedRate: it.ConfirmedRate,
-		})
-		renewItems = append(renewItems, i)
-	}
-	if len(renew.Items) > 0 {
-		renew.Holder, renew.Seq = req.Holder, seq
-		cmds = append(cmds, renew)
-	}
-	if len(cmds) == 0 {
-		replyNow(&rationv1.RenewResponse{Grants: grants}, nil)
+	plan := coordinator.PlanRenew(req, g.quotaFor)
+	if len(plan.Ops) == 0 {
+		r, _, err := plan.Answer(nil)
+		replyNow(r, err)
 		return
 	}
-	g.propose(cmds, func(c *commit) {
+	g.propose(plan.Commands(), func(c *commit) {
 		at := g.s.now
 		build := func(results []applied) (*rationv1.RenewResponse, error) {
-			return g.answerRenew(at, req, cmds, grants, renew, grantItems, renewItems, touched, results)
+			r, replayed, err := plan.Answer(results)
+			if err != nil {
+				return nil, g.requestError(at, req.Holder, err)
+			}
+			if !replayed {
+				g.mark(plan.Touched, req.Holder)
+			}
+			return r, nil
 		}
 		if g.s.cfg.Nudges {
 			// The answer marks quotas for the leader's planner now.
@@ -424,88 +407,32 @@ func (g *group) renew(req *rationv1.RenewRequest, reply func(answer)) {
 	})
 }
 
-// answerRenew builds the answer to req from its entry's results, as the
-// leasesServer does; at is when the entry committed.
-func (g *group) answerRenew(at int64, req *rationv1.RenewRequest, cmds []lease.Command, grants []*rationv1.Grant, renew lease.Renew, grantItems, renewItems []int, touched []string, results []applied) (*rationv1.RenewResponse, error) {
-	last := results[len(results)-1]
-	replayed := last.res.Replayed
-	if errors.Is(last.err, lease.ErrStale) {
-		return nil, status.Error(codes.FailedPrecondition, last.err.Error())
-	}
-	for j, i := range grantItems {
-		r := results[j]
-		switch {
-		case r.err == nil:
-			if r.res.Lease == nil || r.res.Lease.Quota != cmds[j].(lease.Grant).Quota {
-				return nil, status.Error(codes.FailedPrecondition, "seq reused")
-			}
-			coordinator.FillGrant(grants[i], r.res.Lease)
-		case errors.Is(r.err, lease.ErrStale) && replayed:
-			grants[i].Error = itemErrRetryGrant
-		default:
-			msg := coordinator.ItemError(r.err)
-			if msg == "" {
-				g.s.failAt(at, "%s: grant for %s failed: %v", g.name, req.Holder, r.err)
-				return nil, status.Error(codes.Internal, r.err.Error())
-			}
-			grants[i].Error = msg
-		}
-	}
-	if len(renewItems) > 0 {
-		r := results[len(results)-1]
-		if r.err != nil {
-			g.s.failAt(at, "%s: renew for %s failed: %v", g.name, req.Holder, r.err)
-			return nil, status.Error(codes.Internal, r.err.Error())
-		}
-		if len(r.res.Items) != len(renew.Items) {
-			return nil, status.Error(codes.FailedPrecondition, "seq reused")
-		}
-		for j, i := range renewItems {
-			ir := r.res.Items[j]
-			if ir.Err != nil {
-				grants[i].Error = coordinator.ItemError(ir.Err)
-				continue
-			}
-			coordinator.FillGrant(grants[i], ir.Lease)
-		}
-	}
-	if !replayed {
-		g.mark(touched, req.Holder)
-	}
-	return &rationv1.RenewResponse{Grants: grants}, nil
-}
-
+// release answers a ReleaseRequest with the coordinator's own request
+// handling (coordinator.PlanRelease).
 func (g *group) release(req *rationv1.ReleaseRequest, reply func(*rationv1.ReleaseResponse, error)) {
 	if !g.ready {
 		reply(nil, errNotLeader)
 		return
 	}
 	g.load.request(g.s, len(req.Items))
-	cmds := make([]lease.Command, 0, len(req.Items))
-	for i, it := range req.Items {
-		cmds = append(cmds, lease.Release{Holder: req.Holder, Seq: req.Seq + uint64(i), LeaseID: it.LeaseId, Unused: it.Unused})
-	}
-	if len(cmds) == 0 {
-		reply(&rationv1.ReleaseResponse{}, nil)
+	plan := coordinator.PlanRelease(req)
+	if len(plan.Ops) == 0 {
+		r, _, err := plan.Answer(nil)
+		reply(r, err)
 		return
 	}
-	var released []string
 	g.s.apply.drain(g)
-	for _, it := range req.Items {
-		if l, ok := g.st.LeaseByID(it.LeaseId); ok && l.Holder == req.Holder {
-			released = append(released, l.Quota)
-		}
-	}
-	g.propose(cmds, func(c *commit) {
-		results := g.s.apply.wait(c)
-		last := results[len(results)-1]
-		if errors.Is(last.err, lease.ErrStale) {
-			reply(nil, status.Error(codes.FailedPrecondition, last.err.Error()))
+	released := plan.Touched(g.st)
+	at := g.s.now
+	g.propose(slices.Clone(plan.Ops), func(c *commit) {
+		r, replayed, err := plan.Answer(g.s.apply.wait(c))
+		if err != nil {
+			reply(nil, g.requestError(at, req.Holder, err))
 			return
 		}
-		if !last.res.Replayed {
+		if !replayed {
 			g.mark(released, "")
 		}
-		reply(&rationv1.ReleaseResponse{Errors: make([]string, len(req.Items))}, nil)
+		reply(r, nil)
 	})
 }

@@ -216,8 +216,8 @@ func (u *upstream) round() {
 				res := g.s.apply.wait(c)
 				var funded []string
 				for i, r := range res {
-					if r.err != nil {
-						s.fail("%s: Fund %+v refused: %v", g.name, funds[i], r.err)
+					if r.Err != nil {
+						s.fail("%s: Fund %+v refused: %v", g.name, funds[i], r.Err)
 					} else {
 						funded = append(funded, funds[i].(lease.Fund).Quota)
 					}
