@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -82,9 +84,43 @@ type upQuota struct {
 	sentAt     int64
 }
 
-type upstream struct {
-	n      *Node
-	t      *term
+// UpstreamEnv is what the upstream loop needs from the node that leads:
+// the real node's (nodeUpstream), or internal/sim's model of one, which
+// runs this loop's rounds rather than a copy of them.
+type UpstreamEnv interface {
+	// Now reads the term's clock (µs): the upstream holdings run on it.
+	Now() int64
+	// Read calls f with the state machine's state (read only, not kept).
+	Read(f func(*lease.State))
+	// Renew calls the global group, bounded in time.
+	Renew(req *rationv1.RenewRequest) (*rationv1.RenewResponse, error)
+	// Propose commits cmds as one entry of this term: their results, or
+	// an error when the entry did not commit in this term.
+	Propose(cmds []lease.Command) ([]OpResult, error)
+	// Funded tells the nudge planner of the quotas a Fund changed.
+	Funded(quotas []string)
+	// Ended reports whether the term is over.
+	Ended() bool
+	// RenewAt is the renew point of rule's upstream leases (a fraction of
+	// their validity).
+	RenewAt(rule string) float64
+	// SafeShare is rule's safe share in this region as learned from the
+	// global group (else the rules file's), and the own part of a funded
+	// quota at that safe share; ok false when the rules have no such rule.
+	SafeShare(rule string) (safe float64, own region.Share, ok bool)
+	// LearnedSafe is the safe share of rule this group's state holds as
+	// learned from the global group (nil: none).
+	LearnedSafe(rule string) *float64
+	// Renewed counts one upstream renewal, by its result.
+	Renewed(ok bool)
+	Logger() *slog.Logger
+}
+
+// Upstream is one term's upstream loop state (see the top of this file);
+// Round is one turn of the loop.
+type Upstream struct {
+	env    UpstreamEnv
+	region string
 	holder string
 	seq    uint64
 	quotas map[string]*upQuota
@@ -99,7 +135,16 @@ type upstream struct {
 	nudged  map[string]bool
 }
 
-func (u *upstream) nudge(refs []*rationv1.QuotaRef) {
+// NewUpstream starts a term's upstream loop state for region (-region),
+// with its first sequence number.
+func NewUpstream(env UpstreamEnv, regionName string, seq uint64) *Upstream {
+	return &Upstream{
+		env: env, region: regionName, holder: region.HolderName(region.ID(regionName)),
+		seq: seq, quotas: map[string]*upQuota{}, nudged: map[string]bool{},
+	}
+}
+
+func (u *Upstream) nudge(refs []*rationv1.QuotaRef) {
 	u.nudgeMu.Lock()
 	defer u.nudgeMu.Unlock()
 	for _, r := range refs {
@@ -107,7 +152,7 @@ func (u *upstream) nudge(refs []*rationv1.QuotaRef) {
 	}
 }
 
-func (u *upstream) takeNudged() map[string]bool {
+func (u *Upstream) takeNudged() map[string]bool {
 	u.nudgeMu.Lock()
 	defer u.nudgeMu.Unlock()
 	m := u.nudged
@@ -122,7 +167,7 @@ func (n *Node) termClock(t *term) int64 {
 	return t.base + n.clock().Sub(t.start).Microseconds()
 }
 
-// upstreamSeqStart is the first sequence number of the term's upstream
+// UpstreamSeqStart is the first sequence number of the term's upstream
 // requests. Numbers continue across leaders of this group, past every
 // number whose answer a Fund in this group's state applied (the Barrier
 // and LeaderElected before the loop starts put every earlier term's
@@ -132,21 +177,17 @@ func (n *Node) termClock(t *term) int64 {
 // did. The term's clock (never below the wall clock at the term's start)
 // keeps numbers apart from an earlier leader's unfunded ones in the common
 // case, so that few requests are refused as stale.
-func (n *Node) upstreamSeqStart(t *term) uint64 {
+func UpstreamSeqStart(env UpstreamEnv) uint64 {
 	var funded uint64
-	n.fsm.read(func(s *lease.State) { funded = s.UpstreamSeq() })
-	return max(uint64(n.termClock(t)), funded+1)
+	env.Read(func(s *lease.State) { funded = s.UpstreamSeq() })
+	return max(uint64(env.Now()), funded+1)
 }
 
 // runUpstream is the term's upstream loop (regional groups only).
 func (n *Node) runUpstream(t *term) {
 	defer n.wg.Done()
-	u := &upstream{
-		n: n, t: t, holder: region.HolderName(region.ID(n.cfg.Region)),
-		seq:    n.upstreamSeqStart(t),
-		quotas: map[string]*upQuota{},
-		nudged: map[string]bool{},
-	}
+	env := nodeUpstream{n: n, t: t}
+	u := NewUpstream(env, n.cfg.Region, UpstreamSeqStart(env))
 	// The global leader's nudges: shares between regions move in round
 	// trips. The stream ends with the term.
 	n.wg.Add(1)
@@ -162,8 +203,62 @@ func (n *Node) runUpstream(t *term) {
 			return
 		case <-tk.C:
 		}
-		u.round()
+		u.Round()
 	}
+}
+
+// nodeUpstream is the real node's UpstreamEnv for term t.
+type nodeUpstream struct {
+	n *Node
+	t *term
+}
+
+func (e nodeUpstream) Now() int64                { return e.n.termClock(e.t) }
+func (e nodeUpstream) Read(f func(*lease.State)) { e.n.fsm.read(f) }
+func (e nodeUpstream) Funded(quotas []string)    { e.n.rebalance(quotas, "") }
+func (e nodeUpstream) Ended() bool               { return e.t.ctx.Err() != nil }
+func (e nodeUpstream) Logger() *slog.Logger      { return e.n.logger }
+
+func (e nodeUpstream) Renew(req *rationv1.RenewRequest) (*rationv1.RenewResponse, error) {
+	ctx, cancel := context.WithTimeout(e.t.ctx, 2*time.Second)
+	defer cancel()
+	return e.n.upClient.Renew(ctx, req)
+}
+
+func (e nodeUpstream) Propose(cmds []lease.Command) ([]OpResult, error) {
+	p := &proposal{}
+	for _, c := range cmds {
+		p.ops = append(p.ops, pendingOp{cmd: c})
+	}
+	return e.n.proposeIn(e.t.ctx, e.t, p)
+}
+
+func (e nodeUpstream) RenewAt(rule string) float64 {
+	if t := e.n.tuningOf(rule, e.n.cfg.Region); t.RenewAt != 0 {
+		return t.RenewAt
+	}
+	return e.n.cfg.UpstreamRenewAt
+}
+
+func (e nodeUpstream) SafeShare(rule string) (float64, region.Share, bool) {
+	r, ok := e.n.rules.Load().Rule(rule)
+	if !ok {
+		return 0, region.Share{}, false
+	}
+	v := e.n.learnedSafe(r)
+	return v, region.Safe(r.Burst, r.Rate, v), true
+}
+
+func (e nodeUpstream) LearnedSafe(rule string) *float64 {
+	return e.n.tuningOf(rule, e.n.cfg.Region).SafeShare
+}
+
+func (e nodeUpstream) Renewed(ok bool) {
+	res := "ok"
+	if !ok {
+		res = "error"
+	}
+	e.n.m.upstreamRenewals.WithLabelValues(res).Inc()
 }
 
 // funded reads the funded quotas: each one's demand (the sum over its live
@@ -174,9 +269,9 @@ type fundedInfo struct {
 	live   int // live subleases
 }
 
-func (u *upstream) read() map[string]fundedInfo {
+func (u *Upstream) read() map[string]fundedInfo {
 	out := map[string]fundedInfo{}
-	u.n.fsm.read(func(s *lease.State) {
+	u.env.Read(func(s *lease.State) {
 		now := s.Now()
 		for _, name := range s.Quotas() {
 			q, _ := s.Quota(name)
@@ -204,9 +299,12 @@ func Fits(q lease.QuotaInfo, capacity, rate float64) bool {
 	return q.CeilBurst <= b+tol(b) && q.CeilRate <= r+tol(r)
 }
 
-func (u *upstream) round() {
-	n, t := u.n, u.t
-	now := n.termClock(t)
+// Round is one turn of the loop: it reads the funded quotas, renews the
+// upstream leases that are due (waiting for the global group's answer) and
+// funds the quotas from the answer (waiting for the entry to commit).
+func (u *Upstream) Round() {
+	env := u.env
+	now := env.Now()
 	state := u.read()
 	for id := range u.quotas {
 		if _, ok := state[id]; !ok {
@@ -216,7 +314,10 @@ func (u *upstream) round() {
 	var grants, renews []*upQuota
 	anyDue := false
 	nudged := u.takeNudged()
-	for id, fi := range state {
+	// In a fixed order: the order of a request's items and their numbers
+	// (one run of internal/sim per seed).
+	for _, id := range slices.Sorted(maps.Keys(state)) {
+		fi := state[id]
 		q := u.quotas[id]
 		if q == nil {
 			rule, subject, _ := strings.Cut(id, "|")
@@ -252,10 +353,7 @@ func (u *upstream) round() {
 			}
 			q.confCap, q.confRate = q.h.Lease.Cap, q.h.Lease.Rate
 		}
-		renewAt := n.cfg.UpstreamRenewAt
-		if t := n.tuningOf(q.rule, n.cfg.Region); t.RenewAt != 0 {
-			renewAt = t.RenewAt
-		}
+		renewAt := env.RenewAt(q.rule)
 		validity := lease.AgentValidity(q.h.Lease.Term, upstreamDrift, 0)
 		if now >= q.h.ValidUntil-int64(float64(validity)*(1-renewAt)) {
 			anyDue = true
@@ -293,7 +391,7 @@ func (u *upstream) round() {
 	if !anyDue || now < u.retry {
 		return
 	}
-	req := &rationv1.RenewRequest{Holder: u.holder, Region: n.cfg.Region, Seq: u.seq}
+	req := &rationv1.RenewRequest{Holder: u.holder, Region: u.region, Seq: u.seq}
 	seqs := make([]uint64, 0, len(grants)+len(renews))
 	for i, q := range grants {
 		seq := u.seq + uint64(i)
@@ -324,36 +422,35 @@ func (u *upstream) round() {
 	if len(req.Items) == 0 {
 		return
 	}
-	if n.logger.Enabled(t.ctx, slog.LevelDebug) {
+	logger := env.Logger()
+	if logger.Enabled(context.Background(), slog.LevelDebug) {
 		for _, it := range req.Items {
-			n.logger.Debug("upstream renewal", "quota", QuotaID(it.Quota.GetRule(), it.Quota.GetSubject()), "lease_id", it.LeaseId, "demand", it.Demand)
+			logger.Debug("upstream renewal", "quota", QuotaID(it.Quota.GetRule(), it.Quota.GetSubject()), "lease_id", it.LeaseId, "demand", it.Demand)
 		}
 	}
-	ctx, cancel := context.WithTimeout(t.ctx, 2*time.Second)
-	resp, err := n.upClient.Renew(ctx, req)
-	cancel()
+	resp, err := env.Renew(req)
 	if err == nil && len(resp.GetGrants()) != len(req.Items) {
 		err = fmt.Errorf("global group answered %d grants for %d items", len(resp.GetGrants()), len(req.Items))
 	}
 	if err != nil {
-		if t.ctx.Err() != nil {
+		if env.Ended() {
 			return
 		}
-		n.m.upstreamRenewals.WithLabelValues("error").Inc()
+		env.Renewed(false)
 		// A stale seq (an earlier leader's numbers ran ahead of this
 		// clock) is skipped past; any other failure backs off.
 		u.seq += 1e7
 		u.back = min(max(2*u.back, upstreamTick), time.Second)
-		u.retry = n.termClock(t) + u.back.Microseconds()
-		n.logger.Warn("upstream lease renewal failed: funded quotas spend their slices until they expire, then their safe shares", "err", err)
+		u.retry = env.Now() + u.back.Microseconds()
+		logger.Warn("upstream lease renewal failed: funded quotas spend their slices until they expire, then their safe shares", "err", err)
 		return
 	}
-	n.m.upstreamRenewals.WithLabelValues("ok").Inc()
+	env.Renewed(true)
 	u.back, u.retry = 0, 0
 	u.sentSafe = confSafe
-	recv := n.termClock(t)
+	recv := env.Now()
 	all := append(grants, renews...)
-	var funds []pendingOp
+	var funds []lease.Command
 	learned := map[string]bool{}
 	for i, q := range all {
 		g := resp.Grants[i]
@@ -361,12 +458,12 @@ func (u *upstream) round() {
 			// The global group's word on this region's safe share: kept
 			// in this group's replicated state before any quota uses it.
 			learned[q.rule] = true
-			if cur := n.tuningOf(q.rule, n.cfg.Region).SafeShare; cur == nil || *cur != g.GetSafeShare() {
+			if cur := env.LearnedSafe(q.rule); cur == nil || *cur != g.GetSafeShare() {
 				v := g.GetSafeShare()
-				funds = append(funds, pendingOp{cmd: lease.Tune{
-					Tuning: lease.Tuning{Rule: q.rule, Region: n.cfg.Region, SafeShare: &v}, Safe: lease.SafeLearn,
-				}})
-				n.logger.Info("safe share learned from the global group", "rule", q.rule, "safe_share", v)
+				funds = append(funds, lease.Tune{
+					Tuning: lease.Tuning{Rule: q.rule, Region: u.region, SafeShare: &v}, Safe: lease.SafeLearn,
+				})
+				logger.Info("safe share learned from the global group", "rule", q.rule, "safe_share", v)
 			}
 		}
 		switch e := g.GetError(); {
@@ -383,15 +480,15 @@ func (u *upstream) round() {
 			}
 			q.failedAt = 0
 			if q.h.Valid(recv) {
-				funds = append(funds, pendingOp{cmd: lease.Fund{
+				funds = append(funds, lease.Fund{
 					Quota: q.id, Burst: g.Cap, Rate: rateOr0(g.Rate), Deposit: g.Balance, NotAfter: q.h.ValidUntil,
 					Seq: seqs[i],
-				}})
+				})
 			}
 		case strings.HasPrefix(e, ItemErrUnknownQuota), strings.HasPrefix(e, ItemErrTooManySubjects):
 			q.h.Drop()
 			q.failedAt = recv
-			n.logger.Error("the global group does not lease this quota: only its safe share applies", "quota", q.id, "err", e)
+			logger.Error("the global group does not lease this quota: only its safe share applies", "quota", q.id, "err", e)
 		default:
 			q.h.Drop()
 		}
@@ -399,25 +496,25 @@ func (u *upstream) round() {
 	if len(funds) == 0 {
 		return
 	}
-	res, err := n.proposeIn(t.ctx, t, &proposal{ops: funds})
+	res, err := env.Propose(funds)
 	if err != nil {
-		if t.ctx.Err() == nil {
-			n.logger.Warn("funding from the upstream lease failed to commit", "err", err)
+		if !env.Ended() {
+			logger.Warn("funding from the upstream lease failed to commit", "err", err)
 		}
 		return
 	}
 	var funded []string
 	for i, r := range res {
 		if r.Err != nil {
-			n.logger.Warn("funding refused", "command", fmt.Sprintf("%+v", funds[i].cmd), "err", r.Err)
-		} else if f, ok := funds[i].cmd.(lease.Fund); ok {
+			logger.Warn("funding refused", "command", fmt.Sprintf("%+v", funds[i]), "err", r.Err)
+		} else if f, ok := funds[i].(lease.Fund); ok {
 			funded = append(funded, f.Quota)
 		}
 	}
 	// A smaller upstream lease over-commits the quota until its subleases
 	// shrink: tell them now (a larger one is taken by whoever is below its
 	// share), so the shrink can be confirmed upstream in round trips.
-	n.rebalance(funded, "")
+	env.Funded(funded)
 }
 
 // confirmableSafe returns, per rule of the funded quotas, the safe share
@@ -425,9 +522,7 @@ func (u *upstream) round() {
 // funded quota of the rule has its own part configured within it and its
 // ceilings within that plus its upstream lease (no sublease can still be
 // spending under a larger own part). Rules not all fitted are left out.
-func (u *upstream) confirmableSafe(state map[string]fundedInfo) map[string]float64 {
-	n := u.n
-	set := n.rules.Load()
+func (u *Upstream) confirmableSafe(state map[string]fundedInfo) map[string]float64 {
 	out := map[string]float64{}
 	bad := map[string]bool{}
 	for id, fi := range state {
@@ -435,19 +530,17 @@ func (u *upstream) confirmableSafe(state map[string]fundedInfo) map[string]float
 		if bad[rule] {
 			continue
 		}
-		r, ok := set.Rule(rule)
+		v, own, ok := u.env.SafeShare(rule)
 		if !ok {
 			bad[rule] = true
 			continue
 		}
-		v := n.learnedSafe(r)
 		if idle(fi.info) {
 			// No sublease: nothing is spent until a grant, which
 			// reconfigures the quota at v first.
 			out[rule] = v
 			continue
 		}
-		own := region.Safe(r.Burst, r.Rate, v)
 		var lc, lr float64
 		if q := u.quotas[id]; q != nil && q.h.Lease.ID != 0 {
 			lc, lr = q.h.Lease.Cap, q.h.Lease.Rate

@@ -55,14 +55,13 @@ type Sim struct {
 	cross      [][]int64
 	partitions []partition
 
-	groups    []*group
-	global    *group
-	agents    []*agent
-	byRegion  [][]*agent
-	weights   []float64 // each region's part of the demand
-	specs     map[string]*spec
-	keys      []*spec
-	fundedIDs []string
+	groups   []*group
+	global   *group
+	agents   []*agent
+	byRegion [][]*agent
+	weights  []float64 // each region's part of the demand
+	specs    map[string]*spec
+	keys     []*spec
 
 	rules       map[string]*rules.Rule
 	agentQuotas [][]pick
@@ -206,7 +205,6 @@ func (s *Sim) buildQuotas() {
 	gRate := cfg.GlobalLimit * cfg.GlobalShare * mean
 	gRule := mk(ruleGlobal, gRate)
 	gSpec := add(ruleGlobal+"|", true, -1, gRate)
-	s.fundedIDs = []string{gSpec.id}
 	// The rules' rates are what agents ask a first grant for; the
 	// coordinators' quota shapes come from the specs.
 	regRule := mk(ruleRegional, cfg.RegionalLimit*cfg.RegionalShare*mean/float64(cfg.Regions))
