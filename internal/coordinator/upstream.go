@@ -62,10 +62,10 @@ const (
 	upstreamFell = 0.75
 )
 
-// DemandFell reports whether a region's summed demand fell far enough
+// demandFell reports whether a region's summed demand fell far enough
 // below the demand it last reported upstream (sent) to tell the global
-// group ahead of its renew point; exported for the simulator.
-func DemandFell(demand, sent float64) bool { return demand < upstreamFell*sent }
+// group ahead of its renew point.
+func demandFell(demand, sent float64) bool { return demand < upstreamFell*sent }
 
 // upQuota is one funded quota's upstream lease.
 type upQuota struct {
@@ -291,9 +291,9 @@ func (u *Upstream) read() map[string]fundedInfo {
 	return out
 }
 
-// Fits reports whether the quota can no longer be spending beyond its own
+// fits reports whether the quota can no longer be spending beyond its own
 // part plus (cap, rate): its ceilings are within them.
-func Fits(q lease.QuotaInfo, capacity, rate float64) bool {
+func fits(q lease.QuotaInfo, capacity, rate float64) bool {
 	tol := func(v float64) float64 { return 1e-9 * max(1, v) }
 	b, r := q.Burst+capacity, q.Rate+rate
 	return q.CeilBurst <= b+tol(b) && q.CeilRate <= r+tol(r)
@@ -344,7 +344,7 @@ func (u *Upstream) Round() {
 			grants = append(grants, q)
 			continue
 		}
-		if Fits(fi.info, q.h.Lease.Cap, q.h.Lease.Rate) {
+		if fits(fi.info, q.h.Lease.Cap, q.h.Lease.Rate) {
 			if q.h.Lease.Cap < q.confCap || q.h.Lease.Rate < q.confRate {
 				// A shrink the subleases now fit: confirm it at once, so
 				// the global group can give the freed share to the regions
@@ -361,7 +361,7 @@ func (u *Upstream) Round() {
 		wants := fi.demand > upstreamWant*(fi.info.Rate+q.h.Lease.Rate)
 		// Demand that fell well below what was reported is worth telling
 		// at once: another region may want what this one no longer does.
-		fell := DemandFell(fi.demand, q.sentDemand)
+		fell := demandFell(fi.demand, q.sentDemand)
 		// A nudge or a fallen demand goes at most every upstreamEarly; a
 		// want of more backs off on its own (earlyAt), so that asking in
 		// vain never delays the others.
@@ -545,7 +545,7 @@ func (u *Upstream) confirmableSafe(state map[string]fundedInfo) map[string]float
 		if q := u.quotas[id]; q != nil && q.h.Lease.ID != 0 {
 			lc, lr = q.h.Lease.Cap, q.h.Lease.Rate
 		}
-		if fi.info.Burst > own.Burst+safeTol(own.Burst) || fi.info.Rate > own.Rate+safeTol(own.Rate) || !Fits(fi.info, lc, lr) {
+		if fi.info.Burst > own.Burst+safeTol(own.Burst) || fi.info.Rate > own.Rate+safeTol(own.Rate) || !fits(fi.info, lc, lr) {
 			bad[rule] = true
 			continue
 		}

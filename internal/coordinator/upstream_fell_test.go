@@ -23,8 +23,8 @@ func TestDemandFell(t *testing.T) {
 		{"nothing reported yet", 5, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := DemandFell(tc.demand, tc.sent); got != tc.want {
-				t.Errorf("DemandFell(%v, sent %v) = %v, want %v", tc.demand, tc.sent, got, tc.want)
+			if got := demandFell(tc.demand, tc.sent); got != tc.want {
+				t.Errorf("demandFell(%v, sent %v) = %v, want %v", tc.demand, tc.sent, got, tc.want)
 			}
 		})
 	}
