@@ -3,15 +3,11 @@ package agent
 import (
 	"context"
 	"fmt"
-	"math"
-	"slices"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -64,71 +60,19 @@ func registerEnvoy(g *grpc.Server, svc *Service) {
 	g.RegisterService(envoyServiceDesc(), &envoyServer{svc: svc})
 }
 
-// ShouldRateLimit decides every descriptor of one Envoy request.
+// ShouldRateLimit decides every descriptor of one Envoy request, for an
+// in-process caller (the server reads and writes the wire itself:
+// envoywire.go).
 func (e *envoyServer) ShouldRateLimit(ctx context.Context, r *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	// One descriptor (the usual request) is decided in buffers on this
-	// stack, as decideBatch does for a lone request.
-	var reqBuf [1]Request
-	var outBuf [1]Response
-	reqs, err := fromEnvoy(r, reqBuf[:0])
+	w := getRLSWire()
+	defer w.release()
+	rlsFromProto(r, w)
+	a, err := e.decide(ctx, w)
 	if err != nil {
-		e.svc.metrics.invalid.Inc()
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, err
 	}
-	out := outBuf[:]
-	if len(reqs) > 1 {
-		out = make([]Response, len(reqs))
-	}
-	if err := e.svc.decideAll(ctx, reqs, out); err != nil {
-		return nil, grpcError(err)
-	}
-	return toEnvoy(out)
-}
-
-// fromEnvoy turns an Envoy request into one Request per descriptor,
-// appended to reqs.
-func fromEnvoy(r *rlsv3.RateLimitRequest, reqs []Request) ([]Request, error) {
-	ds := r.GetDescriptors()
-	switch {
-	case len(ds) == 0:
-		return nil, fmt.Errorf("%w: no descriptors", ErrInvalidRequest)
-	case len(ds) > MaxEnvoyDescriptors:
-		return nil, fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalidRequest, len(ds), MaxEnvoyDescriptors)
-	}
-	domain := r.GetDomain()
-	reqs = slices.Grow(reqs[:0], len(ds))[:len(ds)]
-	for i, d := range ds {
-		if d.GetLimit() != nil {
-			return nil, fmt.Errorf("%w: descriptor %d: limit overrides are not supported: limits come from the agent's rules file", ErrInvalidRequest, i)
-		}
-		if d.GetIsNegativeHits() {
-			return nil, fmt.Errorf("%w: descriptor %d: is_negative_hits is not supported", ErrInvalidRequest, i)
-		}
-		m := make(map[string]string, len(d.GetEntries())+1)
-		if domain != "" {
-			m[EnvoyDomainKey] = domain
-		}
-		for _, en := range d.GetEntries() {
-			k, v := en.GetKey(), en.GetValue()
-			if old, dup := m[k]; dup && old != v {
-				if k == EnvoyDomainKey && old == domain {
-					return nil, fmt.Errorf("%w: descriptor %d: entry %q = %q conflicts with the request's domain %q (the domain is passed as descriptor %q; rename the entry's descriptor_key)",
-						ErrInvalidRequest, i, k, truncate(v), truncate(domain), EnvoyDomainKey)
-				}
-				return nil, fmt.Errorf("%w: descriptor %d: key %q given twice with different values (give each Envoy action its own descriptor_key)", ErrInvalidRequest, i, truncate(k))
-			}
-			m[k] = v
-		}
-		cost := 1.0
-		switch {
-		case d.GetHitsAddend() != nil && d.GetHitsAddend().GetValue() > 0:
-			cost = float64(d.GetHitsAddend().GetValue())
-		case r.GetHitsAddend() > 0:
-			cost = float64(r.GetHitsAddend())
-		}
-		reqs[i] = Request{Descriptors: m, Cost: cost}
-	}
-	return reqs, nil
+	defer a.release()
+	return toEnvoy(a.out)
 }
 
 // toEnvoy builds the answer: per-descriptor statuses, the overall code, and
@@ -140,6 +84,10 @@ func fromEnvoy(r *rlsv3.RateLimitRequest, reqs []Request) ([]Request, error) {
 // call, and built message by message it cost more allocations than the
 // decision it reports.
 func toEnvoy(out []Response) (*rlsv3.RateLimitResponse, error) {
+	overLimit, err := envoyVerdict(out)
+	if err != nil {
+		return nil, err
+	}
 	a := new(envoyAnswer)
 	resp := &a.resp
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
@@ -149,36 +97,9 @@ func toEnvoy(out []Response) (*rlsv3.RateLimitResponse, error) {
 		sts = make([]envoyStatus, len(out))
 		resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(out))
 	}
-	overLimit, unavailable := -1, -1
 	for i, o := range out {
-		es := &sts[i]
-		st := &es.st
-		st.Code = rlsv3.RateLimitResponse_OK
-		if !o.Allowed {
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			if CheckStatus(o) == 503 {
-				if unavailable < 0 {
-					unavailable = i
-				}
-			} else if overLimit < 0 {
-				overLimit = i
-			}
-		}
-		if o.Rule != "" {
-			st.CurrentLimit = es.limit(o)
-			if o.Reason != ReasonUnavailable { // else no bucket was read
-				st.LimitRemaining = uint32(min(floorInt(o.Remaining), math.MaxUint32))
-				es.reset.Seconds = int64(o.Reset / time.Second)
-				es.reset.Nanos = int32(o.Reset % time.Second)
-				st.DurationUntilReset = &es.reset
-			}
-		}
-		resp.Statuses[i] = st
-	}
-	if overLimit < 0 && unavailable >= 0 {
-		o := out[unavailable]
-		return nil, status.Errorf(codes.Unavailable,
-			"ration: descriptor %d: rule %s cannot be decided (limiter store unreachable) and fails closed", unavailable, o.Rule)
+		sts[i].fill(statusOf(o))
+		resp.Statuses[i] = &sts[i].st
 	}
 	var retryAfter time.Duration
 	if overLimit >= 0 {
@@ -207,20 +128,25 @@ type envoyStatus struct {
 	mult  wrapperspb.UInt32Value
 }
 
-// limit describes a rule the way Envoy's DescriptorStatus does: burst B per
-// window of B/r seconds (the draft's w), the closest reading of a token
-// bucket as "requests per unit". A rule of rate 0 has no window and reports
-// unit UNKNOWN.
-func (es *envoyStatus) limit(o Response) *rlsv3.RateLimitResponse_RateLimit {
+// fill sets es's messages to what st says.
+func (es *envoyStatus) fill(st rlsStatus) {
+	es.st.Code = st.code
+	if !st.hasLimit {
+		return
+	}
 	l := &es.lim
-	l.Name = o.Rule
-	l.RequestsPerUnit = uint32(min(floorInt(o.Limit), math.MaxUint32))
-	if w := quotaOf(o).Window(); w > 0 {
+	l.Name, l.RequestsPerUnit = st.name, st.perUnit
+	if st.window > 0 {
 		l.Unit = rlsv3.RateLimitResponse_RateLimit_SECOND
-		es.mult.Value = uint32(min(w, math.MaxUint32))
+		es.mult.Value = st.window
 		l.UnitMultiplier = &es.mult
 	}
-	return l
+	es.st.CurrentLimit = l
+	if st.hasReset {
+		es.st.LimitRemaining = st.remaining
+		es.reset.Seconds, es.reset.Nanos = resetParts(st.reset)
+		es.st.DurationUntilReset = &es.reset
+	}
 }
 
 // headers are header.Fields for the deciding rules' quotas (envoyQuotas),

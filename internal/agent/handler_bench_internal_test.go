@@ -116,6 +116,26 @@ rules:
 			}
 		}
 	})
+	// envoy as the server runs it (shouldRateLimitHandler): its codec
+	// reads the request (decodeRLS) and writes the answer (rlsAnswer).
+	b.Run("envoy-server", func(b *testing.B) {
+		b.ReportAllocs()
+		c := newCodec()
+		i := 0
+		for b.Loop() {
+			i++
+			dec := func(v any) error { return c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(envoy[i%keys])}, v) }
+			a, err := shouldRateLimitHandler(e, ctx, dec, nil)
+			if err != nil || a.(*rlsAnswer).over {
+				b.Fatalf("ShouldRateLimit = %v, %v", a, err)
+			}
+			bs, err := c.Marshal(a)
+			if err != nil {
+				b.Fatal(err)
+			}
+			bs.Free()
+		}
+	})
 
 	// AllowBatch of 1000 on a leased rule, one subject (the make bench row
 	// "leased: AllowBatch of 1000, 1 hot key"): all in memory, from a

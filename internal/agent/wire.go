@@ -348,6 +348,11 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 		*bp = appendDecided((*bp)[:0], r)
 		r.release()
 		return mem.BufferSlice{mem.NewBuffer(bp, answerBufs)}, nil
+	case *rlsAnswer: // shouldRateLimitHandler's answer
+		bp := answerBufs.Get(r.size())
+		*bp = r.append((*bp)[:0])
+		r.release()
+		return mem.BufferSlice{mem.NewBuffer(bp, answerBufs)}, nil
 	case *rationv1.AllowBatchResponse:
 		bp := answerBufs.Get(batchResponseSize(r))
 		*bp = appendBatchResponse((*bp)[:0], r)
@@ -388,7 +393,8 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	case *allowWire:
 		return invalidString(decodeAllow(data.Materialize(), w), &w.invalid)
 	case *rlsWire:
-		return c.unmarshalRLS(data, w)
+		w.reset()
+		return decodeRLS(data.Materialize(), w)
 	}
 	return c.CodecV2.Unmarshal(data, v)
 }
