@@ -133,6 +133,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 			}
 		}
 		fmt.Fprintf(stdout, "configuration valid; rules: %d, %d leased or auto (version %s)\n", len(set.Rules()), leased, set.Hash())
+		if !cfg.TLS.Enabled() && !cfg.Insecure && !cfg.Dev {
+			// Not a fault of what was checked, but the one refusal the
+			// node would still make when started with these flags.
+			fmt.Fprintf(stdout, "note: to run, a node also needs TLS files or -insecure (%v)\n", coordinator.ErrNoTLS)
+		}
 		return nil
 	}
 
