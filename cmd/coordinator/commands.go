@@ -36,6 +36,28 @@ var commands = []string{"status", "quotas", "leases", "tune", "tunings", "member
 // the node itself sees, and quotas and leases read its replicated state (a
 // follower's may lag by the entries it has not applied).
 func runCommand(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	return tlsHint(runOne(ctx, name, args, stdout, stderr))
+}
+
+// tlsHint says what a TLS mismatch between the command and the node most
+// likely is: gRPC reports a plaintext client refused by a TLS node only
+// as "error reading server preface: EOF" (the node drops the connection
+// at the first bytes, which are no TLS handshake), and a TLS client at a
+// plaintext node as a record that "does not look like a TLS handshake".
+func tlsHint(err error) error {
+	if err == nil {
+		return nil
+	}
+	switch msg := err.Error(); {
+	case strings.Contains(msg, "error reading server preface"):
+		return fmt.Errorf("%w\nhint: the node closed the connection at once, as a node with TLS does to a plaintext client: pass an operator's certificate with -tls-cert, -tls-key and -tls-ca (or RATION_TLS_CERT, RATION_TLS_KEY, RATION_TLS_CA; docs/security.md)", err)
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return fmt.Errorf("%w\nhint: the node answers in plaintext (it runs with -insecure or -dev): leave out -tls-cert, -tls-key and -tls-ca (and unset RATION_TLS_*)", err)
+	}
+	return err
+}
+
+func runOne(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
 	if name == "members" {
 		return runMembers(ctx, args, stdout, stderr) // members.go
 	}

@@ -84,6 +84,8 @@ func TestCommandsOverMutualTLS(t *testing.T) {
 	err = run(ctx, []string{"status", "-addr", addr, "-timeout", "2s"}, &out, &bytes.Buffer{}, noEnv)
 	if err == nil {
 		t.Error("status in plaintext against a TLS node succeeded")
+	} else if !strings.Contains(err.Error(), "hint: the node closed the connection at once, as a node with TLS does to a plaintext client: pass an operator's certificate with -tls-cert") {
+		t.Errorf("status in plaintext against a TLS node: %v, want a hint naming -tls-cert", err)
 	}
 	err = run(ctx, append([]string{"tune", "-addr", leaseAddr, "-rule", "export-global", "-max-slice", "9"}, opFlags...), &out, &bytes.Buffer{}, noEnv)
 	if err == nil || !strings.Contains(err.Error(), "Unimplemented") {
@@ -138,6 +140,8 @@ func TestPlaintextOnlyByChoice(t *testing.T) {
 	if strings.Contains(stderr.String(), "coordinator started") {
 		t.Errorf("the refused node started:\n%s", stderr.String())
 	}
+	pki := harness.NewPKI(t)
+	f := pki.Member(tlsfiles.GlobalGroup, "n1")
 	for _, tc := range []struct {
 		name  string
 		extra []string
@@ -158,6 +162,16 @@ func TestPlaintextOnlyByChoice(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
+			// The commands with TLS files at this plaintext node are
+			// told to leave them out.
+			if m := regexp.MustCompile(`coordinator started.* admin_addr=(\S+)`).FindStringSubmatch(stderr.String()); m == nil {
+				t.Errorf("start-up log names no admin address:\n%s", stderr.String())
+			} else {
+				err := run(ctx, []string{"status", "-addr", m[1], "-timeout", "2s", "-tls-cert", f.Cert, "-tls-key", f.Key, "-tls-ca", f.CA}, &bytes.Buffer{}, &bytes.Buffer{}, noEnv)
+				if err == nil || !strings.Contains(err.Error(), "hint: the node answers in plaintext") {
+					t.Errorf("status with TLS files at a plaintext node: %v, want a hint to leave them out", err)
+				}
+			}
 			cancel()
 			<-done
 			if !strings.Contains(stderr.String(), tc.want) {
@@ -165,8 +179,6 @@ func TestPlaintextOnlyByChoice(t *testing.T) {
 			}
 		})
 	}
-	pki := harness.NewPKI(t)
-	f := pki.Member(tlsfiles.GlobalGroup, "n1")
 	for _, tc := range []struct {
 		extra []string
 		want  string
