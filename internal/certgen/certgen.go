@@ -137,6 +137,69 @@ func serialNumber() (*big.Int, error) {
 	return n, nil
 }
 
+// File names of a CA kept on disk (WriteCA, LoadCA): its certificate, the
+// -tls-ca bundle of every process, and its private key.
+const (
+	CACertFile = "ca.crt"
+	CAKeyFile  = "ca.key"
+)
+
+// WriteCA writes the CA's certificate (0644) and private key (0600) to
+// dir, so that LoadCA can issue more certificates from it later. Whoever
+// reads the key can issue any identity every process of the PKI trusts.
+func (ca *CA) WriteCA(dir string) error {
+	kder, err := x509.MarshalECPrivateKey(ca.Key)
+	if err != nil {
+		return fmt.Errorf("certgen: CA key: %w", err)
+	}
+	if err := writeFile(filepath.Join(dir, CACertFile), ca.CertPEM, 0o644); err != nil {
+		return fmt.Errorf("certgen: %w", err)
+	}
+	if err := writeFile(filepath.Join(dir, CAKeyFile), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		return fmt.Errorf("certgen: %w", err)
+	}
+	return nil
+}
+
+// LoadCA reads a CA written by WriteCA from dir. The certificate must be
+// a CA's and the key its own: a mismatched pair would sign certificates
+// that chain to nothing the processes trust.
+func LoadCA(dir string) (*CA, error) {
+	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, fmt.Errorf("certgen: CA certificate: %w", err)
+	}
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("certgen: CA key: %w", err)
+	}
+	cb, _ := pem.Decode(certPEM)
+	if cb == nil || cb.Type != "CERTIFICATE" {
+		return nil, fmt.Errorf("certgen: %s: no PEM CERTIFICATE block", certPath)
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("certgen: %s: %w", certPath, err)
+	}
+	if !cert.IsCA {
+		return nil, fmt.Errorf("certgen: %s: not a CA certificate", certPath)
+	}
+	kb, _ := pem.Decode(keyPEM)
+	if kb == nil || kb.Type != "EC PRIVATE KEY" {
+		return nil, fmt.Errorf("certgen: %s: no PEM EC PRIVATE KEY block", keyPath)
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("certgen: %s: %w", keyPath, err)
+	}
+	pub, ok := cert.PublicKey.(*ecdsa.PublicKey)
+	if !ok || !pub.Equal(&key.PublicKey) {
+		return nil, fmt.Errorf("certgen: %s is not the key of %s", keyPath, certPath)
+	}
+	return &CA{Cert: cert, Key: key, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})}, nil
+}
+
 // Paths are the files WriteFiles wrote.
 type Paths struct{ Cert, Key, CA string }
 
@@ -147,7 +210,7 @@ func (ca *CA) WriteFiles(dir, name string, r Request) (Paths, error) {
 	if err != nil {
 		return Paths{}, err
 	}
-	p := Paths{Cert: filepath.Join(dir, name+".crt"), Key: filepath.Join(dir, name+".key"), CA: filepath.Join(dir, "ca.crt")}
+	p := Paths{Cert: filepath.Join(dir, name+".crt"), Key: filepath.Join(dir, name+".key"), CA: filepath.Join(dir, CACertFile)}
 	for _, f := range []struct {
 		path string
 		b    []byte
