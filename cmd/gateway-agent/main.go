@@ -101,7 +101,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookup fu
 	}
 	srv.Registry.MustRegister(buildinfo.Collector())
 	if cfg.Dev {
-		printDevGuide(stdout, srv)
+		fmt.Fprint(stdout, devGuide(srv.HTTPAddr(), srv.GRPCAddr(), cfg.CoordinatorAddrs()))
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -159,20 +159,32 @@ func level(s string) slog.Level {
 	}
 }
 
-func printDevGuide(w io.Writer, srv *agent.Server) {
-	h := srv.HTTPAddr()
-	fmt.Fprintf(w, `
+// devGuide is what -dev prints once it serves: commands to try against
+// the agent's HTTP and gRPC addresses, and where its leases come from
+// (the coordinators of -coordinators, or the node -dev embeds without
+// them). Every command's outcome holds however fast it is typed: the
+// rule+subject example names the same subject as the descriptors would
+// (user=alice), and the 429 is promised within a refill's time.
+func devGuide(httpAddr, grpcAddr string, coordinators []string) string {
+	from := "the coordinator embedded in this process"
+	if len(coordinators) > 0 {
+		from = "the coordinators at " + strings.Join(coordinators, ",")
+	}
+	return fmt.Sprintf(`
 Ration gateway-agent is running in -dev mode (in-memory store, sample rules).
 
   Decide (JSON):     curl -s -X POST http://%[1]s/v1/allow -d '{"descriptors":{"tenant":"acme","endpoint":"search"}}'
   Check (gateways):  curl -si 'http://%[1]s/v1/check?tenant=acme&endpoint=search'
-                     (run it 11 times: the 11th answers 429 with Retry-After)
-  By rule+subject:   curl -s -X POST http://%[1]s/v1/allow -d '{"rule":"per-user","subject":"alice","cost":5}'
+                     (10 at once, then 1 a second: repeated, it answers 429
+                     with Retry-After once the 10 are spent)
+  By rule+subject:   curl -s -X POST http://%[1]s/v1/allow -d '{"rule":"per-user","subject":"user=alice","cost":5}'
+                     (the subject as descriptors {"user":"alice"} name it:
+                     the same quota; "alice" alone would be another one)
   Leased hot key:    curl -si 'http://%[1]s/v1/check?endpoint=checkout'
-                     (decided in memory from a slice leased from the embedded coordinator)
+                     (decided in memory from a slice leased from %[3]s)
   Metrics:           curl -s http://%[1]s/metrics | grep ^ration_
   gRPC:              %[2]s (ration.v1.RateLimiter)
 
 The sample rules are examples/rules.yaml; coordinator -dev runs with them too.
-`, h, srv.GRPCAddr())
+`, httpAddr, grpcAddr, from)
 }

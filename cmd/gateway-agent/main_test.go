@@ -262,6 +262,10 @@ func TestDevModeServes(t *testing.T) {
 		t.Fatalf("leased rule hot-endpoint answered %d for 10s, want 200 from the embedded coordinator's lease", leased)
 	}
 	checkBuildInfo(t, base+"/metrics")
+	checkGuideSubject(t, stdout.String(), base)
+	if !strings.Contains(stdout.String(), "leased from the coordinator embedded in this process") {
+		t.Errorf("-dev without -coordinators: the guide does not name the embedded coordinator:\n%s", stdout.String())
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run returned %v after cancel, want a clean shutdown", err)
@@ -317,4 +321,50 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// checkGuideSubject runs the guide's rule+subject example as printed, then
+// the same subject by descriptors: the second spends from what the first
+// left (the two name one quota, as the guide says), where a subject of
+// another spelling would start full.
+func checkGuideSubject(t *testing.T, guide, base string) {
+	t.Helper()
+	const marker = `/v1/allow -d '{"rule":`
+	i := strings.Index(guide, marker)
+	if i < 0 {
+		t.Fatalf("the guide has no rule+subject example:\n%s", guide)
+	}
+	body := guide[i+len("/v1/allow -d '"):]
+	body = body[:strings.Index(body, "'")]
+	allow := func(body string) (remaining float64) {
+		resp, err := http.Post(base+"/v1/allow", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var d struct {
+			Allowed   bool    `json:"allowed"`
+			Remaining float64 `json:"remaining"`
+			Rule      string  `json:"rule"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || !d.Allowed || d.Rule != "per-user" {
+			t.Fatalf("POST %s: %+v, %v; want admitted by per-user", body, d, err)
+		}
+		return d.Remaining
+	}
+	first := allow(body)
+	// per-user: burst 100, 10/s. A second quota would answer 80 at least;
+	// the same one at most first - 20 plus what refilled in between.
+	if second := allow(`{"descriptors":{"user":"alice"},"cost":20}`); second >= 80 || second > first-10 {
+		t.Errorf("the guide's %s left %v; descriptors user=alice (cost 20) then left %v: not the same quota", body, first, second)
+	}
+}
+
+// With -coordinators the guide says the leases come from them, not from
+// an embedded node (there is none).
+func TestDevGuideNamesTheCoordinators(t *testing.T) {
+	g := devGuide("127.0.0.1:8080", "127.0.0.1:8081", []string{"127.0.0.1:8301"})
+	if !strings.Contains(g, "leased from the coordinators at 127.0.0.1:8301") || strings.Contains(g, "embedded") {
+		t.Errorf("guide with -coordinators 127.0.0.1:8301:\n%s", g)
+	}
 }

@@ -178,10 +178,13 @@ Ration, two regions on loopback, mutual TLS on every coordinator link
                    us-a1 ${agent_http[us-a1]}  us-a2 ${agent_http[us-a2]}
   rules            $rules
 
-Drive traffic (global-api is one budget of 50/s across both regions):
+Drive traffic: all three commands below ask for the same quota, subject
+api=x0 of global-api (the descriptor api=x0), one budget of 50/s across
+both regions (a subject named another way, such as -rule global-api with
+subject x0, is a quota of its own, with its own 50/s):
 
-  $bin/ration-bench -target ${agent_grpc[eu-a1]},${agent_grpc[eu-a2]} -rule global-api -keys 1 -key-prefix x -rate 60 -duration 60s &
-  $bin/ration-bench -target ${agent_grpc[us-a1]},${agent_grpc[us-a2]} -rule global-api -keys 1 -key-prefix x -rate 10 -duration 60s &
+  $bin/ration-bench -target ${agent_grpc[eu-a1]},${agent_grpc[eu-a2]} -descriptor-key api -keys 1 -key-prefix x -rate 60 -duration 60s &
+  $bin/ration-bench -target ${agent_grpc[us-a1]},${agent_grpc[us-a2]} -descriptor-key api -keys 1 -key-prefix x -rate 10 -duration 60s &
   curl -s "http://${agent_http[eu-a1]}/v1/check?api=x0" -o /dev/null -w '%{http_code}\n'
 
 The coordinator CLI below presents the operator certificate; in another
