@@ -5,7 +5,7 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/ration-dev/ration/client/internal/header"
+	"github.com/ration-dev/ration/client/header"
 )
 
 // Allower decides requests. *Client and *Stream implement it, and so does

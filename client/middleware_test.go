@@ -13,7 +13,7 @@ import (
 
 	"github.com/ration-dev/ration/client"
 	"github.com/ration-dev/ration/client/clienttest"
-	"github.com/ration-dev/ration/client/internal/header"
+	"github.com/ration-dev/ration/client/header"
 )
 
 // byUser limits by the X-User-Id header and leaves /healthz unchecked.

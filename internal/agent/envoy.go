@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ration-dev/ration/internal/header"
+	"github.com/ration-dev/ration/client/header"
 	"github.com/ration-dev/ration/internal/rules"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/agent"
-	"github.com/ration-dev/ration/internal/header"
+	"github.com/ration-dev/ration/client/header"
 )
 
 const envoyRules = `

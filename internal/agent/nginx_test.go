@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/harness"
-	"github.com/ration-dev/ration/internal/header"
+	"github.com/ration-dev/ration/client/header"
 )
 
 // nginxDoc holds the configuration the test runs: the first nginx block of

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/client"
-	"github.com/ration-dev/ration/internal/header"
+	"github.com/ration-dev/ration/client/header"
 )
 
 const middlewareRules = `
