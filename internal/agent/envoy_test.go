@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ration-dev/ration/client/header"
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/agent"
-	"github.com/ration-dev/ration/client/header"
 )
 
 const envoyRules = `

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/client/header"
+	"github.com/ration-dev/ration/internal/harness"
 )
 
 // nginxDoc holds the configuration the test runs: the first nginx block of
