@@ -226,18 +226,21 @@ func stripComment(cmd string) string {
 }
 
 // sessionScript is the bash program of one document's run fences.
-func sessionScript(root string, fences []fence) string {
+// The binaries, built once for every session in bin, are bound to /mnt
+// before /tmp, where bin is, is emptied.
+func sessionScript(root, bin string, fences []fence) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `set -uo pipefail
 set -a # a fence's variables reach the servers it starts, as in one terminal
 root=%q
 ip link set lo up
+mount --bind %q /mnt
 mount -t tmpfs tmpfs /tmp
 export TMPDIR=/tmp
-mkdir -p /tmp/.doccmd/upper /tmp/.doccmd/work /tmp/.doccmd/logs /tmp/.doccmd/bin
+mkdir -p /tmp/.doccmd/upper /tmp/.doccmd/work /tmp/.doccmd/logs
 mount -t overlay overlay -o "lowerdir=$root,upperdir=/tmp/.doccmd/upper,workdir=/tmp/.doccmd/work" "$root"
 cd "$root"
-export PATH=/tmp/.doccmd/bin:$PATH
+export PATH=/mnt:$PATH
 servers=() redis=()
 doc_stop() {
   local p
@@ -281,9 +284,7 @@ doc_run() { # WHERE, the command on stdin
   echo "+ $cmd"
   eval "$cmd" || doc_fail "$1: exit status $?"
 }
-echo "::doccmd-step building the binaries onto PATH"
-go build -o /tmp/.doccmd/bin/ ./cmd/coordinator ./cmd/gateway-agent ./cmd/ration-bench ./cmd/ration-check || doc_fail build
-`, root)
+`, root, bin)
 	redisUp, n := false, 0
 	for _, f := range fences {
 		if f.skip != "" {
@@ -301,7 +302,12 @@ go build -o /tmp/.doccmd/bin/ ./cmd/coordinator ./cmd/gateway-agent ./cmd/ration
 			fmt.Fprintf(&b, "mkdir -p \"$(dirname %q)\" && cp %q %q || doc_fail %q\n", c[1], c[0], c[1], f.where+": copy")
 		}
 		ready := f.opts.ready
-		for _, c := range commands(f.script) {
+		cmds := commands(f.script)
+		if len(ready) == 0 {
+			// No server: the fence is one script (a loop may span lines).
+			cmds = []string{f.script}
+		}
+		for _, c := range cmds {
 			if isServer(c) {
 				n++
 				fmt.Fprintf(&b, "doc_serve %q server%d %q <<'DOCCMD_EOF'\n%s\nDOCCMD_EOF\n", f.where, n, ready[0], stripComment(c))
@@ -362,9 +368,17 @@ func TestDocCommands(t *testing.T) {
 			t.Fatalf("the documented commands need %s: %v", bin, err)
 		}
 	}
+	// The binaries the docs call by name, as make install would put them
+	// on PATH.
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "./cmd/coordinator", "./cmd/gateway-agent", "./cmd/ration-bench", "./cmd/ration-check")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
 	for _, d := range order {
 		t.Run(strings.ReplaceAll(d, "/", "_"), func(t *testing.T) {
-			runSession(t, root, byDoc[d])
+			runSession(t, root, bin, byDoc[d])
 		})
 	}
 }
@@ -372,7 +386,7 @@ func TestDocCommands(t *testing.T) {
 // runSession runs one document's fences in one session and reports each
 // fence as a subtest: skipped with its reason, or passed or failed with
 // its output.
-func runSession(t *testing.T, root string, fences []fence) {
+func runSession(t *testing.T, root, bin string, fences []fence) {
 	hasRun := false
 	for _, f := range fences {
 		hasRun = hasRun || f.skip == ""
@@ -382,7 +396,7 @@ func runSession(t *testing.T, root string, fences []fence) {
 	if hasRun {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "unshare", "-r", "-n", "-m", "--pid", "--fork", "--kill-child", "bash", "-c", sessionScript(root, fences))
+		cmd := exec.CommandContext(ctx, "unshare", "-r", "-n", "-m", "--pid", "--fork", "--kill-child", "bash", "-c", sessionScript(root, bin, fences))
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
 		var buf bytes.Buffer
