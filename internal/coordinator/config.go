@@ -206,7 +206,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "insecure", Env: "INSECURE", Usage: "plaintext and unauthenticated on every link, by choice (-dev implies it); without TLS files and without it the node refuses to start", Value: &c.Insecure},
 		{Flag: "log-level", Env: "LOG_LEVEL", Usage: "debug, info, warn or error", Value: &c.LogLevel},
 		{Flag: "dev", Env: "DEV", Usage: "development mode: one node, temporary data dir, bootstrap, sample rules", Value: &c.Dev},
-		{Flag: "validate", Usage: "check the configuration and the -rules file, print every problem and exit", Value: &c.ValidateOnly},
+		{Flag: "validate", Usage: "check the configuration and the -rules file, print every problem and exit (TLS files are checked when given, not required)", Value: &c.ValidateOnly},
 	}
 }
 
