@@ -33,7 +33,7 @@ import (
 // (8080, 8301, 6379...) without meeting the machine's processes or each
 // other's, write where they say (certs/, /tmp/ration), and nothing outlives
 // the session. The binaries the docs call by name (coordinator,
-// gateway-agent, ration-bench, ration-check) are built from the tree onto
+// gateway-agent, ration-bench) are built from the tree onto
 // PATH first, as make install would put them there.
 //
 // A command that starts a server (gateway-agent or coordinator with flags
@@ -371,13 +371,16 @@ func TestDocCommands(t *testing.T) {
 	// The binaries the docs call by name, as make install would put them
 	// on PATH.
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "./cmd/coordinator", "./cmd/gateway-agent", "./cmd/ration-bench", "./cmd/ration-check")
+	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator), "./cmd/coordinator", "./cmd/gateway-agent", "./cmd/ration-bench")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	// Sessions share nothing but the binaries (each has its own network,
+	// /tmp and overlay): they run side by side.
 	for _, d := range order {
 		t.Run(strings.ReplaceAll(d, "/", "_"), func(t *testing.T) {
+			t.Parallel()
 			runSession(t, root, bin, byDoc[d])
 		})
 	}
