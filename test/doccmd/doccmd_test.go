@@ -225,12 +225,11 @@ func stripComment(cmd string) string {
 	return strings.TrimSuffix(strings.TrimSpace(cmd), "&")
 }
 
-// sessionScript is the bash program of one document's run fences.
-// The binaries, built once for every session in bin, are bound to /mnt
-// before /tmp, where bin is, is emptied.
-func sessionScript(root, bin string, fences []fence) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, `set -uo pipefail
+// prelude starts every session's script (its root and binaries' %q):
+// the namespaces' mounts, and the functions each fence's commands are run
+// by. doc_serve starts a server in a process group of its own, so that
+// doc_stop ends go run and the binary it started alike.
+const prelude = `set -uo pipefail
 set -a # a fence's variables reach the servers it starts, as in one terminal
 root=%q
 ip link set lo up
@@ -284,7 +283,14 @@ doc_run() { # WHERE, the command on stdin
   echo "+ $cmd"
   eval "$cmd" || doc_fail "$1: exit status $?"
 }
-`, root, bin)
+`
+
+// sessionScript is the bash program of one document's run fences.
+// The binaries, built once for every session in bin, are bound to /mnt
+// before /tmp, where bin is, is emptied.
+func sessionScript(root, bin string, fences []fence) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, prelude, root, bin)
 	redisUp, n := false, 0
 	for _, f := range fences {
 		if f.skip != "" {
