@@ -104,7 +104,7 @@ soak: deps ## two regions (make demo-regions) under steady load, a random fault 
 demo-regions: ## two regions + a 3-node global coordinator group on loopback, with a guide
 	./deploy/local/demo-regions.sh
 
-certs: ## a development PKI in certs/ (CA, coordinator, agent and operator certificates for localhost; docs/security.md) with Go's crypto, no network
+certs: ## a development PKI in certs/ (CA, coordinator, agent and operator certificates for localhost; docs/security.md) with Go's crypto, no network; the CA is kept (certs/ca.key): ration-certs -add issues more
 	$(GO) run ./internal/certgen/ration-certs -out certs
 
 fuzz: ## run every fuzz target for 20s each
