@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 
-	"github.com/ration-dev/ration/internal/header"
+	"github.com/ration-dev/ration/client/header"
 )
 
 // rlsStatus is what one descriptor's DescriptorStatus says: toEnvoy puts
