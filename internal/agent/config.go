@@ -31,15 +31,22 @@ type Config struct {
 	Region          string        // -region, RATION_REGION
 	AgentID         string        // -id, RATION_AGENT_ID
 	DecisionTimeout time.Duration // -decision-timeout, RATION_DECISION_TIMEOUT
-	ReloadInterval  time.Duration // -reload-interval, RATION_RELOAD_INTERVAL
-	Breaker         breaker.Config
-	ShutdownTimeout time.Duration // -shutdown-timeout, RATION_SHUTDOWN_TIMEOUT
-	StallTimeout    time.Duration // -stall-timeout, RATION_STALL_TIMEOUT: 0 is StallLimit's default
-	LogLevel        string        // -log-level, RATION_LOG_LEVEL
-	LogFormat       string        // -log-format, RATION_LOG_FORMAT: text or json
-	Record          string        // -record, RATION_RECORD: admission log file (off when empty)
-	Dev             bool          // -dev: in-memory store, embedded sample rules
-	Validate        bool          // -validate: check the rules file and exit
+	// FirstGrantTimeout bounds how long the first decision of a leased
+	// quota the agent does not hold yet (a new subject) waits for its
+	// first grant. It is not the decision timeout: a grant is a
+	// coordinator round trip (a Raft commit), which takes longer than a
+	// Redis call, and a request that loses that race would get its rule's
+	// failure policy on a healthy group.
+	FirstGrantTimeout time.Duration // -first-grant-timeout, RATION_FIRST_GRANT_TIMEOUT
+	ReloadInterval    time.Duration // -reload-interval, RATION_RELOAD_INTERVAL
+	Breaker           breaker.Config
+	ShutdownTimeout   time.Duration // -shutdown-timeout, RATION_SHUTDOWN_TIMEOUT
+	StallTimeout      time.Duration // -stall-timeout, RATION_STALL_TIMEOUT: 0 is StallLimit's default
+	LogLevel          string        // -log-level, RATION_LOG_LEVEL
+	LogFormat         string        // -log-format, RATION_LOG_FORMAT: text or json
+	Record            string        // -record, RATION_RECORD: admission log file (off when empty)
+	Dev               bool          // -dev: in-memory store, embedded sample rules
+	Validate          bool          // -validate: check the rules file and exit
 	// TLS is the agent's certificate (URI SAN ration://agent/<-id>), key
 	// and CA bundle: mutual TLS to the coordinators, which bind the lease
 	// holder -id to it. Reloaded when the files change.
@@ -97,24 +104,38 @@ func DefaultConfig() Config {
 		Region:          "local",
 		AgentID:         host,
 		DecisionTimeout: 50 * time.Millisecond,
-		GRPCWorkers:     DefaultGRPCWorkers,
-		ReloadInterval:  time.Second,
-		Breaker:         breaker.DefaultConfig(),
-		ShutdownTimeout: 10 * time.Second,
-		LogLevel:        "info",
-		LogFormat:       "text",
+		// A grant is a Raft commit at the leader: about 1-130 ms on a
+		// healthy group (the -dev pair measured 64-128 ms); a second
+		// covers a leader election's tail too, and a caller's own deadline
+		// (Envoy's 20 ms) still cuts it short.
+		FirstGrantTimeout: DefaultFirstGrantTimeout,
+		GRPCWorkers:       DefaultGRPCWorkers,
+		ReloadInterval:    time.Second,
+		Breaker:           breaker.DefaultConfig(),
+		ShutdownTimeout:   10 * time.Second,
+		LogLevel:          "info",
+		LogFormat:         "text",
 	}
+}
+
+// FirstGrant is -first-grant-timeout, its default when unset (0).
+func (c Config) FirstGrant() time.Duration {
+	if c.FirstGrantTimeout <= 0 {
+		return DefaultFirstGrantTimeout
+	}
+	return c.FirstGrantTimeout
 }
 
 // StallLimit is how long a decision may be in flight, or the lease loop go
 // without a step, before the agent calls itself wedged: -stall-timeout, or
 // by default longer than any healthy decision takes (each of its waits is
-// bounded by the decision timeout) and than a renewal call (2s).
+// bounded by the decision timeout, a first grant's by -first-grant-timeout)
+// and than a renewal call (2s).
 func (c Config) StallLimit() time.Duration {
 	if c.StallTimeout > 0 {
 		return c.StallTimeout
 	}
-	return 5*time.Second + 4*c.DecisionTimeout
+	return 5*time.Second + 4*c.DecisionTimeout + c.FirstGrant()
 }
 
 // DevConfig is DefaultConfig for a first try: in-memory store and the
@@ -125,6 +146,9 @@ func DevConfig() Config {
 	c.LogLevel = "info"
 	return c
 }
+
+// DefaultFirstGrantTimeout is -first-grant-timeout's default.
+const DefaultFirstGrantTimeout = time.Second
 
 // envPrefix is the prefix of every environment variable the agent reads.
 const envPrefix = "RATION_"
@@ -157,11 +181,12 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "region", Env: "REGION", Usage: "region name this agent runs in; picks its share of scope: global rules", Value: &c.Region},
 		{Flag: "id", Env: "AGENT_ID", Usage: "agent id, unique per agent: two agents must never share one (default: host name)", Value: &c.AgentID},
 		{Flag: "decision-timeout", Env: "DECISION_TIMEOUT", Usage: "longest a decision waits on the store before the rule's failure policy applies, at most 10s", Value: &c.DecisionTimeout},
+		{Flag: "first-grant-timeout", Env: "FIRST_GRANT_TIMEOUT", Usage: "longest the first decision of a leased quota this agent does not hold yet (a new subject of a \"*\" rule) waits for the coordinators' first grant before the rule's failure policy applies, at most 10s; later decisions of the quota never wait (docs/leases.md)", Value: &c.FirstGrantTimeout},
 		{Flag: "reload-interval", Env: "RELOAD_INTERVAL", Usage: "how often the rules file is checked for changes", Value: &c.ReloadInterval},
 		{Flag: "breaker-threshold", Env: "BREAKER_THRESHOLD", Usage: "consecutive failed store calls (one per decision, or per call of at most 1024 charges of a batch) that open the circuit breaker", Value: &c.Breaker.Threshold},
 		{Flag: "breaker-probe-interval", Env: "BREAKER_PROBE_INTERVAL", Usage: "pause between store probes while the breaker is open", Value: &c.Breaker.ProbeInterval},
 		{Flag: "shutdown-timeout", Env: "SHUTDOWN_TIMEOUT", Usage: "graceful shutdown limit on SIGTERM and SIGINT; past it the process exits whatever is in flight", Value: &c.ShutdownTimeout},
-		{Flag: "stall-timeout", Env: "STALL_TIMEOUT", Usage: "a decision in flight, or a lease renewal loop without a step, for longer than this turns /healthz to 503 (wedged); 0: 5s + 4 x -decision-timeout", Value: &c.StallTimeout},
+		{Flag: "stall-timeout", Env: "STALL_TIMEOUT", Usage: "a decision in flight, or a lease renewal loop without a step, for longer than this turns /healthz to 503 (wedged); 0: 5s + 4 x -decision-timeout + -first-grant-timeout", Value: &c.StallTimeout},
 		{Flag: "log-level", Env: "LOG_LEVEL", Usage: "debug, info, warn or error", Value: &c.LogLevel},
 		{Flag: "log-format", Env: "LOG_FORMAT", Usage: logformat.Usage, Value: &c.LogFormat},
 		{Flag: "record", Env: "RECORD", Usage: "append every decision to this admission log (for ration-check and the chaos suite; about 0.3 µs per decision); off when empty", Value: &c.Record},
@@ -249,6 +274,9 @@ func (c Config) CheckCore() error {
 	}
 	if c.DecisionTimeout <= 0 || c.DecisionTimeout > 10*time.Second {
 		errs = append(errs, fmt.Errorf("-decision-timeout %v: must be in (0, 10s]", c.DecisionTimeout))
+	}
+	if c.FirstGrantTimeout < 0 || c.FirstGrantTimeout > 10*time.Second {
+		errs = append(errs, fmt.Errorf("-first-grant-timeout %v: must be in [0, 10s] (0: %v)", c.FirstGrantTimeout, DefaultFirstGrantTimeout))
 	}
 	if c.ReloadInterval <= 0 {
 		errs = append(errs, fmt.Errorf("-reload-interval %v: must be positive", c.ReloadInterval))

@@ -52,6 +52,8 @@ type Core struct {
 
 	evictionPolicy, evictionWarning string
 	ready                           atomic.Bool
+	why                             atomic.Value // string: what readiness waits for
+	storeOK                         bool         // the store answered and is warm (waitReady's goroutine only)
 
 	closeFns  []func()
 	cancel    context.CancelFunc
@@ -153,7 +155,7 @@ func NewCore(ctx context.Context, cfg Config, o CoreOptions) (*Core, error) {
 	}
 	svc, err := New(Options{
 		Rules: StaticRules{Set: set}, Store: store, Leases: leases, Registry: o.Registry, Logger: c.logger,
-		DecisionTimeout: cfg.DecisionTimeout, Breaker: cfg.Breaker, Region: region.ID(cfg.Region),
+		DecisionTimeout: cfg.DecisionTimeout, FirstGrantTimeout: cfg.FirstGrant(), Breaker: cfg.Breaker, Region: region.ID(cfg.Region),
 	})
 	if err != nil {
 		return nil, err
@@ -203,6 +205,7 @@ func (c *Core) watchRules(set *rules.Set) {
 				return
 			}
 			c.rules.accept(set)
+			c.prefetch(set)
 			if c.devCoordinator != nil {
 				c.devCoordinator.SetRules(set)
 			}
@@ -216,7 +219,7 @@ func (c *Core) watchRules(set *rules.Set) {
 // Run starts the background work (store prober and readiness, hot-key
 // marks, lease renewals, the rules watcher) until Close; ctx's values
 // are kept, not its cancellation. onReady, if not nil, is called once,
-// when the store first answers.
+// when the agent first can decide every rule (ready.go).
 func (c *Core) Run(ctx context.Context, onReady func()) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
@@ -233,33 +236,7 @@ func (c *Core) Run(ctx context.Context, onReady func()) {
 	go c.waitReady(runCtx, onReady)
 }
 
-// waitReady probes the store until it answers once.
-func (c *Core) waitReady(ctx context.Context, onReady func()) {
-	for {
-		if err := c.Service.Probe(ctx); err == nil {
-			c.ready.Store(true)
-			c.logger.Info("store answered: ready")
-			if c.evictionPolicy != "" {
-				v := 0.0
-				if c.evictionWarning == "" {
-					v = 1
-				}
-				c.Service.metrics.redisEvictionSafe.Set(v)
-			}
-			if onReady != nil {
-				onReady()
-			}
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
-// Ready reports whether the store has answered once (Run's probe).
+// Ready reports whether the agent can decide every rule (ready.go).
 func (c *Core) Ready() bool { return c.ready.Load() }
 
 // Wedged is why the agent no longer does its job (a decision in flight,
@@ -461,7 +438,7 @@ func (c *Core) startLeases(ctx context.Context, set *rules.Set) (Leases, error) 
 	c.closeFns = append(c.closeFns, func() { _ = client.Close() })
 	h, err := holder.New(holder.Options{
 		Client: client, Holder: cfg.AgentID, Region: cfg.Region,
-		ColdStart: cfg.DecisionTimeout, Logger: c.logger, Registry: c.opts.Registry,
+		ColdStart: cfg.FirstGrant(), Logger: c.logger, Registry: c.opts.Registry,
 	})
 	if err != nil {
 		return nil, err

@@ -600,13 +600,14 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 		// An emergency allowance is measured from the start of the outage
 		// of the dependency this rule uses.
 		down := s.fallback.since(now)
-		if st.rule.Mode == rules.ModeLeased || st.hot != nil {
+		leased := st.rule.Mode == rules.ModeLeased || st.hot != nil
+		if leased {
 			down = 0
 			if s.leases != nil {
 				down = s.leases.DownFor()
 			}
 		}
-		s.fallback.decide(ctx, st, down)
+		s.fallback.decide(ctx, st, down, leased, now, s.fallbackCause)
 	}
 }
 

@@ -23,9 +23,19 @@ type fallback struct {
 
 	episodeStart atomic.Int64 // unix nanos; 0 = healthy
 
-	activated sync.Map // rule name -> struct{}: already counted this episode
+	// activated: rule name -> unix nanos of its last activation line. A
+	// store rule logs once per store episode; a leased rule once a
+	// minute at most (its dependency has episodes of its own, per quota).
+	activated sync.Map
 	decisions atomic.Int64
+	// lastErr is the store's last failure (a string), the cause an
+	// activation line names.
+	lastErr atomic.Value
 }
+
+// leasedRelog is how often a leased rule's activation is logged again
+// while it keeps falling to its policy.
+const leasedRelog = time.Minute
 
 func newFallback(logger *slog.Logger, m *metrics) *fallback {
 	return &fallback{logger: logger, metrics: m, local: bucket.NewMemoryStore(nil)}
@@ -36,6 +46,9 @@ func newFallback(logger *slog.Logger, m *metrics) *fallback {
 // refuses the agent's credentials is not a store that is down, and the
 // operator fixes the one in -redis, not the network.
 func (f *fallback) failure(now time.Time, err error) {
+	if err != nil {
+		f.lastErr.Store(err.Error())
+	}
 	if f.episodeStart.CompareAndSwap(0, now.UnixNano()) {
 		msg := "store unreachable: failure policies in force"
 		if errors.Is(err, bucket.ErrAuth) {
@@ -73,10 +86,12 @@ func (f *fallback) since(now time.Time) time.Duration {
 }
 
 // decide applies the rule's policy to one step, down being how long the
-// rule's dependency has been out.
-func (f *fallback) decide(ctx context.Context, st *step, down time.Duration) {
+// rule's dependency has been out; leased: that dependency is the
+// coordinators. cause says which dependency failed and why, asked only
+// when the activation is logged.
+func (f *fallback) decide(ctx context.Context, st *step, down time.Duration, leased bool, now time.Time, cause func(*step) (dep, why string)) {
 	r := st.rule
-	f.activate(r)
+	f.activate(st, leased, now, cause)
 	switch r.OnFailure {
 	case rules.FailOpen:
 		st.allowed, st.reason = true, ReasonUnavailable
@@ -114,11 +129,58 @@ func (f *fallback) refund(ctx context.Context, st *step) {
 	}
 }
 
-// activate counts and logs a rule's first fallback decision of an episode.
-func (f *fallback) activate(r *rules.Rule) {
+// activate counts and logs a rule's first fallback decision of an episode
+// (of a leased rule: at most once a minute), naming the dependency that
+// failed and its error: "failure policy activated" alone tells an
+// operator nothing to fix.
+func (f *fallback) activate(st *step, leased bool, now time.Time, cause func(*step) (dep, why string)) {
 	f.decisions.Add(1)
-	if _, loaded := f.activated.LoadOrStore(r.Name, struct{}{}); !loaded {
-		f.metrics.fallbackActivations.WithLabelValues(r.Name, r.OnFailure.String()).Inc()
-		f.logger.Warn("failure policy activated", "rule", r.Name, "policy", r.OnFailure.String())
+	r := st.rule
+	at := now.UnixNano()
+	if v, loaded := f.activated.LoadOrStore(r.Name, at); loaded {
+		last := v.(int64)
+		if !leased || at-last < int64(leasedRelog) || !f.activated.CompareAndSwap(r.Name, last, at) {
+			return
+		}
 	}
+	f.metrics.fallbackActivations.WithLabelValues(r.Name, r.OnFailure.String()).Inc()
+	dep, why := cause(st)
+	f.logger.Warn("failure policy activated", "rule", r.Name, "policy", r.OnFailure.String(), "dependency", dep, "cause", why, "subject", truncate(st.subject))
+}
+
+// storeCause is the store's last failure, for an activation line.
+func (f *fallback) storeCause() string {
+	if e, _ := f.lastErr.Load().(string); e != "" {
+		return e
+	}
+	return "no answer within -decision-timeout"
+}
+
+// leaseCauser is the optional part of Leases that says why a spend found
+// no valid lease (holder.Leases has it).
+type leaseCauser interface {
+	Cause(r *rules.Rule, subject string) string
+}
+
+// fallbackCause names the dependency st's rule could not be decided by,
+// and why: for an activation line.
+func (s *Service) fallbackCause(st *step) (dep, why string) {
+	if st.rule.Mode == rules.ModeLeased || st.hot != nil {
+		subject := st.subject
+		if st.hot != nil && st.hot.subject != "" {
+			subject = st.hot.subject
+		}
+		switch c, ok := s.leases.(leaseCauser); {
+		case s.leases == nil:
+			return "coordinators", "no lease holder: no -coordinators (or -dev without an embedded coordinator)"
+		case ok:
+			return "coordinators", c.Cause(st.rule, subject)
+		default:
+			return "coordinators", "no valid lease"
+		}
+	}
+	if !s.breaker.Allow() {
+		return "store", "circuit breaker open after consecutive failures; last: " + s.fallback.storeCause()
+	}
+	return "store", s.fallback.storeCause()
 }

@@ -169,8 +169,8 @@ func (s *Server) probes(mux *http.ServeMux) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.Ready() {
-			http.Error(w, "not ready: store has not answered yet", http.StatusServiceUnavailable)
+		if why := s.core.NotReady(); why != "" {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
@@ -191,8 +191,12 @@ func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 // HTTPAddr is the bound HTTP address.
 func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 
-// Ready reports whether the agent has rules and the store answered once.
+// Ready reports whether the agent can decide every rule: the store warm,
+// the coordinators answering, the leases known in advance held.
 func (s *Server) Ready() bool { return s.core.Ready() }
+
+// NotReady is what readiness waits for, "" once ready.
+func (s *Server) NotReady() string { return s.core.NotReady() }
 
 // Wedged is why /healthz fails (the agent no longer does its job), ""
 // while it does not.

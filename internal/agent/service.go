@@ -37,7 +37,10 @@ type Options struct {
 	Logger   *slog.Logger
 	// DecisionTimeout bounds every store call of one decision.
 	DecisionTimeout time.Duration
-	Breaker         breaker.Config
+	// FirstGrantTimeout bounds a leased quota's first decision's wait for
+	// its first grant (the holder's cold start); 0: the decision timeout.
+	FirstGrantTimeout time.Duration
+	Breaker           breaker.Config
 	// Region is where the agent runs: it picks the region's share of
 	// scope: global, mode: redis rules.
 	Region region.ID
@@ -114,9 +117,9 @@ func New(o Options) (*Service, error) {
 			ttl = bucket.DefaultRequestIDTTL
 		}
 		// A duplicate waits for its first attempt at most as long as that
-		// attempt can take: a store charge, a lease's cold start and a
-		// refund, each bounded by the decision timeout.
-		s.ids = newRequestRecord(n, ttl, 4*o.DecisionTimeout)
+		// attempt can take: a store charge and a refund, each bounded by
+		// the decision timeout, and a lease's first grant.
+		s.ids = newRequestRecord(n, ttl, 4*o.DecisionTimeout+o.FirstGrantTimeout)
 	}
 	s.breaker = breaker.New(o.Breaker, func(t breaker.Transition) {
 		if t.To == breaker.Open {

@@ -37,6 +37,11 @@ type RedisOptions struct {
 	// Logger receives rare events (a script reloaded after NOSCRIPT); never
 	// one line per decision. nil discards.
 	Logger *slog.Logger
+	// WarmTimeout bounds the calls that follow a NOSCRIPT answer (the
+	// script sent again, maybe on new connections): warm-up after a
+	// topology change, not decisions (see rewarm). 0 means
+	// DefaultWarmTimeout.
+	WarmTimeout time.Duration
 	// DisableAutoPipeline sends each Take and Refund on a pooled connection
 	// of its own instead of through the client's automatic pipeliner (go-redis
 	// AsyncAutoPipeline, experimental in v9.23), which batches concurrent
@@ -53,7 +58,9 @@ type RedisOptions struct {
 //
 // The script is run by EVALSHA and, when the server answers NOSCRIPT (a
 // restart, a failover to a replica that never saw it, SCRIPT FLUSH), by EVAL,
-// which also caches it again: no call fails for it. Decisions go to the
+// which also caches it again: no call fails for it, and that call gets the
+// warm-up budget (RedisOptions.WarmTimeout), not the decision's. Warm loads
+// the scripts and opens connections before the first decision. Decisions go to the
 // primary only; pass a client that routes writes there (OpenRedis does: no
 // replica reads, no latency routing).
 //
@@ -78,6 +85,10 @@ type RedisStore struct {
 	// lastReload is when a NOSCRIPT reload was last logged (unix ns), so a
 	// failover that reloads on many connections logs once.
 	lastReload atomic.Int64
+	// warmTimeout bounds the calls after a NOSCRIPT (rewarm); rewarms
+	// counts them.
+	warmTimeout time.Duration
+	rewarms     atomic.Int64
 }
 
 //go:embed redis.lua
@@ -124,12 +135,16 @@ func NewRedisStore(c redis.UniversalClient, opts RedisOptions) *RedisStore {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.WarmTimeout <= 0 {
+		opts.WarmTimeout = DefaultWarmTimeout
+	}
 	ms := (opts.RequestIDTTL + time.Millisecond - 1) / time.Millisecond
 	s := &RedisStore{
-		c:       c,
-		timeout: opts.Timeout,
-		ridTTL:  any(strconv.FormatInt(int64(ms), 10)),
-		log:     opts.Logger,
+		c:           c,
+		warmTimeout: max(opts.WarmTimeout, opts.Timeout),
+		timeout:     opts.Timeout,
+		ridTTL:      any(strconv.FormatInt(int64(ms), 10)),
+		log:         opts.Logger,
 	}
 	if !opts.DisableAutoPipeline {
 		ap, err := c.AsyncAutoPipeline()
@@ -164,9 +179,10 @@ func (s *RedisStore) take(ctx context.Context, req Request) (takeReply, error) {
 	cmd := s.cmd(ctx, opTake, req, true)
 	err := s.do(ctx, cmd)
 	if isNoScript(err) {
-		s.noteReload()
-		cmd = s.cmd(ctx, opTake, req, false)
-		err = s.do(ctx, cmd)
+		wctx, wcancel := s.rewarm(ctx)
+		defer wcancel()
+		cmd = s.cmd(wctx, opTake, req, false)
+		err = s.do(wctx, cmd)
 	}
 	if err != nil {
 		return takeReply{}, s.fail(opTake, err)
@@ -189,9 +205,9 @@ func noCancel() {}
 
 // pipeline runs cmds (nil entries skipped, each by EVALSHA) in one
 // pipeline round trip; those the server answered NOSCRIPT are rebuilt by
-// eval(i) (EVAL, which also caches the script) and sent again in one more.
-// Errors stay on each command.
-func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.StringCmd, eval func(i int) *redis.StringCmd) {
+// eval(ctx, i) (EVAL, which also caches the script) and sent again in one
+// more, with the warm-up budget (rewarm). Errors stay on each command.
+func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.StringCmd, eval func(ctx context.Context, i int) *redis.StringCmd) {
 	pipe := s.c.Pipeline()
 	for _, cmd := range cmds {
 		if cmd != nil {
@@ -203,18 +219,21 @@ func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.StringCmd, eval
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
 	var again redis.Pipeliner
+	wctx := ctx
 	for i, cmd := range cmds {
 		if cmd != nil && isNoScript(cmd.Err()) {
 			if again == nil {
-				s.noteReload()
+				var wcancel context.CancelFunc
+				wctx, wcancel = s.rewarm(ctx)
+				defer wcancel()
 				again = s.c.Pipeline()
 			}
-			cmds[i] = eval(i)
-			_ = again.Process(ctx, cmds[i])
+			cmds[i] = eval(wctx, i)
+			_ = again.Process(wctx, cmds[i])
 		}
 	}
 	if again != nil {
-		_, _ = again.Exec(ctx)
+		_, _ = again.Exec(wctx)
 	}
 }
 
@@ -283,18 +302,19 @@ func (s *RedisStore) takeBatch(ctx context.Context, reqs []Request, answer func(
 		parts = append(parts, p)
 		i += p.n
 	}
-	build := func(k int, sha bool) *redis.StringCmd {
+	buildCtx := func(ctx context.Context, k int, sha bool) *redis.StringCmd {
 		p := parts[k]
 		if p.multi {
 			return s.takesCmd(ctx, reqs[p.first:p.first+p.n], sha)
 		}
 		return s.cmd(ctx, opTake, reqs[p.first], sha)
 	}
+	build := func(k int, sha bool) *redis.StringCmd { return buildCtx(ctx, k, sha) }
 	cmds := make([]*redis.StringCmd, len(parts))
 	for k := range parts {
 		cmds[k] = build(k, true)
 	}
-	s.pipeline(ctx, cmds, func(k int) *redis.StringCmd { return build(k, false) })
+	s.pipeline(ctx, cmds, func(ctx context.Context, k int) *redis.StringCmd { return buildCtx(ctx, k, false) })
 	for k, p := range parts {
 		cmd := cmds[k]
 		if err := cmd.Err(); err != nil {
@@ -413,7 +433,9 @@ func (s *RedisStore) refund(ctx context.Context, req Request) (refunded bool, no
 	}
 	cmd, err := run(true)
 	if isNoScript(err) {
-		s.noteReload()
+		wctx, wcancel := s.rewarm(ctx)
+		defer wcancel()
+		ctx = wctx
 		cmd, err = run(false)
 	}
 	if err != nil {

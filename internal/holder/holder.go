@@ -193,8 +193,12 @@ type Leases struct {
 	retryAt int64
 	backoff time.Duration
 
-	// down is when renewals started failing (unix nanos), 0 while healthy.
-	down atomic.Int64
+	// down is when renewals started failing (unix nanos), 0 while healthy;
+	// lastErr (a string) the last failure, for Cause.
+	down    atomic.Int64
+	lastErr atomic.Value
+	// linked: the coordinators answered once (Linked).
+	linked atomic.Bool
 	// stepped is when the loop last took a step (unix nanos): woke for a
 	// round, or started a call. A live loop steps at least once a Tick or
 	// once a RequestTimeout; Stepped lets a watchdog tell one that hangs.

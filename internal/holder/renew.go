@@ -367,6 +367,7 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 			l.o.Logger.Warn("coordinator refused a lease request; splitting requests finer", "items", len(req.Items), "max_items", l.maxItems, "err", err)
 			return false, true
 		}
+		l.lastErr.Store(err.Error())
 		l.backoff = min(max(2*l.backoff, l.o.Tick), maxBackoff)
 		l.retryAt = l.Now() + l.backoff.Microseconds()
 		if l.down.CompareAndSwap(0, time.Now().UnixNano()) {
@@ -379,6 +380,7 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 		return false, false
 	}
 	l.m.renewed("ok").Inc()
+	l.linked.Store(true)
 	l.backoff, l.retryAt = 0, 0
 	if d := l.down.Swap(0); d != 0 {
 		l.o.Logger.Info("lease renewals succeeding again", "failed_for", time.Since(time.Unix(0, d)).Round(time.Millisecond))

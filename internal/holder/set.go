@@ -90,6 +90,11 @@ func (l *Leases) Nudge(refs []*rationv1.QuotaRef) { l.nudge(refs) }
 
 // nudge marks the quotas the leader asked to renew at once.
 func (l *Leases) nudge(refs []*rationv1.QuotaRef) {
+	if len(refs) == 0 {
+		// The stream was (re)established: the leader took this holder's
+		// name (and certificate) for the watch.
+		l.linked.Store(true)
+	}
 	n := 0
 	for _, r := range refs {
 		q := l.lookup(r.GetRule(), r.GetSubject())

@@ -11,6 +11,11 @@ import (
 // one message held back in the past minute: repeated=N, N of them.
 const RepeatedKey = "repeated"
 
+// RuleKey is the attribute that names a rule. Records of one message about
+// different rules are limited apart: one rule's failure, written, must not
+// hold back the first line about another's.
+const RuleKey = "rule"
+
 const (
 	// repeatWindow is how long a warning or error, once written, holds
 	// back its repeats.
@@ -23,7 +28,8 @@ const (
 
 // limitRepeats returns a handler that writes records below Warn to next
 // unchanged, and writes a warning or error at most once a window per
-// message (its text and level, whatever its attributes): the first is
+// message (its text and level, and its RuleKey attribute if it has one,
+// whatever its other attributes): the first is
 // written, and repeats within the window are held back. When the window
 // ends with repeats held back, one line stands for them: the last one's
 // attributes and time of writing, with RepeatedKey set to how many there
@@ -42,6 +48,7 @@ type repeatHandler struct {
 type repeatKey struct {
 	level slog.Level
 	msg   string
+	rule  string // the RuleKey attribute, "" without one
 }
 
 // repeatEntry is one message in its window.
@@ -74,7 +81,14 @@ func (h *repeatHandler) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level < slog.LevelWarn {
 		return h.next.Handle(ctx, r)
 	}
-	k := repeatKey{r.Level, r.Message}
+	k := repeatKey{level: r.Level, msg: r.Message}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == RuleKey {
+			k.rule = a.Value.String()
+			return false
+		}
+		return true
+	})
 	t := h.t
 	t.mu.Lock()
 	if e, ok := t.m[k]; ok {

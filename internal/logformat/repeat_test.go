@@ -197,3 +197,23 @@ func TestRepeatsConcurrent(t *testing.T) {
 		wantLines(t, "after the minute", out.lines(), "repeated=799")
 	})
 }
+
+// One message about two rules is two messages: the first line about the
+// second rule is written at once, and only each rule's own repeats are
+// held back (a failure policy taking over for one rule must not hide that
+// another's did too).
+func TestRepeatsHeldBackPerRule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out lockedBuffer
+		l := New(&out, Text, slog.LevelInfo)
+		l.Warn("failure policy activated", RuleKey, "a", "n", 1)
+		l.Warn("failure policy activated", RuleKey, "b", "n", 2)
+		l.Warn("failure policy activated", RuleKey, "a", "n", 3)
+		l.Warn("failure policy activated", "n", 4)
+		wantLines(t, "at once", out.lines(),
+			`rule=a n=1`, `rule=b n=2`, `msg="failure policy activated" n=4`)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		wantLines(t, "at the end of the minute", out.lines(), `rule=a n=3 repeated=1`)
+	})
+}

@@ -1,0 +1,99 @@
+package holder
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// Readiness: before an agent takes traffic it fetches the leases it can
+// know in advance, so that its first decisions are made on leases, not on
+// a race between a grant and the decision's deadline.
+
+// Prefetch starts acquiring, without waiting, the quotas of r that can be
+// named before any request: the one quota of a rule without "*" keys
+// (subject ""), and the default quota of a rule with lease.default_share,
+// which every subject's first decision spends. A "*" rule without a
+// default share has nothing to fetch: its subjects are known only when
+// they come. It reports whether there was something to fetch.
+func (l *Leases) Prefetch(r *rules.Rule) bool {
+	switch {
+	case r.Lease.DefaultShare > 0:
+		if l.lookup(r.Name, rules.DefaultSubject) == nil {
+			l.addDefault(r)
+		}
+		return true
+	case !r.Wild():
+		l.Prepare(r, "")
+		return true
+	}
+	return false
+}
+
+// Fetched is "" once what Prefetch started for r is held (a lease valid
+// now), else why not yet: no answer yet, or the coordinator's refusal.
+func (l *Leases) Fetched(r *rules.Rule) string {
+	subject := ""
+	if r.Lease.DefaultShare > 0 {
+		subject = rules.DefaultSubject
+	} else if r.Wild() {
+		return ""
+	}
+	q := l.lookup(r.Name, subject)
+	if q == nil {
+		return fmt.Sprintf("rule %s: lease not asked for yet", r.Name)
+	}
+	now := l.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case q.h.Valid(now):
+		return ""
+	case q.failed != "":
+		return fmt.Sprintf("rule %s: coordinator refused the lease: %s", r.Name, q.failed)
+	default:
+		return fmt.Sprintf("rule %s: no lease granted yet", r.Name)
+	}
+}
+
+// Linked reports whether the coordinators have answered this holder: a
+// renewal succeeded, or the leader accepted its nudge stream. Both need a
+// working connection and, with mutual TLS, a certificate the
+// coordinators take as this agent's.
+func (l *Leases) Linked() bool { return l.linked.Load() }
+
+// Cause says why a Spend of (r, subject) just found no valid lease, for
+// the line that logs a failure policy taking over: the dependency's error
+// when renewals fail, the coordinator's refusal, or a first grant that
+// took longer than the cold start.
+func (l *Leases) Cause(r *rules.Rule, subject string) string {
+	if d := l.DownFor(); d > 0 {
+		msg := "coordinators unreachable for " + d.Round(time.Millisecond).String()
+		if e, _ := l.lastErr.Load().(string); e != "" {
+			msg += ": " + e
+		}
+		return msg
+	}
+	if r.Lease.DefaultShare > 0 && subject != "" {
+		if why := l.Fetched(r); why != "" {
+			return "default lease: " + why
+		}
+	}
+	q := l.lookup(r.Name, subject)
+	if q == nil {
+		return "no lease for this subject yet"
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case q.failed != "":
+		return "coordinator refused the lease: " + q.failed
+	case !q.answered():
+		return fmt.Sprintf("first grant not answered within the first-grant timeout (%v)", l.o.ColdStart)
+	case q.h.Lease.ID == 0:
+		return "lease lost (expired or refused on renewal), asked for again"
+	default:
+		return "lease expired before its renewal was answered"
+	}
+}
