@@ -285,20 +285,15 @@ func OpenRedisTLS(spec string, timeout time.Duration, tlsOpts RedisTLS) (redis.U
 		return nil, specError(spec, err)
 	}
 	o := &redis.UniversalOptions{
-		Addrs:        a.addrs,
-		MasterName:   a.master,
-		Username:     a.user,
-		Password:     a.password,
-		DB:           a.db,
-		DialTimeout:  timeout,
-		ReadTimeout:  timeout,
-		WriteTimeout: timeout,
-		PoolTimeout:  timeout,
-		// Connections kept open ahead of need: after a failover (or any
-		// loss of the pool) new ones are dialled in the background, so a
-		// decision does not pay a TCP and TLS handshake within its
-		// timeout.
-		MinIdleConns:          WarmConns,
+		Addrs:                 a.addrs,
+		MasterName:            a.master,
+		Username:              a.user,
+		Password:              a.password,
+		DB:                    a.db,
+		DialTimeout:           timeout,
+		ReadTimeout:           timeout,
+		WriteTimeout:          timeout,
+		PoolTimeout:           timeout,
 		ContextTimeoutEnabled: true,
 		SentinelUsername:      a.sentinelUser,
 		SentinelPassword:      a.sentinelPassword,
