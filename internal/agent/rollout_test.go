@@ -1,0 +1,173 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/harness"
+)
+
+// rolloutRules are examples/rules.yaml's leased rules: an exact-key
+// fail_closed rule and a default-share rule of many tenants.
+const rolloutRules = `
+rules:
+  - name: hot-endpoint
+    match: {endpoint: checkout}
+    burst: 50
+    rate: 20
+    mode: leased
+    lease: {period: 10s}
+    on_failure: fail_closed
+  - name: tenant-reports
+    match: {tenant: "*", endpoint: reports}
+    burst: 100
+    rate: 100/m
+    mode: leased
+    lease: {period: 10s, default_share: 0.5}
+    on_failure: fail_closed
+  - name: per-key
+    match: {key: "*"}
+    burst: 10
+    rate: 1
+    mode: leased
+    lease: {period: 10s}
+    on_failure: fail_closed
+`
+
+// startLeasedAgent starts a storeless agent (every rule leased) against
+// coords, with the production decision timeout, and does not wait for it
+// to be ready.
+func startLeasedAgent(t *testing.T, rulesYAML, coords, id string, mutate ...func(*agent.Config)) *agent.Server {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(rulesYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := agent.DefaultConfig()
+	cfg.RulesFile, cfg.Coordinators, cfg.AgentID, cfg.Insecure = path, coords, id, true
+	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	srv, err := agent.Start(context.Background(), cfg, testLogger(t), nil)
+	if err != nil {
+		t.Fatalf("agent.Start: %v", err)
+	}
+	t.Cleanup(func() { stopAgent(srv) })
+	return srv
+}
+
+func stopAgent(srv *agent.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
+}
+
+// readyz is the agent's /readyz status and body.
+func readyz(t *testing.T, srv *agent.Server) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + srv.HTTPAddr() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// An agent is not ready while the coordinators do not answer it, nor
+// while the lease of an exact-key leased rule is not held: /readyz says
+// which. Once the group is up, it is ready, and its first decision of
+// each leased rule is made on a lease.
+func TestReadyWaitsForCoordinatorsAndLeases(t *testing.T) {
+	c := harness.StartCoordinators(t, 1, rolloutRules)
+	c.Shutdown(0)
+	srv := startLeasedAgent(t, rolloutRules, strings.Join(c.GRPCAddrs(), ","), "a1")
+	// However long it waits, it stays unready: nothing answers it.
+	for range 10 {
+		time.Sleep(50 * time.Millisecond)
+		if srv.Ready() {
+			t.Fatal("agent ready while no coordinator answers")
+		}
+	}
+	code, body := readyz(t, srv)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "coordinators") {
+		t.Fatalf("/readyz with the coordinators down = %d %q, want 503 naming the coordinators", code, body)
+	}
+	c.Restart(0)
+	waitFor(t, "agent ready once the coordinator is back", srv.Ready)
+	if code, body := readyz(t, srv); code != http.StatusOK {
+		t.Fatalf("/readyz once ready = %d %q", code, body)
+	}
+	for _, d := range []map[string]string{{"endpoint": "checkout"}, {"tenant": "t1", "endpoint": "reports"}} {
+		resp, err := srv.Service.Decide(context.Background(), agent.Request{Descriptors: d})
+		if err != nil || !resp.Allowed || resp.Reason != agent.ReasonOK {
+			t.Fatalf("first decision of %v = %+v, %v; want admitted on its lease", d, resp, err)
+		}
+	}
+}
+
+// The leased "*" case of a rollout: one agent, many fresh subjects in
+// batches of 1,000 from 4 callers. Each first grant is a coordinator
+// round trip (a Raft commit of up to 1,000 quotas), longer than the 50ms
+// decision timeout under load: it waits -first-grant-timeout, and on a
+// healthy group no decision is made by the failure policy.
+func TestLeasedWildcardFreshSubjectsInBatches(t *testing.T) {
+	c := harness.StartCoordinators(t, 1, rolloutRules)
+	srv := startLeasedAgent(t, rolloutRules, strings.Join(c.GRPCAddrs(), ","), "a1")
+	waitFor(t, "agent ready", srv.Ready)
+	const callers, batch, maxBatches = 4, 1000, 4
+	var admitted, policy, total atomic.Int64
+	var next atomic.Int64
+	deadline := time.Now().Add(20 * time.Second)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reqs := make([]agent.Request, batch)
+			out := make([]agent.Response, batch)
+			errs := make([]error, batch)
+			for b := 0; b < maxBatches && time.Now().Before(deadline); b++ {
+				for i := range reqs {
+					reqs[i] = agent.Request{Rule: "per-key", Subject: fmt.Sprintf("k%d", next.Add(1))}
+				}
+				srv.Service.DecideBatch(context.Background(), reqs, out, errs)
+				for i := range out {
+					total.Add(1)
+					switch {
+					case errs[i] != nil:
+						t.Errorf("request %d: %v", i, errs[i])
+						return
+					case out[i].Reason == agent.ReasonUnavailable || out[i].Reason == agent.ReasonEmergency:
+						policy.Add(1)
+					case out[i].Allowed:
+						admitted.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	n := total.Load()
+	t.Logf("%d fresh subjects: %d admitted (%.1f%%), %d by the failure policy", n, admitted.Load(), 100*float64(admitted.Load())/float64(max(n, 1)), policy.Load())
+	if n == 0 {
+		t.Fatal("no decision made")
+	}
+	if policy.Load() != 0 {
+		t.Errorf("%d of %d first decisions fell to the failure policy on a healthy group", policy.Load(), n)
+	}
+	if float64(admitted.Load()) < 0.95*float64(n) {
+		t.Errorf("admitted %d of %d fresh subjects, want >= 95%%", admitted.Load(), n)
+	}
+}
