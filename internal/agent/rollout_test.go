@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/harness"
 )
 
@@ -88,7 +89,10 @@ func readyz(t *testing.T, srv *agent.Server) (int, string) {
 // An agent is not ready while the coordinators do not answer it, nor
 // while the lease of an exact-key leased rule is not held: /readyz says
 // which. Once the group is up, it is ready, and its first decision of
-// each leased rule is made on a lease.
+// each leased rule is made on a lease (admitted, or refused as over the
+// limit when an earlier grant whose answer was lost while the node
+// restarted still holds the pool: its rule's answer either way, never the
+// failure policy's).
 func TestReadyWaitsForCoordinatorsAndLeases(t *testing.T) {
 	c := harness.StartCoordinators(t, 1, rolloutRules)
 	c.Shutdown(0)
@@ -111,8 +115,8 @@ func TestReadyWaitsForCoordinatorsAndLeases(t *testing.T) {
 	}
 	for _, d := range []map[string]string{{"endpoint": "checkout"}, {"tenant": "t1", "endpoint": "reports"}} {
 		resp, err := srv.Service.Decide(context.Background(), agent.Request{Descriptors: d})
-		if err != nil || !resp.Allowed || resp.Reason != agent.ReasonOK {
-			t.Fatalf("first decision of %v = %+v, %v; want admitted on its lease", d, resp, err)
+		if err != nil || resp.Reason != agent.ReasonOK && resp.Reason != agent.ReasonOverLimit {
+			t.Fatalf("first decision of %v = %+v, %v; want it decided on its lease", d, resp, err)
 		}
 	}
 }
@@ -169,5 +173,141 @@ func TestLeasedWildcardFreshSubjectsInBatches(t *testing.T) {
 	}
 	if float64(admitted.Load()) < 0.95*float64(n) {
 		t.Errorf("admitted %d of %d fresh subjects, want >= 95%%", admitted.Load(), n)
+	}
+}
+
+// A fresh agent on rediss:// to a Redis that holds no scripts (a new one,
+// or any after a restart or failover) loads them before it is ready, so
+// its first decision, with the production 50ms decision timeout, is made
+// by Redis and not by the failure policy.
+func TestFreshAgentOnRedisTLSFirstDecisionByRedis(t *testing.T) {
+	pki := harness.NewPKI(t)
+	r := harness.StartRedis(t, harness.WithTLS(pki.Issue("redis"), true))
+	ctx := context.Background()
+	if err := r.Client().ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	client := pki.Issue("agent")
+	const yaml = `
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 3
+    rate: 0.001
+    on_failure: fail_closed
+`
+	a := startAgentOn(t, "rediss://"+r.TLSAddr, yaml, func(cfg *agent.Config) {
+		cfg.RedisTLS.CA, cfg.RedisTLS.Cert, cfg.RedisTLS.Key = client.CA, client.Cert, client.Key
+		cfg.DecisionTimeout = agent.DefaultConfig().DecisionTimeout
+	})
+	exists, err := r.Client().ScriptExists(ctx, bucket.ScriptSHAs()...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range exists {
+		if !ok {
+			t.Fatalf("script %s not loaded when the agent turned ready", bucket.ScriptSHAs()[i])
+		}
+	}
+	resp, err := a.srv.Service.Decide(ctx, agent.Request{Descriptors: map[string]string{"user": "alice"}})
+	if err != nil || !resp.Allowed || resp.Reason != agent.ReasonOK {
+		t.Fatalf("first decision over rediss:// = %+v, %v; want admitted by Redis", resp, err)
+	}
+}
+
+// A rolling restart of 3 agents under load on a healthy 3-node group:
+// traffic goes only to ready agents (as a load balancer's readiness probe
+// sends it), each agent in turn is stopped and a new process with its id
+// started. No decision is made by a failure policy, and no tenant under
+// its budget is refused: a restarted agent's copies of the default lease
+// start from what the coordinators could give it, and a tenant its copy
+// cannot pay for waits for its own lease instead of getting a 429.
+func TestRollingRestartUnderLoad(t *testing.T) {
+	c := harness.StartCoordinators(t, 3, rolloutRules)
+	coords := strings.Join(c.GRPCAddrs(), ",")
+	const n = 3
+	var slots [n]atomic.Pointer[agent.Server]
+	for i := range n {
+		srv := startLeasedAgent(t, rolloutRules, coords, fmt.Sprintf("agent-%d", i))
+		waitFor(t, "agent ready", srv.Ready)
+		slots[i].Store(srv)
+	}
+	// 40 tenants, each at most maxPerTenant requests in all: far under
+	// its 100 of burst whatever agent decides them.
+	const tenants, maxPerTenant, callers = 40, 60, 4
+	var sent [tenants]atomic.Int64
+	var stats struct {
+		mu                                sync.Mutex
+		decided, policy, wrong429, hot429 int
+		first                             []string
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(60 * time.Second)
+	for w := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(20 * time.Millisecond) // 4 callers: 200 requests/s
+			defer tick.Stop()
+			for k := 0; time.Now().Before(deadline); k++ {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				srv := slots[(w+k)%n].Load()
+				if srv == nil || !srv.Ready() {
+					continue // a load balancer sends nothing to an unready agent
+				}
+				var d map[string]string
+				tenant := -1
+				if k%2 == 0 {
+					d = map[string]string{"endpoint": "checkout"}
+				} else {
+					tenant = (w*7919 + k) % tenants
+					if sent[tenant].Add(1) > maxPerTenant {
+						continue
+					}
+					d = map[string]string{"tenant": fmt.Sprint("t", tenant), "endpoint": "reports"}
+				}
+				resp, err := srv.Service.Decide(context.Background(), agent.Request{Descriptors: d})
+				stats.mu.Lock()
+				stats.decided++
+				switch {
+				case err != nil:
+					stats.first = append(stats.first, err.Error())
+				case resp.Reason == agent.ReasonUnavailable || resp.Reason == agent.ReasonEmergency:
+					stats.policy++
+					stats.first = append(stats.first, fmt.Sprintf("%v: %+v", d, resp))
+				case !resp.Allowed && tenant >= 0:
+					stats.wrong429++
+					stats.first = append(stats.first, fmt.Sprintf("%v: %+v", d, resp))
+				case !resp.Allowed:
+					stats.hot429++
+				}
+				stats.mu.Unlock()
+			}
+		}()
+	}
+	for i := range n {
+		time.Sleep(500 * time.Millisecond) // load on the current agents first
+		old := slots[i].Load()
+		slots[i].Store(nil)
+		stopAgent(old)
+		srv := startLeasedAgent(t, rolloutRules, coords, fmt.Sprintf("agent-%d", i))
+		slots[i].Store(srv)
+		waitFor(t, "restarted agent ready", srv.Ready)
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	t.Logf("%d decisions: %d by a failure policy, %d refusals of tenants under budget, %d refusals of the hot endpoint (burst 50, 20/s: over its limit)",
+		stats.decided, stats.policy, stats.wrong429, stats.hot429)
+	if stats.decided < 100 {
+		t.Fatalf("only %d decisions made", stats.decided)
+	}
+	if stats.policy > 0 || stats.wrong429 > 0 || len(stats.first) > 0 {
+		t.Fatalf("%d failure-policy answers, %d refusals of tenants under budget; first: %v", stats.policy, stats.wrong429, stats.first[:min(5, len(stats.first))])
 	}
 }

@@ -85,10 +85,13 @@ type RedisStore struct {
 	// lastReload is when a NOSCRIPT reload was last logged (unix ns), so a
 	// failover that reloads on many connections logs once.
 	lastReload atomic.Int64
-	// warmTimeout bounds the calls after a NOSCRIPT (rewarm); rewarms
-	// counts them.
+	// warmTimeout bounds the script loads after a NOSCRIPT (rewarm);
+	// rewarms counts them, warmGen counts the ones that succeeded (the
+	// calls that waited on warmMu meanwhile need not load again).
 	warmTimeout time.Duration
 	rewarms     atomic.Int64
+	warmGen     atomic.Int64
+	warmMu      sync.Mutex
 }
 
 //go:embed redis.lua
@@ -179,9 +182,9 @@ func (s *RedisStore) take(ctx context.Context, req Request) (takeReply, error) {
 	cmd := s.cmd(ctx, opTake, req, true)
 	err := s.do(ctx, cmd)
 	if isNoScript(err) {
-		wctx, wcancel := s.rewarm(ctx)
+		wctx, wcancel, loaded := s.rewarm(ctx)
 		defer wcancel()
-		cmd = s.cmd(wctx, opTake, req, false)
+		cmd = s.cmd(wctx, opTake, req, loaded)
 		err = s.do(wctx, cmd)
 	}
 	if err != nil {
@@ -204,10 +207,11 @@ func (s *RedisStore) bound(ctx context.Context) (context.Context, context.Cancel
 func noCancel() {}
 
 // pipeline runs cmds (nil entries skipped, each by EVALSHA) in one
-// pipeline round trip; those the server answered NOSCRIPT are rebuilt by
-// eval(ctx, i) (EVAL, which also caches the script) and sent again in one
-// more, with the warm-up budget (rewarm). Errors stay on each command.
-func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.StringCmd, eval func(ctx context.Context, i int) *redis.StringCmd) {
+// pipeline round trip; those the server answered NOSCRIPT are sent again
+// in one more once the scripts are loaded (rewarm), rebuilt by
+// eval(ctx, i, sha): by EVALSHA when the load succeeded, else by EVAL
+// (which also caches the script). Errors stay on each command.
+func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.StringCmd, eval func(ctx context.Context, i int, sha bool) *redis.StringCmd) {
 	pipe := s.c.Pipeline()
 	for _, cmd := range cmds {
 		if cmd != nil {
@@ -219,16 +223,16 @@ func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.StringCmd, eval
 	}
 	_, _ = pipe.Exec(ctx) // errors are per command
 	var again redis.Pipeliner
-	wctx := ctx
+	wctx, loaded := ctx, false
 	for i, cmd := range cmds {
 		if cmd != nil && isNoScript(cmd.Err()) {
 			if again == nil {
 				var wcancel context.CancelFunc
-				wctx, wcancel = s.rewarm(ctx)
+				wctx, wcancel, loaded = s.rewarm(ctx)
 				defer wcancel()
 				again = s.c.Pipeline()
 			}
-			cmds[i] = eval(wctx, i)
+			cmds[i] = eval(wctx, i, loaded)
 			_ = again.Process(wctx, cmds[i])
 		}
 	}
@@ -314,7 +318,7 @@ func (s *RedisStore) takeBatch(ctx context.Context, reqs []Request, answer func(
 	for k := range parts {
 		cmds[k] = build(k, true)
 	}
-	s.pipeline(ctx, cmds, func(ctx context.Context, k int) *redis.StringCmd { return buildCtx(ctx, k, false) })
+	s.pipeline(ctx, cmds, func(ctx context.Context, k int, sha bool) *redis.StringCmd { return buildCtx(ctx, k, sha) })
 	for k, p := range parts {
 		cmd := cmds[k]
 		if err := cmd.Err(); err != nil {
@@ -433,10 +437,10 @@ func (s *RedisStore) refund(ctx context.Context, req Request) (refunded bool, no
 	}
 	cmd, err := run(true)
 	if isNoScript(err) {
-		wctx, wcancel := s.rewarm(ctx)
+		wctx, wcancel, loaded := s.rewarm(ctx)
 		defer wcancel()
 		ctx = wctx
-		cmd, err = run(false)
+		cmd, err = run(loaded)
 	}
 	if err != nil {
 		return false, 0, s.fail(opRefund, err)

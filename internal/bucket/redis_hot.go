@@ -78,7 +78,7 @@ func (s *RedisStore) Mark(ctx context.Context, marks []MarkRequest, out []MarkOu
 		}
 		cmds[i] = s.markCmd(ctx, m, true)
 	}
-	s.pipeline(ctx, cmds, func(ctx context.Context, i int) *redis.StringCmd { return s.markCmd(ctx, marks[i], false) })
+	s.pipeline(ctx, cmds, func(ctx context.Context, i int, sha bool) *redis.StringCmd { return s.markCmd(ctx, marks[i], sha) })
 	for i, cmd := range cmds {
 		if cmd == nil {
 			continue

@@ -44,10 +44,19 @@ func (s *RedisStore) Warm(ctx context.Context, conns int) error {
 	if err := errors.Join(errs...); err != nil {
 		return s.fail("warm", err)
 	}
+	// And one through the path decisions take (the automatic pipeliner,
+	// whose connections are its own).
+	if err := s.do(ctx, redis.NewStatusCmd(ctx, "ping")); err != nil {
+		return s.fail("warm", err)
+	}
 	return nil
 }
 
-// loadScripts runs SCRIPT LOAD of both scripts on every primary.
+// loadScripts runs SCRIPT LOAD of both scripts on every primary, each
+// through a client of its own with the warm-up timeout on its sockets: the
+// store's client bounds every read and write by the decision timeout
+// (go-redis takes the earlier of that and the context's deadline), too
+// short to send 15 kB of scripts over a slow or just-failed-over link.
 func (s *RedisStore) loadScripts(ctx context.Context) error {
 	load := func(ctx context.Context, c redis.Cmdable) error {
 		for _, src := range []string{scriptSrc, hotSrc} {
@@ -57,26 +66,62 @@ func (s *RedisStore) loadScripts(ctx context.Context) error {
 		}
 		return nil
 	}
-	if cc, ok := s.c.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	patient := func(ctx context.Context, o *redis.Options) error {
+		po := *o
+		po.ReadTimeout, po.WriteTimeout, po.DialTimeout = s.warmTimeout, s.warmTimeout, s.warmTimeout
+		po.PoolSize, po.MinIdleConns, po.MaxIdleConns = 1, 0, 0
+		c := redis.NewClient(&po)
+		defer c.Close()
+		return load(ctx, c)
 	}
-	return load(ctx, s.c)
+	switch c := s.c.(type) {
+	case *redis.Client: // a single server, or a Sentinel-managed primary
+		return patient(ctx, c.Options())
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return patient(ctx, n.Options()) })
+	default:
+		return load(ctx, s.c)
+	}
 }
 
-// rewarm is the context of the calls that follow a NOSCRIPT answer: the
-// server lost the scripts (a restart, a failover to a replica that never
-// ran them, SCRIPT FLUSH), so the connections were likely just made again
-// too. Those calls (EVAL with the script's source, perhaps on a fresh TLS
-// connection) are warm-up, not decisions: bounded by the store's
-// WarmTimeout instead of the caller's deadline, so that the first
-// decision after a topology change is made by Redis, a little late,
-// rather than counted as a store failure. Its cancel must be called.
-func (s *RedisStore) rewarm(ctx context.Context) (context.Context, context.CancelFunc) {
-	s.noteReload()
-	s.rewarms.Add(1)
-	return context.WithTimeout(context.WithoutCancel(ctx), s.warmTimeout)
+// rewarm runs after a call found the scripts gone (NOSCRIPT): the server
+// lost them (a restart, a failover to a replica that never ran them,
+// SCRIPT FLUSH), and its connections were likely just made again too.
+// Loading them is warm-up, not a decision: done on the warm-up budget
+// (WarmTimeout), once for all the calls that found them gone meanwhile,
+// and the call then gets a fresh decision timeout for its EVALSHA. So the
+// first decision after a topology change is made by Redis, a little
+// late, rather than counted as a store failure. loaded reports whether
+// the scripts are known to be back (else the caller sends EVAL). cancel
+// must be called.
+func (s *RedisStore) rewarm(ctx context.Context) (rctx context.Context, cancel context.CancelFunc, loaded bool) {
+	gen := s.warmGen.Load()
+	s.warmMu.Lock()
+	if s.warmGen.Load() != gen {
+		// Another call loaded them while this one waited.
+		loaded = true
+	} else {
+		s.noteReload()
+		s.rewarms.Add(1)
+		wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), s.warmTimeout)
+		err := s.loadScripts(wctx)
+		wcancel()
+		if err == nil {
+			s.warmGen.Add(1)
+			loaded = true
+		} else {
+			s.log.Warn("redis: reloading the scripts after NOSCRIPT failed; sending them with the call", "err", err)
+		}
+	}
+	s.warmMu.Unlock()
+	rctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	return rctx, cancel, loaded
 }
 
 // Rewarms counts the calls that found the scripts gone (NOSCRIPT) and
 // were given the warm-up budget.
 func (s *RedisStore) Rewarms() int64 { return s.rewarms.Load() }
+
+// ScriptSHAs are the SHA1 names of the scripts the store runs: what SCRIPT
+// EXISTS answers 1 for on a warm server.
+func ScriptSHAs() []string { return []string{scriptSHA, hotSHA} }
