@@ -224,7 +224,14 @@ rules:
 // cannot pay for waits for its own lease instead of getting a 429.
 func TestRollingRestartUnderLoad(t *testing.T) {
 	c := harness.StartCoordinators(t, 3, rolloutRules)
-	coords := strings.Join(c.GRPCAddrs(), ",")
+	// Each agent reaches the group through a slow link (about 100ms for
+	// a renewal's round trip, as the -dev pair measured): a first grant
+	// takes longer than the 50ms decision timeout.
+	var addrs []string
+	for _, a := range c.GRPCAddrs() {
+		addrs = append(addrs, harness.StartThrottle(t, a, 4000).Addr)
+	}
+	coords := strings.Join(addrs, ",")
 	const n = 3
 	var slots [n]atomic.Pointer[agent.Server]
 	for i := range n {
@@ -232,9 +239,10 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 		waitFor(t, "agent ready", srv.Ready)
 		slots[i].Store(srv)
 	}
-	// 40 tenants, each at most maxPerTenant requests in all: far under
-	// its 100 of burst whatever agent decides them.
-	const tenants, maxPerTenant, callers = 40, 60, 4
+	// 12 tenants, each at most maxPerTenant requests in all: under its
+	// 100 of burst whatever agent decides them, but more than an agent's
+	// copy of the default lease (a third of 50) pays for.
+	const tenants, maxPerTenant, callers = 12, 80, 4
 	var sent [tenants]atomic.Int64
 	var stats struct {
 		mu                                sync.Mutex

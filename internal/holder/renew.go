@@ -397,7 +397,12 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 }
 
 func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
-	defer q.markReady()
+	ready := true
+	defer func() {
+		if ready {
+			q.markReady()
+		}
+	}()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	switch e := g.GetError(); {
@@ -445,6 +450,9 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 			q.dryGap = min(2*max(q.dryGap, l.o.EarlyGap.Microseconds()), l.validity(q.h.Lease.Term)/2)
 		}
 		q.dryAt = q.sentAt + max(q.dryGap, l.o.EarlyGap.Microseconds())
+		if l.unusable(q, now) {
+			ready = false
+		}
 	case strings.HasPrefix(e, itemErrLeaseExpired), strings.HasPrefix(e, itemErrRetryGrant):
 		q.drop()
 		l.m.expired.Inc()
@@ -465,6 +473,29 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 		}
 		q.failed, q.failedAt = e, now
 	}
+}
+
+// unusable reports whether q's first grant, just adopted, cannot pay one
+// token while its cold start lasts, and then asks again at once: its
+// first decisions keep waiting (up to the cold start) for a grant that
+// can. Such a grant is a subject's lease on an agent that was just
+// (re)started: the agents that served the subject so far hold its whole
+// quota, sized when they alone asked, and the leader nudges them to give
+// back the newcomer's share, which takes a round trip or two. Answered
+// at once, the subject's first requests there were refused (429) though
+// it was far under its budget. A default quota never waits so: its
+// copies refill from the rate it was given, and a subject they cannot pay
+// asks for its own lease. q.mu held.
+func (l *Leases) unusable(q *quota, now int64) bool {
+	if q.answered() || q.isDefault || q.h.Balance >= 1 || now >= q.coldUntil {
+		return false
+	}
+	q.dry, q.dryAt = true, now
+	l.mu.Lock()
+	l.early = append(l.early, q)
+	l.mu.Unlock()
+	l.kick()
+	return true
 }
 
 // release returns the balance of qs and stops spending them, in requests
