@@ -105,10 +105,14 @@ type Config struct {
 	// Region is where this process runs (-region): it picks the region's
 	// share of scope: global rules. Default "local".
 	Region string
-	// DecisionTimeout bounds the wait on Redis (and a leased quota's
-	// first grant) of one decision (-decision-timeout), at most 10s;
-	// past it the rule's failure policy decides. Default 50ms.
+	// DecisionTimeout bounds the wait on Redis of one decision
+	// (-decision-timeout), at most 10s; past it the rule's failure policy
+	// decides. Default 50ms.
 	DecisionTimeout time.Duration
+	// FirstGrantTimeout bounds a leased quota's first decision's wait for
+	// its first grant (-first-grant-timeout), at most 10s; past it the
+	// rule's failure policy decides. Default 1s.
+	FirstGrantTimeout time.Duration
 	// ReloadInterval is how often RulesFile is checked. Default 1s.
 	ReloadInterval time.Duration
 	// BreakerThreshold consecutive Redis failures stop decisions waiting
@@ -203,7 +207,7 @@ type Limiter struct {
 // renewals). A Config it cannot run is an error wrapping ErrConfig, and
 // nothing is left running. New does not wait for Redis or for leases:
 // until they answer, each rule's failure policy decides (a leased quota's
-// first decision waits for its grant at most DecisionTimeout). ctx bounds
+// first decision waits for its grant at most FirstGrantTimeout). ctx bounds
 // New only.
 func New(ctx context.Context, cfg Config) (*Limiter, error) {
 	acfg, err := cfg.agentConfig()
@@ -350,6 +354,9 @@ func (cfg Config) agentConfig() (agent.Config, error) {
 	if cfg.DecisionTimeout < 0 || cfg.DecisionTimeout > 10*time.Second {
 		bad("Config.DecisionTimeout %v: must be in (0, 10s] (0: %v)", cfg.DecisionTimeout, DefaultDecisionTimeout)
 	}
+	if cfg.FirstGrantTimeout < 0 || cfg.FirstGrantTimeout > 10*time.Second {
+		bad("Config.FirstGrantTimeout %v: must be in (0, 10s] (0: 1s)", cfg.FirstGrantTimeout)
+	}
 	if cfg.ReloadInterval < 0 {
 		bad("Config.ReloadInterval %v: must be positive (0: %v)", cfg.ReloadInterval, DefaultReloadInterval)
 	}
@@ -397,6 +404,7 @@ func (cfg Config) agentConfig() (agent.Config, error) {
 	if cfg.DecisionTimeout > 0 {
 		c.DecisionTimeout = cfg.DecisionTimeout
 	}
+	c.FirstGrantTimeout = cfg.FirstGrantTimeout // 0: the agent's default
 	if cfg.ReloadInterval > 0 {
 		c.ReloadInterval = cfg.ReloadInterval
 	}

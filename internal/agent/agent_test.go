@@ -60,6 +60,23 @@ func startAgentOn(t *testing.T, redisAddr, rulesYAML string, mutate ...func(*age
 // lease holder with a bug on purpose.
 func startAgentLeases(t *testing.T, redisAddr, rulesYAML string, leases agent.Leases, mutate ...func(*agent.Config)) *testAgent {
 	t.Helper()
+	a := startAgentUnreadyOn(t, redisAddr, rulesYAML, leases, mutate...)
+	waitFor(t, "agent ready", a.srv.Ready)
+	return a
+}
+
+// startAgentUnready is startAgent without waiting for the agent to be
+// ready: for agents that never can be (no coordinator that takes them).
+func startAgentUnready(t *testing.T, rulesYAML string, mutate ...func(*agent.Config)) *testAgent {
+	t.Helper()
+	r := harness.StartRedis(t)
+	a := startAgentUnreadyOn(t, r.Addr, rulesYAML, nil, mutate...)
+	a.redis = r
+	return a
+}
+
+func startAgentUnreadyOn(t *testing.T, redisAddr, rulesYAML string, leases agent.Leases, mutate ...func(*agent.Config)) *testAgent {
+	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(path, []byte(rulesYAML), 0o644); err != nil {
@@ -92,9 +109,7 @@ func startAgentLeases(t *testing.T, redisAddr, rulesYAML string, leases agent.Le
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	a := &testAgent{srv: srv, rl: rationv1.NewRateLimiterClient(conn), base: "http://" + srv.HTTPAddr(), rules: path}
-	waitFor(t, "agent ready", srv.Ready)
-	return a
+	return &testAgent{srv: srv, rl: rationv1.NewRateLimiterClient(conn), base: "http://" + srv.HTTPAddr(), rules: path}
 }
 
 func testLogger(t *testing.T) *slog.Logger {

@@ -191,8 +191,10 @@ func TestLeasedQuotaIDTooLong(t *testing.T) {
 	// good quota keeps its lease over several periods: every decision is
 	// admitted on the lease (a refused renewal would let it lapse to
 	// fail_closed's 503 within one period).
-	if n := metricValue(t, a.srv.Registry, "ration_agent_leased_quotas", nil); n != 1 {
-		t.Fatalf("holder has %v leased quotas, want 1 (the long ones must not reach it)", n)
+	// Two: the exact-key rules' quotas, fetched before the agent turned
+	// ready.
+	if n := metricValue(t, a.srv.Registry, "ration_agent_leased_quotas", nil); n != 2 {
+		t.Fatalf("holder has %v leased quotas, want 2 (the long ones must not reach it)", n)
 	}
 	start := time.Now()
 	for i := 0; i < 300 && time.Since(start) < 3*time.Second; i++ {
@@ -226,7 +228,7 @@ rules:
 	c := harness.StartCoordinators(t, 1, yaml)
 	a := startAgent(t, yaml, func(cfg *agent.Config) {
 		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
-		cfg.DecisionTimeout = 2 * time.Second // the cold start: generous under -race
+		cfg.FirstGrantTimeout = 5 * time.Second // generous under -race
 	})
 	const n = 500
 	reqs := make([]*rationv1.AllowRequest, n)

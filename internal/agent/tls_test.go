@@ -42,11 +42,19 @@ func TestLeasedOverMutualTLS(t *testing.T) {
 		t.Fatalf("a1: %v renewals failed, want 0", errs)
 	}
 
-	impostor := startAgent(t, leasedAgentRules, func(cfg *agent.Config) {
+	impostor := startAgentUnready(t, leasedAgentRules, func(cfg *agent.Config) {
 		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
 		cfg.AgentID = "a1-impostor"
 		cfg.TLS = pki.Agent("a2")
 	})
+	// It never turns ready (its leased rules could only answer 503), and
+	// says why.
+	waitFor(t, "the impostor to name its certificate's problem", func() bool {
+		return strings.Contains(impostor.srv.NotReady(), "a1-impostor")
+	})
+	if impostor.srv.Ready() {
+		t.Fatal("the impostor turned ready")
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for metricValue(t, impostor.srv.Registry, "ration_agent_lease_renewals_total", map[string]string{"result": "error"}) == 0 {
 		impostor.allow(t, req)
@@ -228,7 +236,7 @@ func TestAgentLeasesOnlyFromACoordinator(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rogue := harness.StartRogue(t, pki, tc.f)
-			a := startAgent(t, leasedAgentRules, func(cfg *agent.Config) {
+			a := startAgentUnready(t, leasedAgentRules, func(cfg *agent.Config) {
 				cfg.Coordinators = rogue.Addr
 				cfg.AgentID = "a1"
 				cfg.TLS = pki.Agent("a1")
