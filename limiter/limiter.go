@@ -299,9 +299,11 @@ func (k *Key) Allow(ctx context.Context, cost float64) (d Decision, err error) {
 	return d, nil
 }
 
-// Ready reports whether Redis has answered once since New (without Redis:
-// as soon as New's first probe ran). Decisions do not wait for it; it is
-// for readiness probes.
+// Ready reports whether the limiter can decide every rule: Redis answered
+// and its scripts are loaded (without Redis: at once), the coordinators
+// answered and the leases that can be named in advance are held (without
+// leased rules: at once). It stays true from then on. Decisions do not
+// wait for it; it is for readiness probes.
 func (l *Limiter) Ready() bool { return l.core.Ready() }
 
 // Reload reads the rules file now instead of at the next ReloadInterval.
