@@ -607,7 +607,9 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 				down = s.leases.DownFor()
 			}
 		}
-		s.fallback.decide(ctx, st, down, leased, now, s.fallbackCause)
+		if s.fallback.decide(ctx, st, down, leased, now) {
+			s.logActivation(st)
+		}
 	}
 }
 

@@ -87,11 +87,12 @@ func (f *fallback) since(now time.Time) time.Duration {
 
 // decide applies the rule's policy to one step, down being how long the
 // rule's dependency has been out; leased: that dependency is the
-// coordinators. cause says which dependency failed and why, asked only
-// when the activation is logged.
-func (f *fallback) decide(ctx context.Context, st *step, down time.Duration, leased bool, now time.Time, cause func(*step) (dep, why string)) {
+// coordinators. It reports whether this is the rule's activation, which
+// the caller logs (Service.logActivation; st is never handed to a
+// function value, which would move a lone decision's steps to the heap).
+func (f *fallback) decide(ctx context.Context, st *step, down time.Duration, leased bool, now time.Time) (activated bool) {
 	r := st.rule
-	f.activate(st, leased, now, cause)
+	activated = f.activate(r, leased, now)
 	switch r.OnFailure {
 	case rules.FailOpen:
 		st.allowed, st.reason = true, ReasonUnavailable
@@ -121,6 +122,7 @@ func (f *fallback) decide(ctx context.Context, st *step, down time.Duration, lea
 	default: // FailClosed
 		st.allowed, st.reason = false, ReasonUnavailable
 	}
+	return activated
 }
 
 func (f *fallback) refund(ctx context.Context, st *step) {
@@ -133,19 +135,24 @@ func (f *fallback) refund(ctx context.Context, st *step) {
 // (of a leased rule: at most once a minute), naming the dependency that
 // failed and its error: "failure policy activated" alone tells an
 // operator nothing to fix.
-func (f *fallback) activate(st *step, leased bool, now time.Time, cause func(*step) (dep, why string)) {
+func (f *fallback) activate(r *rules.Rule, leased bool, now time.Time) bool {
 	f.decisions.Add(1)
-	r := st.rule
 	at := now.UnixNano()
 	if v, loaded := f.activated.LoadOrStore(r.Name, at); loaded {
 		last := v.(int64)
 		if !leased || at-last < int64(leasedRelog) || !f.activated.CompareAndSwap(r.Name, last, at) {
-			return
+			return false
 		}
 	}
 	f.metrics.fallbackActivations.WithLabelValues(r.Name, r.OnFailure.String()).Inc()
-	dep, why := cause(st)
-	f.logger.Warn("failure policy activated", "rule", r.Name, "policy", r.OnFailure.String(), "dependency", dep, "cause", why, "subject", truncate(st.subject))
+	return true
+}
+
+// logActivation logs a rule's activation of its failure policy, st being
+// the step that activated it.
+func (s *Service) logActivation(st *step) {
+	dep, why := s.fallbackCause(st)
+	s.logger.Warn("failure policy activated", "rule", st.rule.Name, "policy", st.rule.OnFailure.String(), "dependency", dep, "cause", why, "subject", truncate(st.subject))
 }
 
 // storeCause is the store's last failure, for an activation line.
