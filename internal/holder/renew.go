@@ -483,11 +483,14 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 // quota, sized when they alone asked, and the leader nudges them to give
 // back the newcomer's share, which takes a round trip or two. Answered
 // at once, the subject's first requests there were refused (429) though
-// it was far under its budget. A default quota never waits so: its
-// copies refill from the rate it was given, and a subject they cannot pay
-// asks for its own lease. q.mu held.
+// it was far under its budget. Only a default-share subject's own lease
+// waits so, the one asked for because the subject needs more than its
+// copy pays: a default quota's copies refill from the rate it was given,
+// and the first grant of any other quota that comes back empty is the
+// quota's own state (a subject that spent its budget, forgotten for
+// idleness and asked for again), answered at once. q.mu held.
 func (l *Leases) unusable(q *quota, now int64) bool {
-	if q.answered() || q.isDefault || q.h.Balance >= 1 || now >= q.coldUntil {
+	if q.def == nil || q.answered() || q.isDefault || q.h.Balance >= 1 || now >= q.coldUntil {
 		return false
 	}
 	q.dry, q.dryAt = true, now
