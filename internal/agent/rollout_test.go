@@ -129,7 +129,11 @@ func TestReadyWaitsForCoordinatorsAndLeases(t *testing.T) {
 // healthy group no decision is made by the failure policy.
 func TestLeasedWildcardFreshSubjectsInBatches(t *testing.T) {
 	c := harness.StartCoordinators(t, 1, rolloutRules)
-	srv := startLeasedAgent(t, rolloutRules, strings.Join(c.GRPCAddrs(), ","), "a1", func(cfg *agent.Config) {
+	// A link of 100 kB/s: a grant of 100 quotas (about 3.5 kB each way)
+	// takes over 70ms, longer than the 50ms decision timeout however fast
+	// the machine, and one of 1,000 well within the renewal's 2s limit.
+	link := harness.StartThrottle(t, c.GRPCAddrs()[0], 100000)
+	srv := startLeasedAgent(t, rolloutRules, link.Addr, "a1", func(cfg *agent.Config) {
 		// Generous under -race, where a grant of a thousand quotas can
 		// take over a second; the decision timeout stays at 50ms.
 		cfg.FirstGrantTimeout = 5 * time.Second
