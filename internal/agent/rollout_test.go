@@ -132,8 +132,9 @@ func TestLeasedWildcardFreshSubjectsInBatches(t *testing.T) {
 	// A link of 100 kB/s: a grant of 100 quotas (about 3.5 kB each way)
 	// takes over 70ms, longer than the 50ms decision timeout however fast
 	// the machine, and one of 1,000 well within the renewal's 2s limit.
-	link := harness.StartThrottle(t, c.GRPCAddrs()[0], 100000)
-	srv := startLeasedAgent(t, rolloutRules, link.Addr, "a1", func(cfg *agent.Config) {
+	link := harness.NewProxy(t, c.GRPCAddrs()[0])
+	link.SetRate(harness.Upstream, 100000)
+	srv := startLeasedAgent(t, rolloutRules, link.Addr(), "a1", func(cfg *agent.Config) {
 		// Generous under -race, where a grant of a thousand quotas can
 		// take over a second; the decision timeout stays at 50ms.
 		cfg.FirstGrantTimeout = 5 * time.Second
@@ -238,7 +239,9 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 	// takes longer than the 50ms decision timeout.
 	var addrs []string
 	for _, a := range c.GRPCAddrs() {
-		addrs = append(addrs, harness.StartThrottle(t, a, 4000).Addr)
+		px := harness.NewProxy(t, a)
+		px.SetRate(harness.Upstream, 4000)
+		addrs = append(addrs, px.Addr())
 	}
 	coords := strings.Join(addrs, ",")
 	const n = 3

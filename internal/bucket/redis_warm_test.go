@@ -16,9 +16,9 @@ import (
 // a decision may wait, and that call still decides.
 func TestWarmAndNoScriptRewarm(t *testing.T) {
 	r := harness.StartRedis(t)
-	th := harness.StartThrottle(t, r.Addr, 0)
+	th := harness.NewProxy(t, r.Addr)
 	const decision = 100 * time.Millisecond
-	c, err := bucket.OpenRedis(th.Addr, decision)
+	c, err := bucket.OpenRedis(th.Addr(), decision)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestWarmAndNoScriptRewarm(t *testing.T) {
 	}
 	// 4 kB/s: the script alone takes over 2s to send, 20 times the
 	// decision's timeout; an EVALSHA (about 150 bytes) fits in it.
-	th.SetRate(4000)
+	th.SetRate(harness.Upstream, 4000)
 	req := bucket.Request{Key: bucket.Key("warm", "a"), Limit: bucket.Limit{Burst: 5, Rate: 1}, Cost: 1}
 	res, err := st.Take(ctx, req)
 	if err != nil || !res.Allowed {
