@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"google.golang.org/grpc"
 
+	"github.com/ration-dev/ration/internal/coordinator"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -25,7 +28,10 @@ const membersUsage = `usage: coordinator members list -addr HOST:PORT
 
 -addr is a member's admin address (its -admin). list asks that node for
 the Raft servers it knows (its Status), with their lease and admin
-addresses. add and remove change the Raft configuration: they are sent to
+addresses and their health as that node sees it: it probes each member's
+admin address every second, and shows a member unreachable once two probes
+in a row failed, with the last contact, the applied index and lag, the
+version and the uptime each member last reported. add and remove change the Raft configuration: they are sent to
 -addr and followed to the leader's admin address. Add or remove one server
 at a time, and list between changes (docs/runbook.md).
 
@@ -149,14 +155,50 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 // printMembers prints the Raft servers with their lease and admin
-// addresses ("-": not recorded), marking the leader.
+// addresses ("-": not recorded), marking the leader, and their health as
+// the answering node sees it; then why each member it cannot reach is
+// unreachable.
 func printMembers(w io.Writer, servers []*rationv1.RaftServer, leader string) {
-	fmt.Fprintln(w, "SERVER\tRAFT ADDRESS\tSUFFRAGE\tLEASE ADDRESS\tADMIN ADDRESS\tLEADER")
+	now := time.Now()
+	fmt.Fprintln(w, "SERVER\tRAFT ADDRESS\tSUFFRAGE\tLEASE ADDRESS\tADMIN ADDRESS\tLEADER\tHEALTH\tLAST CONTACT\tAPPLIED\tLAG\tVERSION\tUPTIME")
+	var notes []string
 	for _, s := range servers {
 		mark := ""
 		if s.Id == leader {
 			mark = "leader"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", printable(s.Id), printable(s.Address), printable(s.Suffrage), orDash(s.GrpcAddress), orDash(s.AdminAddress), mark)
+		health, contact, applied, lag, uptime := orDash(printable(s.Health)), "-", "-", "-", "-"
+		if s.Health == "unreachable" {
+			health = "UNREACHABLE" // the one word a reader must not miss
+		}
+		switch {
+		case s.Health == "self":
+			health, contact = "self", "(this node)"
+		case s.LastContactUnixUs != 0:
+			contact = coordinator.FormatDuration(now.Sub(time.UnixMicro(s.LastContactUnixUs))) + " ago"
+		case s.Health != "":
+			contact = "never"
+		}
+		if s.Health == "self" || s.LastContactUnixUs != 0 {
+			applied, lag = strconv.FormatUint(s.AppliedIndex, 10), strconv.FormatUint(s.Lag, 10)
+		}
+		if s.UptimeSeconds > 0 {
+			uptime = coordinator.FormatDuration(time.Duration(s.UptimeSeconds * float64(time.Second)))
+		}
+		version := orDash(s.Version)
+		if s.Commit != "" {
+			version += " (" + printable(s.Commit) + ")"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(s.Id), printable(s.Address), printable(s.Suffrage),
+			orDash(s.GrpcAddress), orDash(s.AdminAddress), mark, health, contact, applied, lag, version, uptime)
+		if s.ProbeError != "" {
+			notes = append(notes, fmt.Sprintf("%s: %s", printable(s.Id), printable(s.ProbeError)))
+		}
+	}
+	if len(notes) > 0 {
+		fmt.Fprintln(w)
+		for _, n := range notes {
+			fmt.Fprintln(w, n)
+		}
 	}
 }

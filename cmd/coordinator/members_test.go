@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ration-dev/ration/internal/buildinfo"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/rules"
@@ -56,9 +57,27 @@ func TestMembersCommands(t *testing.T) {
 			t.Errorf("members list lacks node%d's lease and admin addresses (%s, %s):\n%s", i, n.GRPCAddr(), n.AdminAddr(), out)
 		}
 	}
-	if n := len(regexp.MustCompile(`(?m)\s+leader$`).FindAllString(out, -1)); n != 1 {
+	if n := len(regexp.MustCompile(`(?m)\s+leader\s+(self|reachable|unknown)\s`).FindAllString(out, -1)); n != 1 {
 		t.Errorf("members list marks %d leaders, want 1:\n%s", n, out)
 	}
+	// Health: the node asked is "self", the others reachable once its
+	// probes (one a second) have been answered, each with its version.
+	healthRow := func(id, health string) *regexp.Regexp {
+		return regexp.MustCompile(`(?m)^` + id + `\s.*\s` + health + `\s+(\S+ ago|\(this node\))\s+\d+\s+\d+\s+` + regexp.QuoteMeta(buildinfo.Get().Version) + `\b.*\s\d[\d.]*[smhd]( \d+[smhd])?$`)
+	}
+	fi := (li + 1) % 3
+	waitMembers(t, follower, func(out string) bool {
+		for i := range 3 {
+			h := "reachable"
+			if i == fi {
+				h = "self"
+			}
+			if !healthRow(fmt.Sprintf("node%d", i), h).MatchString(out) {
+				return false
+			}
+		}
+		return true
+	})
 
 	// A node that has not joined: not a member, which list says.
 	set, err := rules.Parse("rules.yaml", devRules)
@@ -122,6 +141,17 @@ func TestMembersCommands(t *testing.T) {
 			t.Errorf("members %q = %v, want an error with %q", tc.args, err, tc.want)
 		}
 	}
+
+	// A killed member is shown unreachable, with why, within a few
+	// probes; the living ones stay reachable.
+	dead := (li + 2) % 3
+	c.Kill(dead)
+	deadRow := regexp.MustCompile(fmt.Sprintf(`(?m)^node%d\s.*\sUNREACHABLE\s+\S+ ago\s+\d+\s+\d+\s`, dead))
+	waitMembers(t, follower, func(out string) bool {
+		return deadRow.MatchString(out) && regexp.MustCompile(fmt.Sprintf(`(?m)^node%d: .*connection refused`, dead)).MatchString(out)
+	})
+	out, _ = members("list", "-addr", follower)
+	t.Logf("members list after node%d was killed:\n%s", dead, out)
 }
 
 // members -h lists every action's flags (what the runbook test reads), and

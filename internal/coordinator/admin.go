@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/ration-dev/ration/internal/buildinfo"
 	"github.com/ration-dev/ration/internal/lease"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -35,6 +36,9 @@ func (s *adminServer) Status(ctx context.Context, _ *rationv1.StatusRequest) (*r
 		CommitIndex:        u("commit_index"),
 		AppliedIndex:       u("applied_index"),
 		LastSnapshotIndex:  u("last_snapshot_index"),
+		Version:            buildinfo.Get().Version,
+		Commit:             shortCommit(buildinfo.Get().Commit),
+		UptimeSeconds:      n.uptime().Seconds(),
 	}
 	if servers, err := n.servers(); err == nil {
 		resp.Servers = n.raftServers(servers)
@@ -158,14 +162,22 @@ func (s *adminServer) membership(ctx context.Context) (*rationv1.MembershipRespo
 }
 
 // raftServers are the Raft configuration's servers with their lease and
-// admin addresses from the member table.
+// admin addresses from the member table, and their health as this node
+// sees it (health.go).
 func (n *Node) raftServers(servers []raft.Server) []*rationv1.RaftServer {
 	members := n.fsm.memberTable()
+	health := n.memberStatuses(servers)
 	out := make([]*rationv1.RaftServer, len(servers))
 	for i, sv := range servers {
-		m := members[string(sv.ID)]
-		out[i] = &rationv1.RaftServer{Id: string(sv.ID), Address: string(sv.Address), Suffrage: sv.Suffrage.String(),
-			GrpcAddress: m.GRPCAddr, AdminAddress: m.AdminAddr}
+		m, h := members[string(sv.ID)], health[i]
+		rs := &rationv1.RaftServer{Id: string(sv.ID), Address: string(sv.Address), Suffrage: sv.Suffrage.String(),
+			GrpcAddress: m.GRPCAddr, AdminAddress: m.AdminAddr,
+			Health: h.Health, ProbeError: h.Error, AppliedIndex: h.Applied, Lag: h.Lag,
+			Version: h.Version, Commit: h.Commit, UptimeSeconds: h.Uptime.Seconds()}
+		if !h.LastContact.IsZero() {
+			rs.LastContactUnixUs = h.LastContact.UnixMicro()
+		}
+		out[i] = rs
 	}
 	return out
 }

@@ -135,10 +135,14 @@ func TestAdminListener(t *testing.T) {
 		t.Fatalf("the operator's tuning is not in force:\n%s", after)
 	}
 	// A coordinator's certificate is not an operator's: it may add itself
-	// (-join), and call nothing else.
+	// (-join) and read Status (the members' health probes), and call
+	// nothing else.
 	peer := harness.AdminClient(t, ln.AdminAddr(), pki.DialOptions(pki.Member(tlsfiles.GlobalGroup, "peer"))...)
-	_, err := peer.Status(ctx, &rationv1.StatusRequest{})
-	wantRefused(t, "Status with a coordinator certificate", err, codes.PermissionDenied, "may only add itself")
+	if _, err := peer.Status(ctx, &rationv1.StatusRequest{}); err != nil {
+		t.Fatalf("Status with a coordinator certificate of the group (a health probe): %v", err)
+	}
+	_, err := peer.ListLeases(ctx, &rationv1.ListLeasesRequest{})
+	wantRefused(t, "ListLeases with a coordinator certificate", err, codes.PermissionDenied, "may only add itself")
 	// The admin listener serves no leases, and says where they are.
 	cc, err := grpc.NewClient(ln.AdminAddr(), pki.DialOptions(pki.Operator("ops"))...)
 	if err != nil {

@@ -200,10 +200,19 @@ var (
 		{"num_peers", prometheus.NewDesc("ration_coordinator_raft_peers", "Other voters in the Raft configuration.", nil, nil)},
 	}
 	raftStates = []string{"Follower", "Candidate", "Leader", "Shutdown"}
+
+	// The members' health as this node sees it (health.go), labelled by
+	// member: one series per server of the configuration.
+	descMemberUp = prometheus.NewDesc("ration_coordinator_member_up",
+		"1 while the member answers this node's probes of its admin port (and for this node itself), 0 once 2 probes in a row failed; absent while not known (not probed yet, or no admin address recorded).", []string{"member"}, nil)
+	descMemberContact = prometheus.NewDesc("ration_coordinator_member_last_contact_seconds",
+		"Seconds since the member last answered this node's probe; absent before its first answer (and for this node itself).", []string{"member"}, nil)
+	descMemberLag = prometheus.NewDesc("ration_coordinator_member_lag_entries",
+		"Raft entries the member had not applied of those this node had committed, at its latest answer (for this node: committed, not yet applied).", []string{"member"}, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPool, descLeasedCap, descLeasedRate, descBurst, descFunded, descOvershootRate, descOvershootBurst, descTuning, descQuotas, descLeases, descRestores, descStopped, descRaftState} {
+	for _, d := range []*prometheus.Desc{descPool, descLeasedCap, descLeasedRate, descBurst, descFunded, descOvershootRate, descOvershootBurst, descTuning, descQuotas, descLeases, descRestores, descStopped, descRaftState, descMemberUp, descMemberContact, descMemberLag} {
 		ch <- d
 	}
 	for _, s := range raftStats {
@@ -302,6 +311,23 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descRaftState, prometheus.GaugeValue, v, s)
+	}
+	if servers, err := n.servers(); err == nil {
+		now := n.clock()
+		for _, m := range n.memberStatuses(servers) {
+			switch m.Health {
+			case healthSelf, healthReachable:
+				ch <- prometheus.MustNewConstMetric(descMemberUp, prometheus.GaugeValue, 1, m.ID)
+			case healthUnreachable:
+				ch <- prometheus.MustNewConstMetric(descMemberUp, prometheus.GaugeValue, 0, m.ID)
+			}
+			if !m.LastContact.IsZero() {
+				ch <- prometheus.MustNewConstMetric(descMemberContact, prometheus.GaugeValue, max(now.Sub(m.LastContact).Seconds(), 0), m.ID)
+			}
+			if m.Health == healthSelf || !m.LastContact.IsZero() {
+				ch <- prometheus.MustNewConstMetric(descMemberLag, prometheus.GaugeValue, float64(m.Lag), m.ID)
+			}
+		}
 	}
 	stats := n.raft.Stats()
 	for _, s := range raftStats {

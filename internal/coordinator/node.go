@@ -77,6 +77,10 @@ type Node struct {
 	tunings tuningCache  // tuningOf's (tune.go)
 	// status is the status page's charts and leader changes (status.go).
 	status statusState
+	// members is what the probes of the other members found (health.go);
+	// started is when this node started, for its uptime.
+	members memberHealth
+	started time.Time
 
 	// handshakes log each listener's failed TLS handshakes (handshakeLog).
 	handshakesMu sync.Mutex
@@ -129,13 +133,14 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, reg *prometheus
 		}
 	}
 	n := &Node{
-		cfg:    cfg,
-		logger: logger.With("node_id", cfg.ID),
-		clock:  time.Now,
-		reg:    reg,
-		notify: make(chan bool, 16),
-		done:   make(chan struct{}),
-		drain:  make(chan struct{}),
+		cfg:     cfg,
+		logger:  logger.With("node_id", cfg.ID),
+		clock:   time.Now,
+		reg:     reg,
+		started: time.Now(),
+		notify:  make(chan bool, 16),
+		done:    make(chan struct{}),
+		drain:   make(chan struct{}),
 	}
 	n.rules.Store(set)
 	n.checkSafeShares(set)
@@ -283,9 +288,10 @@ func (n *Node) open(ctx context.Context) error {
 		return ok
 	})
 	n.raft.RegisterObserver(n.observer)
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.watchLeadership()
 	go n.watchLeaders(obs)
+	go n.probeMembers()
 
 	switch {
 	case cfg.Bootstrap && hasState:

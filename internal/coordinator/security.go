@@ -94,7 +94,7 @@ var ErrUnauthenticated = errors.New("unauthenticated")
 // authorizeAdmin refuses an Admin call unless (under TLS) the client's
 // certificate names an operator, or a member of this node's group calling
 // AddVoter for itself (a node joining through -join, or updating its own
-// addresses), and (with -admin-token-file) the call carries the admin
+// addresses) or Status (the members' health probes), and (with -admin-token-file) the call carries the admin
 // token. req is the call's request (nil for a stream).
 func (n *Node) authorizeAdmin(ctx context.Context, method string, req any) error {
 	if n.tls != nil {
@@ -136,8 +136,13 @@ func (n *Node) authorizeAdminCert(cert *x509.Certificate, method string, req any
 		return fmt.Errorf("%w: admin calls need an operator certificate (URI SAN %s); this one names %s",
 			ErrPermissionDenied, tlsfiles.URI(tlsfiles.RoleOperator, "<name>"), identities(cert))
 	}
+	if method == rationv1.Admin_Status_FullMethodName {
+		// The members probe each other's Status for their health
+		// (health.go): it tells a member nothing Raft has not told it.
+		return nil
+	}
 	if method != rationv1.Admin_AddVoter_FullMethodName {
-		return fmt.Errorf("%w: %s needs an operator certificate (URI SAN %s): a coordinator's (members %q of group %q) may only add itself (AddVoter)",
+		return fmt.Errorf("%w: %s needs an operator certificate (URI SAN %s): a coordinator's (members %q of group %q) may only add itself (AddVoter) and read Status",
 			ErrPermissionDenied, method, tlsfiles.URI(tlsfiles.RoleOperator, "<name>"), ids, group)
 	}
 	r, _ := req.(*rationv1.AddVoterRequest)

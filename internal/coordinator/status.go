@@ -39,6 +39,7 @@ var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
 	// secs writes seconds with one decimal: a lease's expiry moves on
 	// every refresh, so more digits would only flicker.
 	"secs": func(s float64) string { return strconv.FormatFloat(s, 'f', 1, 64) + "s" },
+	"dur":  fmtDur,
 }).Parse(statusHTML))
 
 const (
@@ -275,6 +276,21 @@ type statusServer struct {
 	Suffrage string `json:"suffrage"`
 	Leader   bool   `json:"leader"`
 	Self     bool   `json:"self"`
+	// Health is self, reachable, unreachable or unknown (health.go), as
+	// this node's probes of the member's admin address found it.
+	Health string `json:"health"`
+	// LastContact is the member's latest answer (absent: none since this
+	// node started, or this node); LastContactAgo the seconds since.
+	LastContact    *time.Time `json:"last_contact,omitempty"`
+	LastContactAgo float64    `json:"last_contact_ago_s,omitempty"`
+	ProbeError     string     `json:"probe_error,omitempty"`
+	// AppliedIndex and Lag: the member's applied index at its latest
+	// answer, and how many entries behind this node's commit index it was.
+	AppliedIndex uint64  `json:"applied_index"`
+	Lag          uint64  `json:"lag"`
+	Version      string  `json:"version,omitempty"`
+	Commit       string  `json:"commit,omitempty"`
+	Uptime       float64 `json:"uptime_s,omitempty"` // 0: not known (not reachable)
 }
 
 type statusQuota struct {
@@ -367,11 +383,20 @@ func (n *Node) statusView() statusView {
 	v.Term, v.CommitIndex, v.AppliedIndex, v.LastSnapshotIndex = u("term"), u("commit_index"), u("applied_index"), u("last_snapshot_index")
 	v.LastContact = stats["last_contact"]
 	if servers, err := n.servers(); err == nil {
-		for _, s := range servers {
-			v.Servers = append(v.Servers, statusServer{
+		health := n.memberStatuses(servers)
+		for i, s := range servers {
+			h := health[i]
+			sv := statusServer{
 				ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(),
 				Leader: string(s.ID) == v.LeaderID, Self: string(s.ID) == n.cfg.ID,
-			})
+				Health: h.Health, ProbeError: h.Error, AppliedIndex: h.Applied, Lag: h.Lag,
+				Version: h.Version, Commit: h.Commit, Uptime: h.Uptime.Seconds(),
+			}
+			if !h.LastContact.IsZero() {
+				at := h.LastContact.UTC()
+				sv.LastContact, sv.LastContactAgo = &at, max(now.Sub(at).Seconds(), 0)
+			}
+			v.Servers = append(v.Servers, sv)
 		}
 	}
 	n.status.mu.Lock()
@@ -529,66 +554,6 @@ func tuningView(t lease.Tuning) statusTuning {
 		}
 	}
 	return v
-}
-
-// chartOf lays out a chart of the samples: admitted and demand against the
-// limit, over the samples' span, scaled to the largest value shown.
-func chartOf(h []statusSample) *statusChart {
-	const w, h0, pad = 600, 120, 2
-	// At most one point per two pixels: the page is fetched again every
-	// refresh, and finer points would not show.
-	if step := (len(h) + w/2 - 1) / (w / 2); step > 1 {
-		thin := make([]statusSample, 0, len(h)/step+1)
-		for i := 0; i < len(h); i += step {
-			thin = append(thin, h[i])
-		}
-		if thin[len(thin)-1] != h[len(h)-1] {
-			thin = append(thin, h[len(h)-1])
-		}
-		h = thin
-	}
-	c := &statusChart{W: w, H: h0, Points: len(h)}
-	for _, s := range h {
-		c.Max = math.Max(c.Max, math.Max(float64(s.limit), math.Max(float64(s.admitted), float64(s.demand))))
-	}
-	if c.Max <= 0 {
-		c.Max = 1
-	}
-	c.Max *= 1.1 // headroom over the top line
-	first, last := h[0].at, h[len(h)-1].at
-	span := max(last-first, 1)
-	c.Span = (time.Duration(span) * time.Second).String()
-	line := func(val func(statusSample) float32) string {
-		var b strings.Builder
-		for i, s := range h {
-			x := float64(w) * float64(s.at-first) / float64(span)
-			if len(h) == 1 {
-				x = w
-			}
-			y := float64(h0-pad) - float64(h0-2*pad)*float64(val(s))/c.Max
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			fmt.Fprintf(&b, "%.1f,%.1f", x, y)
-		}
-		return b.String()
-	}
-	c.Admitted = line(func(s statusSample) float32 { return s.admitted })
-	c.Demand = line(func(s statusSample) float32 { return s.demand })
-	c.Limit = line(func(s statusSample) float32 { return s.limit })
-	c.LastAdmitted, c.LastLimit = float64(h[len(h)-1].admitted), float64(h[len(h)-1].limit)
-	return c
-}
-
-// fmtNum writes a number for people: at most 3 decimals, no exponent
-// below 1e15, "∞"-free (the state holds no infinities).
-func fmtNum(v float64) string {
-	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
-		return strconv.FormatFloat(v, 'f', 0, 64)
-	}
-	s := strconv.FormatFloat(v, 'f', 3, 64)
-	s = strings.TrimRight(s, "0")
-	return strings.TrimSuffix(s, ".")
 }
 
 // serveStatus serves the page (GET /, or only its body with ?part=body,

@@ -1092,8 +1092,29 @@ type RaftServer struct {
 	// The server's lease (-grpc-advertise) and admin (-admin-advertise)
 	// addresses, from the replicated member table; empty when not known (a
 	// member that joined before admin addresses were recorded).
-	GrpcAddress   string `protobuf:"bytes,4,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
-	AdminAddress  string `protobuf:"bytes,5,opt,name=admin_address,json=adminAddress,proto3" json:"admin_address,omitempty"`
+	GrpcAddress  string `protobuf:"bytes,4,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	AdminAddress string `protobuf:"bytes,5,opt,name=admin_address,json=adminAddress,proto3" json:"admin_address,omitempty"`
+	// The server's health as the answering node sees it: every node asks
+	// each other member's admin address for its Status once a second.
+	// health is "self" (the answering node), "reachable" (its latest probe
+	// was answered), "unreachable" (probes have failed for
+	// unreachable_after), or "unknown" (not probed yet, or no admin address
+	// recorded).
+	Health string `protobuf:"bytes,6,opt,name=health,proto3" json:"health,omitempty"`
+	// last_contact_unix_us is when the server last answered a probe (0:
+	// never since the answering node started); probe_error the latest
+	// failure, while it is not reachable.
+	LastContactUnixUs int64  `protobuf:"varint,7,opt,name=last_contact_unix_us,json=lastContactUnixUs,proto3" json:"last_contact_unix_us,omitempty"`
+	ProbeError        string `protobuf:"bytes,8,opt,name=probe_error,json=probeError,proto3" json:"probe_error,omitempty"`
+	// applied_index is the server's applied index at its last answer, lag
+	// how many entries it was behind the answering node's commit index then.
+	AppliedIndex uint64 `protobuf:"varint,9,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Lag          uint64 `protobuf:"varint,10,opt,name=lag,proto3" json:"lag,omitempty"`
+	// version and commit of its binary, uptime_seconds how long it has been
+	// running (at its last answer plus the time since), as it reported.
+	Version       string  `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
+	Commit        string  `protobuf:"bytes,12,opt,name=commit,proto3" json:"commit,omitempty"`
+	UptimeSeconds float64 `protobuf:"fixed64,13,opt,name=uptime_seconds,json=uptimeSeconds,proto3" json:"uptime_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1163,6 +1184,62 @@ func (x *RaftServer) GetAdminAddress() string {
 	return ""
 }
 
+func (x *RaftServer) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+func (x *RaftServer) GetLastContactUnixUs() int64 {
+	if x != nil {
+		return x.LastContactUnixUs
+	}
+	return 0
+}
+
+func (x *RaftServer) GetProbeError() string {
+	if x != nil {
+		return x.ProbeError
+	}
+	return ""
+}
+
+func (x *RaftServer) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *RaftServer) GetLag() uint64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
+func (x *RaftServer) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *RaftServer) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
+func (x *RaftServer) GetUptimeSeconds() float64 {
+	if x != nil {
+		return x.UptimeSeconds
+	}
+	return 0
+}
+
 type StatusResponse struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	Id                 string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1175,6 +1252,9 @@ type StatusResponse struct {
 	Servers            []*RaftServer          `protobuf:"bytes,8,rep,name=servers,proto3" json:"servers,omitempty"`
 	LastSnapshotIndex  uint64                 `protobuf:"varint,9,opt,name=last_snapshot_index,json=lastSnapshotIndex,proto3" json:"last_snapshot_index,omitempty"`
 	LeaderAdminAddress string                 `protobuf:"bytes,10,opt,name=leader_admin_address,json=leaderAdminAddress,proto3" json:"leader_admin_address,omitempty"` // admin address of the leader
+	Version            string                 `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`                                                   // this node's binary (buildinfo)
+	Commit             string                 `protobuf:"bytes,12,opt,name=commit,proto3" json:"commit,omitempty"`
+	UptimeSeconds      float64                `protobuf:"fixed64,13,opt,name=uptime_seconds,json=uptimeSeconds,proto3" json:"uptime_seconds,omitempty"` // since this node's process started it
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
@@ -1277,6 +1357,27 @@ func (x *StatusResponse) GetLeaderAdminAddress() string {
 		return x.LeaderAdminAddress
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetUptimeSeconds() float64 {
+	if x != nil {
+		return x.UptimeSeconds
+	}
+	return 0
 }
 
 type ListQuotasRequest struct {
@@ -1882,14 +1983,24 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\x12ListTuningsRequest\"B\n" +
 	"\x13ListTuningsResponse\x12+\n" +
 	"\atunings\x18\x01 \x03(\v2\x11.ration.v1.TuningR\atunings\"\x0f\n" +
-	"\rStatusRequest\"\x9a\x01\n" +
+	"\rStatusRequest\"\x94\x03\n" +
 	"\n" +
 	"RaftServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
 	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\x12!\n" +
 	"\fgrpc_address\x18\x04 \x01(\tR\vgrpcAddress\x12#\n" +
-	"\radmin_address\x18\x05 \x01(\tR\fadminAddress\"\xe9\x02\n" +
+	"\radmin_address\x18\x05 \x01(\tR\fadminAddress\x12\x16\n" +
+	"\x06health\x18\x06 \x01(\tR\x06health\x12/\n" +
+	"\x14last_contact_unix_us\x18\a \x01(\x03R\x11lastContactUnixUs\x12\x1f\n" +
+	"\vprobe_error\x18\b \x01(\tR\n" +
+	"probeError\x12#\n" +
+	"\rapplied_index\x18\t \x01(\x04R\fappliedIndex\x12\x10\n" +
+	"\x03lag\x18\n" +
+	" \x01(\x04R\x03lag\x12\x18\n" +
+	"\aversion\x18\v \x01(\tR\aversion\x12\x16\n" +
+	"\x06commit\x18\f \x01(\tR\x06commit\x12%\n" +
+	"\x0euptime_seconds\x18\r \x01(\x01R\ruptimeSeconds\"\xc2\x03\n" +
 	"\x0eStatusResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -1901,7 +2012,10 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\aservers\x18\b \x03(\v2\x15.ration.v1.RaftServerR\aservers\x12.\n" +
 	"\x13last_snapshot_index\x18\t \x01(\x04R\x11lastSnapshotIndex\x120\n" +
 	"\x14leader_admin_address\x18\n" +
-	" \x01(\tR\x12leaderAdminAddress\"\x13\n" +
+	" \x01(\tR\x12leaderAdminAddress\x12\x18\n" +
+	"\aversion\x18\v \x01(\tR\aversion\x12\x16\n" +
+	"\x06commit\x18\f \x01(\tR\x06commit\x12%\n" +
+	"\x0euptime_seconds\x18\r \x01(\x01R\ruptimeSeconds\"\x13\n" +
 	"\x11ListQuotasRequest\"\xb9\x01\n" +
 	"\vQuotaStatus\x12\x14\n" +
 	"\x05quota\x18\x01 \x01(\tR\x05quota\x12\x14\n" +
