@@ -76,7 +76,7 @@ func TestAlerts(t *testing.T) {
 	}
 	for _, want := range []string{
 		"RationStoreUnreachable", "RationEmergencyModeActive", "RationOvershootBoundHigh",
-		"RationNoRaftLeader", "RationLeaseRenewalsFailing", "RationDecisionLatencyHigh",
+		"RationNoRaftLeader", "RationLeaseRenewalsFailing", "RationDecisionLatencyHigh", "RationCoordinatorMemberUnreachable",
 	} {
 		if !seen[want] {
 			t.Errorf("alert %s missing", want)
