@@ -17,6 +17,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/ration-dev/ration/internal/buildinfo"
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -54,7 +55,9 @@ type pageQuota struct {
 }
 
 type pageServer struct {
-	ID, Address, Suffrage, Role string
+	ID, Address, Suffrage, Role        string
+	Health, HealthText, Contact, Lag   string
+	Applied, Version, Uptime, ProbeErr string
 }
 
 type pageTuning struct {
@@ -93,7 +96,10 @@ const readPage = `(() => {
   return {Marker: window.__statusMarker || 0, NodeID: text(document, "#node-id"),
     Leader: text(document, "#leader"), Term: text(document, "#term"),
     Servers: [...document.querySelectorAll("tr.server")].map(tr => ({ID: tr.dataset.id,
-      Address: text(tr, "td.address"), Suffrage: text(tr, "td.suffrage"), Role: text(tr, "td.role")})),
+      Address: text(tr, "td.address"), Suffrage: text(tr, "td.suffrage"), Role: text(tr, "td.role"),
+      Health: tr.dataset.health, HealthText: text(tr, "td.health"), Contact: text(tr, "td.last-contact"),
+      Lag: text(tr, "td.lag"), Applied: text(tr, "td.applied"), Version: text(tr, "td.version"),
+      Uptime: text(tr, "td.uptime"), ProbeErr: text(tr, ".probe-error")})),
     Quotas: quotas, Leases: leases,
     Tunings: [...document.querySelectorAll("tr.tuning")].map(tr => ({Rule: text(tr, "td.rule"),
       Region: text(tr, "td.region"), Settings: text(tr, "td.settings")}))};
@@ -117,6 +123,11 @@ func TestStatusPage(t *testing.T) {
 	client := c.Client(coordinator.ClientOptions{})
 	export := &rationv1.QuotaRef{Rule: "export"}
 	evil := &rationv1.QuotaRef{Rule: "per-user", Subject: `user=<img src=x onerror="window.__pwned=1">`}
+	if *update {
+		// The docs' screenshot shows a subject as a tenant's would look;
+		// the escaping is checked by every run without -update.
+		evil.Subject = "user=alice"
+	}
 	renew := func(h *holder, demand float64, quotas ...*rationv1.QuotaRef) {
 		t.Helper()
 		req := h.request(quotas, demand)
@@ -196,6 +207,9 @@ func TestStatusPage(t *testing.T) {
 			}
 			if p.ID != s.Id || p.Address != s.Address || p.Suffrage != s.Suffrage || !strings.HasPrefix(p.Role, role) {
 				return fmt.Sprintf("server %d: %+v, admin says %v (role %q)", i, p, s, role)
+			}
+			if p.Health != s.Health {
+				return fmt.Sprintf("server %s: health %q on the page, admin says %q", s.Id, p.Health, s.Health)
 			}
 		}
 		qs, err := admin.ListQuotas(ctx, &rationv1.ListQuotasRequest{})
@@ -285,6 +299,7 @@ func TestStatusPage(t *testing.T) {
 	// Subjects come from clients: shown as text, never as markup.
 	p, ok := findQuota(v, coordinator.QuotaID(evil.Rule, evil.Subject))
 	if !ok || p.Subject != evil.Subject || p.HasImg {
+		// (In -update runs the subject is plain, and so is this check.)
 		t.Fatalf("the client's subject is not shown as text: %+v (found %v)", p, ok)
 	}
 	if pwned, err := chromedp.Run(browser, chromedp.Evaluate[bool](`window.__pwned === 1`)); err != nil || pwned {
@@ -375,6 +390,42 @@ func TestStatusPage(t *testing.T) {
 		}
 		waitPage("the last renewals", matches)
 	}
+	// Member health: every member reachable with its version, applied
+	// index and uptime; a killed follower shown unreachable, with the
+	// probe's error, on the open page, within a few probes.
+	version := buildinfo.Get().Version
+	waitPage("every member reachable", func(v pageView) string {
+		for _, s := range v.Servers {
+			want, text := "reachable", "reachable"
+			if s.ID == leader.ID() {
+				want, text = "self", "this node"
+			}
+			if s.Health != want || s.HealthText != text || !strings.HasPrefix(s.Version, version) || s.Uptime == "" || s.Applied == "" || s.Lag == "" {
+				return fmt.Sprintf("server %+v, want %s with version %s, uptime, applied index and lag", s, want, version)
+			}
+			if want == "reachable" && !strings.HasSuffix(s.Contact, " ago") {
+				return fmt.Sprintf("server %s: last contact %q", s.ID, s.Contact)
+			}
+		}
+		return ""
+	})
+	killed := (li + 1) % 3
+	c.Kill(killed)
+	killedID := fmt.Sprintf("node%d", killed)
+	waitPage(killedID+" unreachable", func(v pageView) string {
+		for _, s := range v.Servers {
+			switch {
+			case s.ID == killedID:
+				if s.Health != "unreachable" || !strings.HasPrefix(s.HealthText, "unreachable") || !strings.Contains(s.ProbeErr, "connection refused") || s.Uptime != "" {
+					return fmt.Sprintf("killed %+v, want unreachable with the probe's error and no uptime", s)
+				}
+			case s.ID != leader.ID() && s.Health != "reachable":
+				return fmt.Sprintf("living %+v, want reachable", s)
+			}
+		}
+		return ""
+	})
+
 	png, err := chromedp.Run(browser, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
