@@ -408,7 +408,7 @@ func (c *Core) startLeases(ctx context.Context, set *rules.Set) (Leases, error) 
 		}
 		// The embedded coordinator's Raft chatter (elections, state changes)
 		// would bury the -dev guide; only its warnings are shown.
-		devLog := slog.New(minLevel{c.logger.Handler(), slog.LevelWarn}).With("component", "dev-coordinator")
+		devLog := slog.New(minLevel{c.logger.Handler(), slog.LevelWarn}).With("embedded", "coordinator") // its own loggers name their component
 		node, addr, err := cfg.DevCoordinator(ctx, devLog, set)
 		if err != nil {
 			return nil, fmt.Errorf("agent: embedded dev coordinator: %w", err)

@@ -1,6 +1,7 @@
 package coordinator_test
 
 import (
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,7 +20,9 @@ import (
 
 // TestStartDev: the embedded single node serves leases at once, and Close
 // deletes its data dir. It also installs the process-wide Raft metrics
-// bridge (the only test that does) and checks Raft's metrics arrive.
+// bridge (the only test that does) and checks Raft's metrics arrive. Its
+// JSON log names each key once per record, and a healthy start warns of
+// nothing but the plaintext.
 func TestStartDev(t *testing.T) {
 	raftReg := prometheus.NewRegistry()
 	if err := coordinator.BridgeRaftMetrics(raftReg); err != nil {
@@ -30,7 +33,8 @@ func TestStartDev(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := timeout(t, 30*time.Second)
-	n, addr, err := coordinator.StartDev(ctx, slog.New(slog.DiscardHandler), set)
+	var logs syncBuffer
+	n, addr, err := coordinator.StartDev(ctx, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})), set)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +68,57 @@ func TestStartDev(t *testing.T) {
 	}
 	if _, _, err := coordinator.StartDev(ctx, nil, nil); err == nil {
 		t.Error("StartDev without rules succeeded")
+	}
+	checkJSONLog(t, logs.String(), "PLAINTEXT by -insecure or -dev")
+}
+
+// checkJSONLog: every line of log is a JSON object naming each key once,
+// and the only warnings are those whose message starts with one of
+// allowed (raft's start-up is not a warning).
+func checkJSONLog(t *testing.T, log string, allowed ...string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	if len(lines) < 3 {
+		t.Fatalf("only %d log lines:\n%s", len(lines), log)
+	}
+	for _, l := range lines {
+		dec := json.NewDecoder(strings.NewReader(l))
+		seen := map[string]bool{}
+		level, msg := "", ""
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			t.Fatalf("log line %q: not a JSON object (%v)", l, err)
+		}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				t.Fatalf("log line %q: %v", l, err)
+			}
+			key, _ := tok.(string)
+			if seen[key] {
+				t.Errorf("log line names %q twice: %s", key, l)
+			}
+			seen[key] = true
+			var v any
+			if err := dec.Decode(&v); err != nil {
+				t.Fatalf("log line %q: %v", l, err)
+			}
+			switch key {
+			case "level":
+				level, _ = v.(string)
+			case "msg":
+				msg, _ = v.(string)
+			}
+		}
+		if level != "WARN" && level != "ERROR" {
+			continue
+		}
+		ok := false
+		for _, a := range allowed {
+			ok = ok || strings.HasPrefix(msg, a)
+		}
+		if !ok {
+			t.Errorf("a healthy start logged at %s: %s", level, l)
+		}
 	}
 }
 

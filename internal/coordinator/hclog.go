@@ -49,6 +49,9 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	if level == hclog.Off {
 		return
 	}
+	if level == hclog.Warn && startupNoise(msg, args) {
+		level = hclog.Info
+	}
 	lvl := slogLevel(level)
 	ctx := context.Background()
 	if !h.logger.Enabled(ctx, lvl) {
@@ -61,6 +64,35 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	all = append(all, h.args...)
 	all = append(all, fixArgs(args)...)
 	h.logger.Log(ctx, lvl, msg, all...)
+}
+
+// startupNoise reports the warnings hashicorp/raft logs on every healthy
+// start, which operators learn to ignore (and then miss the real ones):
+// a node's first election, when it has never known a leader; a joining
+// node's empty log, refused by the leader's first AppendEntries; and the
+// leader's resending of older entries to such a node.
+func startupNoise(msg string, args []any) bool {
+	arg := func(key string) (any, bool) {
+		for i := 0; i+1 < len(args); i += 2 {
+			if k, _ := args[i].(string); k == key {
+				return args[i+1], true
+			}
+		}
+		return nil, false
+	}
+	switch msg {
+	case "heartbeat timeout reached, starting election":
+		id, ok := arg("last-leader-id")
+		return ok && fmt.Sprint(id) == ""
+	case "failed to get previous log":
+		last, ok := arg("last-index")
+		return ok && fmt.Sprint(last) == "0"
+	case "appendEntries rejected, sending older logs":
+		// Also a follower that fell behind: the rejection itself says
+		// nothing wrong happened, the leader repairs it at once.
+		return true
+	}
+	return false
 }
 
 // fixArgs keeps slog from printing !BADKEY for hclog's odd-length argument

@@ -23,6 +23,24 @@ func TestHclogAdapter(t *testing.T) {
 		{func() { l.Named("snapshot").Warn("slow", "took", 3) }, `level=WARN msg=slow component=raft.snapshot took=3`},
 		{func() { l.With("peer", "n2").Error("failed", "err", "EOF") }, `level=ERROR msg=failed component=raft peer=n2 err=EOF`},
 		{func() { l.Error("odd", "lonely") }, `level=ERROR msg=odd component=raft extra=lonely`},
+		// A healthy start's warnings are information; the same after a
+		// leader was known, or with entries in the log, are warnings.
+		{func() {
+			l.Warn("heartbeat timeout reached, starting election", "last-leader-addr", "", "last-leader-id", "")
+		},
+			`level=INFO msg="heartbeat timeout reached, starting election" component=raft last-leader-addr="" last-leader-id=""`},
+		{func() {
+			l.Warn("heartbeat timeout reached, starting election", "last-leader-addr", "a:1", "last-leader-id", "n1")
+		},
+			`level=WARN msg="heartbeat timeout reached, starting election" component=raft last-leader-addr=a:1 last-leader-id=n1`},
+		{func() {
+			l.Warn("failed to get previous log", "previous-index", uint64(7), "last-index", uint64(0), "error", "log not found")
+		},
+			`level=INFO msg="failed to get previous log" component=raft previous-index=7 last-index=0 error="log not found"`},
+		{func() {
+			l.Warn("failed to get previous log", "previous-index", uint64(7), "last-index", uint64(5), "error", "log not found")
+		},
+			`level=WARN msg="failed to get previous log" component=raft previous-index=7 last-index=5 error="log not found"`},
 		{func() { l.Debug("hidden") }, ""},
 		{func() { l.Trace("hidden") }, ""},
 	}
