@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -132,6 +131,10 @@ func runOne(ctx context.Context, name string, args []string, stdout, stderr io.W
 		if err != nil {
 			return fmt.Errorf("tune at %s: %w", *addr, err)
 		}
+		if tuneReq.Clear {
+			printCleared(w, tuneReq.Tuning, resp.Tuning)
+			return nil
+		}
 		printTunings(w, []*rationv1.Tuning{resp.Tuning})
 	case "quotas":
 		resp, err := admin.ListQuotas(ctx, &rationv1.ListQuotasRequest{})
@@ -140,7 +143,7 @@ func runOne(ctx context.Context, name string, args []string, stdout, stderr io.W
 		}
 		fmt.Fprintln(w, "QUOTA\tBURST\tRATE\tPOOL\tLEASED CAP\tLEASED RATE\tLEASES")
 		for _, q := range resp.Quotas {
-			fmt.Fprintf(w, "%s\t%g\t%g\t%.2f\t%.2f\t%.3f\t%d\n", printable(q.Quota), q.Burst, q.Rate, q.Pool, q.LeasedCap, q.LeasedRate, q.Leases)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%.2f\t%.2f\t%.3f\t%d\n", printable(q.Quota), num(q.Burst), num(q.Rate), q.Pool, q.LeasedCap, q.LeasedRate, q.Leases)
 		}
 	case "leases":
 		resp, err := admin.ListLeases(ctx, &rationv1.ListLeasesRequest{Quota: *quota})
@@ -315,7 +318,7 @@ func printTunings(w io.Writer, ts []*rationv1.Tuning) {
 		if v == nil {
 			return "-"
 		}
-		return strconv.FormatFloat(*v, 'g', -1, 64)
+		return num(*v)
 	}
 	for _, t := range ts {
 		period := "-"
@@ -328,6 +331,32 @@ func printTunings(w io.Writer, ts []*rationv1.Tuning) {
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(t.Rule), orDash(t.Region), period, opt(t.RenewAt), opt(t.MinSlice), opt(t.MaxSlice), opt(t.Weight), safe)
 	}
+}
+
+// num writes a rate or amount as the status page does: at most three
+// decimals (a rate of 100/3 is 33.333, not 33.333333333333336).
+func num(v float64) string { return coordinator.FormatNumber(v) }
+
+// printCleared says which tuning -clear removed, then what is in force for
+// the rule and region now: the rule's default tuning, a safe share (which
+// -clear keeps), or the rules file's settings. Printing the effective
+// tuning as the command's only row read as if nothing had been removed.
+func printCleared(w io.Writer, req, eff *rationv1.Tuning) {
+	what := "rule " + printable(req.Rule)
+	if req.Region != "" {
+		what += ", region " + printable(req.Region)
+	} else {
+		what += " (its default for every region)"
+	}
+	fmt.Fprintf(w, "cleared the tuning of %s\n", what)
+	if eff == nil || eff.LeasePeriodMs == nil && eff.RenewAt == nil && eff.MinSlice == nil && eff.MaxSlice == nil &&
+		eff.Weight == nil && eff.SafeShare == nil {
+		fmt.Fprintln(w, "in force now: the rules file's lease settings")
+		return
+	}
+	fmt.Fprintln(w, "in force now (the rule's default tuning, and a safe share, which -clear keeps):")
+	fmt.Fprintln(w)
+	printTunings(w, []*rationv1.Tuning{eff})
 }
 
 // atLeader makes a call only the leader serves (Tune, AddVoter,

@@ -2,11 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"io"
 	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -41,4 +46,46 @@ func TestTuneFlagsSafeShare(t *testing.T) {
 	if !regexp.MustCompile(`g\s+eu\s+-\s+-\s+-\s+-\s+-\s+30 \(pending from 20\)`).MatchString(out.String()) {
 		t.Errorf("tunings printed %q, want safe share 30 pending from 20", out.String())
 	}
+}
+
+// tune against a real node: a rate prints as the status page writes it
+// (10/3 as 3.333), and -clear says what it removed and what is in force
+// now, not the removed row.
+func TestTuneClearAndNumbers(t *testing.T) {
+	c := harness.StartCoordinators(t, 1, string(devRules))
+	addr := c.Node(0).AdminAddr()
+	tune := func(args ...string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), append([]string{"tune", "-addr", addr}, args...), &out, &errOut, noEnv); err != nil {
+			t.Fatalf("tune %q: %v\n%s", args, err, errOut.String())
+		}
+		return out.String()
+	}
+	rule := leasedExampleRule(t)
+	out := tune("-rule", rule, "-min-slice", strconv.FormatFloat(10.0/3, 'g', -1, 64))
+	if !strings.Contains(out, " 3.333 ") || strings.Contains(out, "3.3333") {
+		t.Errorf("tune printed:\n%s\nwant min slice 3.333", out)
+	}
+	out = tune("-rule", rule, "-clear")
+	want := "cleared the tuning of rule " + rule + " (its default for every region)\nin force now: the rules file's lease settings\n"
+	if out != want {
+		t.Errorf("tune -clear printed:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// leasedExampleRule is the first leased rule of examples/rules.yaml.
+func leasedExampleRule(t *testing.T) string {
+	t.Helper()
+	set, err := rules.Parse("rules.yaml", devRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range set.Rules() {
+		if r.Mode == rules.ModeLeased {
+			return r.Name
+		}
+	}
+	t.Fatal("examples/rules.yaml has no leased rule")
+	return ""
 }

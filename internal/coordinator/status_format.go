@@ -8,6 +8,10 @@ import (
 	"time"
 )
 
+// FormatNumber writes a rate or an amount for people, as the status page
+// does: at most 3 decimals, no exponent.
+func FormatNumber(v float64) string { return fmtNum(v) }
+
 // FormatDuration writes d for people, as the status page does: tenths of
 // a second below ten seconds, whole seconds below a minute, then the two
 // largest units ("3m 12s", "2h 5m", "4d 3h").

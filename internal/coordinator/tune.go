@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -99,12 +100,21 @@ func (n *Node) checkTuning(p *rationv1.Tuning, clear, allowOvershoot bool) (leas
 		r = rr
 	}
 	if t.Region != "" {
-		if msg := region.ID(t.Region).Check(); msg != "" {
+		// A tuning no group would read is refused: it would sit in the
+		// table looking in force. A regional group reads its own
+		// region's; the global group a scope: global rule's regions'.
+		switch msg := region.ID(t.Region).Check(); {
+		case msg != "":
 			bad("region: %s", msg)
-		} else if r != nil && r.Scope == region.ScopeGlobal {
+		case n.cfg.Region != "" && t.Region != n.cfg.Region:
+			bad("region %q: this is region %q's group, which reads only its own region's tuning (or the rule's, without -region); tune region %q on its own group, or its upstream lease on the global group",
+				t.Region, n.cfg.Region, t.Region)
+		case r != nil && r.Scope == region.ScopeGlobal:
 			if _, ok := r.Regions[region.ID(t.Region)]; !ok {
-				bad("region %q: rule %q is scope: global and has no share for it", t.Region, t.Rule)
+				bad("region %q: rule %q is scope: global and has no share for it (its regions: %s)", t.Region, t.Rule, regionList(r))
 			}
+		case r != nil && n.cfg.Region == "":
+			bad("region %q: rule %q is not scope: global, and this group serves no region: no group would read the tuning (leave -region out to tune the rule here)", t.Region, t.Rule)
 		}
 	}
 	if p.LeasePeriodMs != nil {
@@ -261,4 +271,14 @@ func regionBounds(t lease.Tuning, c lease.ConfigureQuota) *lease.Bounds {
 		b.MaxSlice = b.MinSlice
 	}
 	return b
+}
+
+// regionList names a global rule's regions, sorted, for refusals.
+func regionList(r *rules.Rule) string {
+	ids := make([]string, 0, len(r.Regions))
+	for id := range r.Regions {
+		ids = append(ids, string(id))
+	}
+	sort.Strings(ids)
+	return strings.Join(ids, ", ")
 }
