@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -187,12 +188,19 @@ func (n *Node) recordProbe(id string, commit uint64, st *rationv1.StatusResponse
 		return // left the configuration meanwhile
 	}
 	if err != nil {
-		p.failures++
-		if s, ok := status.FromError(err); ok {
-			p.lastErr = fmt.Sprintf("%s: %s", s.Code(), s.Message())
-		} else {
-			p.lastErr = err.Error()
+		s, _ := status.FromError(err)
+		switch s.Code() {
+		case codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented:
+			// The process answered: it is up, only it would not say
+			// more (a member of a version before the probes, during a
+			// rolling upgrade; another admin token).
+			p.failures, p.lastContact = 0, now
+			p.applied, p.lag, p.version, p.commit, p.uptime = 0, 0, "", "", 0
+			p.lastErr = fmt.Sprintf("up, but its Status was refused (%s: %s): applied index, version and uptime unknown", s.Code(), s.Message())
+			return
 		}
+		p.failures++
+		p.lastErr = fmt.Sprintf("%s: %s", s.Code(), s.Message())
 		return
 	}
 	p.failures, p.lastErr = 0, ""
@@ -270,9 +278,7 @@ func (n *Node) memberStatuses(servers []raft.Server) []memberStatus {
 		ms := memberStatus{ID: id, Health: p.health()}
 		if p != nil {
 			ms.LastContact, ms.Applied, ms.Lag, ms.Version, ms.Commit = p.lastContact, p.applied, p.lag, p.version, p.commit
-			if ms.Health != healthReachable {
-				ms.Error = p.lastErr
-			}
+			ms.Error = p.lastErr // while reachable: what it would not say
 			if p.admin == "" {
 				ms.Error = "no admin address recorded: it joined from a version that did not record one"
 			}

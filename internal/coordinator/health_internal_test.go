@@ -78,3 +78,35 @@ func TestFormatDuration(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusBodyDurations renders the page's body for a lease whose
+// expiry passed while the state's clock stood still (an election: the
+// lease is still live in the state): it reads "expired 3.2s ago", never a
+// negative number; durations read as durations; raft's last contact too.
+func TestStatusBodyDurations(t *testing.T) {
+	v := statusView{NodeID: "n1", State: "Follower", LastContact: lastContactText("1m12.5s", "Follower"),
+		Servers: []statusServer{{ID: "n1", Health: healthSelf, Self: true, Uptime: 7500}},
+		Quotas: []statusQuota{{Name: "r|", Rule: "r", Period: 90, Rate: 10, Leases: []statusLease{
+			{ID: 1, Holder: "a/1", Live: true, ExpiresIn: -3.2},
+			{ID: 2, Holder: "b/1", Live: true, ExpiresIn: 75},
+		}}}}
+	var b strings.Builder
+	if err := statusTmpl.ExecuteTemplate(&b, "body", v); err != nil {
+		t.Fatal(err)
+	}
+	page := b.String()
+	for _, want := range []string{"expired 3.2s ago", ">1m 15s<", ">1m 30s<", ">2h 5m<", "1m 12s ago"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("body lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "-3.2") {
+		t.Errorf("body shows a negative expiry:\n%s", page)
+	}
+	if got := lastContactText("0", "Leader"); got != "this node leads" {
+		t.Errorf("lastContactText on a leader = %q", got)
+	}
+	if got := lastContactText("never", "Follower"); got != "never" {
+		t.Errorf("lastContactText(never) = %q", got)
+	}
+}
