@@ -36,10 +36,9 @@ var statusHTML string
 
 var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
 	"num": fmtNum,
-	// secs writes seconds with one decimal: a lease's expiry moves on
-	// every refresh, so more digits would only flicker.
-	"secs": func(s float64) string { return strconv.FormatFloat(s, 'f', 1, 64) + "s" },
 	"dur":  fmtDur,
+	// ago writes a negative duration (a time past) as a positive one.
+	"ago": func(s float64) string { return fmtDur(-s) },
 }).Parse(statusHTML))
 
 const (
@@ -307,8 +306,12 @@ type statusQuota struct {
 	LeasedRate float64 `json:"leased_rate"`
 	// Demand and Admitted are over the live leases: the demands the
 	// holders last reported, and sum(min(demand, slice rate)).
-	Demand   float64       `json:"demand"`
-	Admitted float64       `json:"admitted"`
+	Demand   float64 `json:"demand"`
+	Admitted float64 `json:"admitted"`
+	// Denied is sum(max(0, demand - slice rate)) over the live leases: the
+	// requests per second the holders reported wanting beyond their
+	// slices, which they refused (at least, at the demand reported).
+	Denied   float64       `json:"denied"`
 	Period   float64       `json:"lease_period_s"`
 	MinSlice float64       `json:"min_slice"`
 	MaxSlice float64       `json:"max_slice"` // 0: no maximum
@@ -369,6 +372,7 @@ type statusChart struct {
 	Admitted, Demand, Limit string // polyline points
 	Max                     float64
 	Span                    string
+	Start, Mid, End         string // times of the x axis, HH:MM:SS UTC
 	Points                  int
 	LastAdmitted, LastLimit float64
 }
@@ -381,7 +385,7 @@ func (n *Node) statusView() statusView {
 	v.State = n.raft.State().String()
 	v.LeaderID, v.LeaderAddress = n.Leader()
 	v.Term, v.CommitIndex, v.AppliedIndex, v.LastSnapshotIndex = u("term"), u("commit_index"), u("applied_index"), u("last_snapshot_index")
-	v.LastContact = stats["last_contact"]
+	v.LastContact = lastContactText(stats["last_contact"], v.State)
 	if servers, err := n.servers(); err == nil {
 		health := n.memberStatuses(servers)
 		for i, s := range servers {
@@ -456,6 +460,9 @@ func (n *Node) statusView() statusView {
 				q.History[k] = statusPoint{At: s.at, Admitted: s.admitted, Demand: s.demand, Leased: s.leased, Limit: s.limit}
 			}
 			q.Chart = chartOf(h)
+			// The key under the chart says what the table says now,
+			// not the last sample's (up to a second older).
+			q.Chart.LastAdmitted, q.Chart.LastLimit = q.Admitted, q.Rate
 		}
 	}
 	v.TuningsTotal = len(v.Tunings)
@@ -463,6 +470,19 @@ func (n *Node) statusView() statusView {
 		outline(&v)
 	}
 	return v
+}
+
+// lastContactText is raft's last_contact statistic ("never", "0" on a
+// leader, or a Go duration) as the page writes durations.
+func lastContactText(raw, state string) string {
+	if state == "Leader" {
+		return "this node leads"
+	}
+	d, err := time.ParseDuration(raw)
+	if err != nil {
+		return raw // "never"
+	}
+	return fmtDur(d.Seconds()) + " ago"
 }
 
 // outline takes out of v what the admin API keeps to operators (ListLeases,
@@ -505,6 +525,7 @@ func quotaView(st *lease.State, name string, nowUs int64) statusQuota {
 	leases := st.Leases(name)
 	tot := totalsOf(leases, st.Now())
 	q.Demand, q.Admitted = tot.demand, tot.admitted
+	q.Denied = max(tot.demand-tot.admitted, 0)
 	for _, l := range leases {
 		kind := "agent"
 		if _, ok := region.FromHolder(l.Holder); ok {

@@ -74,7 +74,9 @@ func chartOf(h []statusSample) *statusChart {
 	c.Max *= 1.1 // headroom over the top line
 	first, last := h[0].at, h[len(h)-1].at
 	span := max(last-first, 1)
-	c.Span = (time.Duration(span) * time.Second).String()
+	c.Span = fmtDur(float64(span))
+	clock := func(unix int64) string { return time.Unix(unix, 0).UTC().Format("15:04:05") }
+	c.Start, c.Mid, c.End = clock(first), clock(first+span/2), clock(last)
 	line := func(val func(statusSample) float32) string {
 		var b strings.Builder
 		for i, s := range h {

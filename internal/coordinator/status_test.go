@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,11 +46,13 @@ rules:
 
 // pageLease and pageQuota are what the test reads from the rendered DOM.
 type pageLease struct {
-	Quota, ID, Holder, Rate, Cap, Demand string
+	Quota, ID, Holder, Rate, Cap, Demand, Expires string
 }
 
 type pageQuota struct {
 	Quota, Subject, Rate, Burst, LeasedRate, LeasedCap string
+	Admitted, Denied, Period, Legend, AxisStart        string
+	AxisEnd                                            string
 	ChartPoints                                        int
 	HasImg                                             bool
 }
@@ -86,11 +89,14 @@ const readPage = `(() => {
     quotas.push({Quota: sec.dataset.quota, Subject: text(sec, ".subject"),
       Rate: text(sec, "table.quota-shape td.rate"), Burst: text(sec, "table.quota-shape td.burst"),
       LeasedRate: text(sec, "table.quota-shape td.leased-rate"), LeasedCap: text(sec, "table.quota-shape td.leased-cap"),
+      Admitted: text(sec, "table.quota-shape td.admitted"), Denied: text(sec, "table.quota-shape td.denied"),
+      Period: text(sec, "table.quota-shape td.period"), Legend: text(sec, ".key span:first-child"),
+      AxisStart: text(sec, ".axis .t-start"), AxisEnd: text(sec, ".axis .t-end"),
       ChartPoints: pts ? pts.getAttribute("points").trim().split(/\s+/).length : 0,
       HasImg: sec.querySelector("img") !== null});
     for (const tr of sec.querySelectorAll("tr.lease")) {
       leases.push({Quota: sec.dataset.quota, ID: tr.dataset.lease, Holder: tr.dataset.holder,
-        Rate: text(tr, "td.rate"), Cap: text(tr, "td.cap"), Demand: text(tr, "td.demand")});
+        Rate: text(tr, "td.rate"), Cap: text(tr, "td.cap"), Demand: text(tr, "td.demand"), Expires: text(tr, "td.expires")});
     }
   }
   return {Marker: window.__statusMarker || 0, NodeID: text(document, "#node-id"),
@@ -343,10 +349,26 @@ func TestStatusPage(t *testing.T) {
 		return matches(v)
 	})
 
-	// The chart: one sample a second from the sampler.
+	// The chart: one sample a second from the sampler, with the times of
+	// its axis, and a key that says what the table says; durations read
+	// as durations, and no expiry is negative.
+	clock := regexp.MustCompile(`^\d\d:\d\d:\d\d$`)
 	v = waitPage("a chart of export with a few samples", func(v pageView) string {
-		if p, _ := findQuota(v, exportID); p.ChartPoints < 4 {
+		p, _ := findQuota(v, exportID)
+		switch {
+		case p.ChartPoints < 4:
 			return fmt.Sprintf("export chart has %d points", p.ChartPoints)
+		case !clock.MatchString(p.AxisStart) || !clock.MatchString(p.AxisEnd) || p.AxisStart >= p.AxisEnd:
+			return fmt.Sprintf("export chart's axis from %q to %q, want two times, in order", p.AxisStart, p.AxisEnd)
+		case p.Legend != "admitted ≤ "+p.Admitted+"/s":
+			return fmt.Sprintf("export chart's key %q, the table's admitted %q", p.Legend, p.Admitted)
+		case p.Denied == "" || p.Period != "1m":
+			return fmt.Sprintf("export: denied %q, period %q (want 1m)", p.Denied, p.Period)
+		}
+		for _, l := range v.Leases {
+			if strings.HasPrefix(l.Expires, "-") || !strings.HasSuffix(l.Expires, "s") {
+				return fmt.Sprintf("lease %s expires %q", l.ID, l.Expires)
+			}
 		}
 		return ""
 	})
