@@ -80,7 +80,10 @@ type Node struct {
 	// members is what the probes of the other members found (health.go);
 	// started is when this node started, for its uptime.
 	members memberHealth
-	started time.Time
+	// upHealth is how this node's renewals upstream went, for the status
+	// page of a regional group (status_upstream.go).
+	upHealth upstreamHealth
+	started  time.Time
 
 	// handshakes log each listener's failed TLS handshakes (handshakeLog).
 	handshakesMu sync.Mutex

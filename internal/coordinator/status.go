@@ -36,7 +36,7 @@ var statusHTML string
 
 var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
 	"num": fmtNum,
-	"dur":  fmtDur,
+	"dur": fmtDur,
 	// ago writes a negative duration (a time past) as a positive one.
 	"ago": func(s float64) string { return fmtDur(-s) },
 }).Parse(statusHTML))
@@ -244,19 +244,21 @@ func (n *Node) sampleOnce(at time.Time) {
 type statusView struct {
 	Generated time.Time `json:"generated"`
 	// This node and the group as it sees it.
-	NodeID            string           `json:"node_id"`
-	State             string           `json:"state"`
-	Region            string           `json:"region,omitempty"`
-	Upstream          string           `json:"upstream,omitempty"`
-	LeaderID          string           `json:"leader_id"`
-	LeaderAddress     string           `json:"leader_address"`
-	Term              uint64           `json:"term"`
-	CommitIndex       uint64           `json:"commit_index"`
-	AppliedIndex      uint64           `json:"applied_index"`
-	LastSnapshotIndex uint64           `json:"last_snapshot_index"`
-	LastContact       string           `json:"last_contact"`
-	Servers           []statusServer   `json:"servers"`
-	Elections         []statusElection `json:"elections"`
+	NodeID            string         `json:"node_id"`
+	State             string         `json:"state"`
+	Region            string         `json:"region,omitempty"`
+	Upstream          string         `json:"upstream,omitempty"`
+	LeaderID          string         `json:"leader_id"`
+	LeaderAddress     string         `json:"leader_address"`
+	Term              uint64         `json:"term"`
+	CommitIndex       uint64         `json:"commit_index"`
+	AppliedIndex      uint64         `json:"applied_index"`
+	LastSnapshotIndex uint64         `json:"last_snapshot_index"`
+	LastContact       string         `json:"last_contact"`
+	Servers           []statusServer `json:"servers"`
+	// UpstreamStatus is a regional group's link to the global group.
+	UpstreamStatus *statusUpstream  `json:"upstream_status,omitempty"`
+	Elections      []statusElection `json:"elections"`
 	// Quotas, the busiest (by reported demand) first, at most statusListed.
 	Quotas      []statusQuota  `json:"quotas"`
 	QuotasTotal int            `json:"quotas_total"`
@@ -403,6 +405,7 @@ func (n *Node) statusView() statusView {
 			v.Servers = append(v.Servers, sv)
 		}
 	}
+	v.UpstreamStatus = n.upstreamView(now, v.State == "Leader")
 	n.status.mu.Lock()
 	v.Elections = append([]statusElection(nil), n.status.elections...)
 	history := map[string][]statusSample{}
@@ -440,6 +443,10 @@ func (n *Node) statusView() statusView {
 			}
 			listed[name] = true
 			rank = append(rank, ranked{name, totalsOf(st.Leases(name), st.Now()).demand})
+			if v.UpstreamStatus != nil {
+				q, _ := st.Quota(name)
+				v.UpstreamStatus.addFunding(q)
+			}
 		}
 		sort.SliceStable(rank, func(i, j int) bool { return rank[i].demand > rank[j].demand })
 		if len(rank) > statusListed {

@@ -111,8 +111,9 @@ type UpstreamEnv interface {
 	// LearnedSafe is the safe share of rule this group's state holds as
 	// learned from the global group (nil: none).
 	LearnedSafe(rule string) *float64
-	// Renewed counts one upstream renewal, by its result.
-	Renewed(ok bool)
+	// Renewed counts one upstream renewal, by its result (err nil: it
+	// was answered), for the metrics and the status page.
+	Renewed(err error)
 	Logger() *slog.Logger
 }
 
@@ -253,12 +254,13 @@ func (e nodeUpstream) LearnedSafe(rule string) *float64 {
 	return e.n.tuningOf(rule, e.n.cfg.Region).SafeShare
 }
 
-func (e nodeUpstream) Renewed(ok bool) {
+func (e nodeUpstream) Renewed(err error) {
 	res := "ok"
-	if !ok {
+	if err != nil {
 		res = "error"
 	}
 	e.n.m.upstreamRenewals.WithLabelValues(res).Inc()
+	e.n.upHealth.record(e.n.clock(), err)
 }
 
 // funded reads the funded quotas: each one's demand (the sum over its live
@@ -436,7 +438,7 @@ func (u *Upstream) Round() {
 		if env.Ended() {
 			return
 		}
-		env.Renewed(false)
+		env.Renewed(err)
 		// A stale seq (an earlier leader's numbers ran ahead of this
 		// clock) is skipped past; any other failure backs off.
 		u.seq += 1e7
@@ -445,7 +447,7 @@ func (u *Upstream) Round() {
 		logger.Warn("upstream lease renewal failed: funded quotas spend their slices until they expire, then their safe shares", "err", err)
 		return
 	}
-	env.Renewed(true)
+	env.Renewed(nil)
 	u.back, u.retry = 0, 0
 	u.sentSafe = confSafe
 	recv := env.Now()

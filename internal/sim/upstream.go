@@ -153,5 +153,5 @@ func (e simUpstream) SafeShare(rule string) (float64, region.Share, bool) {
 }
 
 func (e simUpstream) LearnedSafe(string) *float64 { return nil }
-func (e simUpstream) Renewed(bool)                {}
+func (e simUpstream) Renewed(error)               {}
 func (e simUpstream) Logger() *slog.Logger        { return discard }
