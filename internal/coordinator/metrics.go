@@ -206,7 +206,7 @@ var (
 	descMemberUp = prometheus.NewDesc("ration_coordinator_member_up",
 		"1 while the member answers this node's probes of its admin port (and for this node itself), 0 once 2 probes in a row failed; absent while not known (not probed yet, or no admin address recorded).", []string{"member"}, nil)
 	descMemberContact = prometheus.NewDesc("ration_coordinator_member_last_contact_seconds",
-		"Seconds since the member last answered this node's probe; absent before its first answer (and for this node itself).", []string{"member"}, nil)
+		"Seconds since the member last answered this node's probe (0 for this node itself); absent before its first answer.", []string{"member"}, nil)
 	descMemberLag = prometheus.NewDesc("ration_coordinator_member_lag_entries",
 		"Raft entries the member had not applied of those this node had committed, at its latest answer (for this node: committed, not yet applied).", []string{"member"}, nil)
 )
@@ -321,7 +321,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			case healthUnreachable:
 				ch <- prometheus.MustNewConstMetric(descMemberUp, prometheus.GaugeValue, 0, m.ID)
 			}
-			if !m.LastContact.IsZero() {
+			switch {
+			case m.Health == healthSelf:
+				ch <- prometheus.MustNewConstMetric(descMemberContact, prometheus.GaugeValue, 0, m.ID)
+			case !m.LastContact.IsZero():
 				ch <- prometheus.MustNewConstMetric(descMemberContact, prometheus.GaugeValue, max(now.Sub(m.LastContact).Seconds(), 0), m.ID)
 			}
 			if m.Health == healthSelf || !m.LastContact.IsZero() {
