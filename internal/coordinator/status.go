@@ -388,23 +388,7 @@ func (n *Node) statusView() statusView {
 	v.LeaderID, v.LeaderAddress = n.Leader()
 	v.Term, v.CommitIndex, v.AppliedIndex, v.LastSnapshotIndex = u("term"), u("commit_index"), u("applied_index"), u("last_snapshot_index")
 	v.LastContact = lastContactText(stats["last_contact"], v.State)
-	if servers, err := n.servers(); err == nil {
-		health := n.memberStatuses(servers)
-		for i, s := range servers {
-			h := health[i]
-			sv := statusServer{
-				ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(),
-				Leader: string(s.ID) == v.LeaderID, Self: string(s.ID) == n.cfg.ID,
-				Health: h.Health, ProbeError: h.Error, AppliedIndex: h.Applied, Lag: h.Lag,
-				Version: h.Version, Commit: h.Commit, Uptime: h.Uptime.Seconds(),
-			}
-			if !h.LastContact.IsZero() {
-				at := h.LastContact.UTC()
-				sv.LastContact, sv.LastContactAgo = &at, max(now.Sub(at).Seconds(), 0)
-			}
-			v.Servers = append(v.Servers, sv)
-		}
-	}
+	v.Servers = n.serverViews(now, v.LeaderID)
 	v.UpstreamStatus = n.upstreamView(now, v.State == "Leader")
 	n.status.mu.Lock()
 	v.Elections = append([]statusElection(nil), n.status.elections...)
@@ -479,19 +463,6 @@ func (n *Node) statusView() statusView {
 	return v
 }
 
-// lastContactText is raft's last_contact statistic ("never", "0" on a
-// leader, or a Go duration) as the page writes durations.
-func lastContactText(raw, state string) string {
-	if state == "Leader" {
-		return "this node leads"
-	}
-	d, err := time.ParseDuration(raw)
-	if err != nil {
-		return raw // "never"
-	}
-	return fmtDur(d.Seconds()) + " ago"
-}
-
 // outline takes out of v what the admin API keeps to operators (ListLeases,
 // ListQuotas, ListTunings): holder names (which agents run, and where),
 // lease ids (what a rogue holder would name), subjects (tenants' names) and
@@ -555,33 +526,6 @@ func quotaView(st *lease.State, name string, nowUs int64) statusQuota {
 		}
 	}
 	return q
-}
-
-func tuningView(t lease.Tuning) statusTuning {
-	v := statusTuning{Rule: t.Rule, Region: t.Region}
-	set := func(name string, val string) { v.Settings = append(v.Settings, name+"="+val) }
-	if t.LeasePeriod != 0 {
-		set("lease_period", (time.Duration(t.LeasePeriod) * time.Microsecond).String())
-	}
-	if t.RenewAt != 0 {
-		set("renew_at", fmtNum(t.RenewAt))
-	}
-	if t.MinSlice != nil {
-		set("min_slice", fmtNum(*t.MinSlice)+"/s")
-	}
-	if t.MaxSlice != nil {
-		set("max_slice", fmtNum(*t.MaxSlice)+"/s")
-	}
-	if t.Weight != 0 {
-		set("weight", fmtNum(t.Weight))
-	}
-	if t.SafeShare != nil {
-		set("safe_share", fmtNum(*t.SafeShare)+"/s")
-		if t.SafePrev != nil {
-			v.Pending = fmt.Sprintf("safe_share %s/s -> %s/s, waiting for the region to confirm", fmtNum(*t.SafePrev), fmtNum(*t.SafeShare))
-		}
-	}
-	return v
 }
 
 // serveStatus serves the page (GET /, or only its body with ?part=body,

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ration-dev/ration/internal/lease"
 )
 
 // FormatNumber writes a rate or an amount for people, as the status page
@@ -108,4 +110,70 @@ func fmtNum(v float64) string {
 	s := strconv.FormatFloat(v, 'f', 3, 64)
 	s = strings.TrimRight(s, "0")
 	return strings.TrimSuffix(s, ".")
+}
+
+// lastContactText is raft's last_contact statistic ("never", "0" on a
+// leader, or a Go duration) as the page writes durations.
+func lastContactText(raw, state string) string {
+	if state == "Leader" {
+		return "this node leads"
+	}
+	d, err := time.ParseDuration(raw)
+	if err != nil {
+		return raw // "never"
+	}
+	return fmtDur(d.Seconds()) + " ago"
+}
+
+func tuningView(t lease.Tuning) statusTuning {
+	v := statusTuning{Rule: t.Rule, Region: t.Region}
+	set := func(name string, val string) { v.Settings = append(v.Settings, name+"="+val) }
+	if t.LeasePeriod != 0 {
+		set("lease_period", (time.Duration(t.LeasePeriod) * time.Microsecond).String())
+	}
+	if t.RenewAt != 0 {
+		set("renew_at", fmtNum(t.RenewAt))
+	}
+	if t.MinSlice != nil {
+		set("min_slice", fmtNum(*t.MinSlice)+"/s")
+	}
+	if t.MaxSlice != nil {
+		set("max_slice", fmtNum(*t.MaxSlice)+"/s")
+	}
+	if t.Weight != 0 {
+		set("weight", fmtNum(t.Weight))
+	}
+	if t.SafeShare != nil {
+		set("safe_share", fmtNum(*t.SafeShare)+"/s")
+		if t.SafePrev != nil {
+			v.Pending = fmt.Sprintf("safe_share %s/s -> %s/s, waiting for the region to confirm", fmtNum(*t.SafePrev), fmtNum(*t.SafeShare))
+		}
+	}
+	return v
+}
+
+// serverViews are the configuration's servers with their health as this
+// node sees it (health.go).
+func (n *Node) serverViews(now time.Time, leaderID string) []statusServer {
+	servers, err := n.servers()
+	if err != nil {
+		return nil
+	}
+	health := n.memberStatuses(servers)
+	out := make([]statusServer, 0, len(servers))
+	for i, s := range servers {
+		h := health[i]
+		sv := statusServer{
+			ID: string(s.ID), Address: string(s.Address), Suffrage: s.Suffrage.String(),
+			Leader: string(s.ID) == leaderID, Self: string(s.ID) == n.cfg.ID,
+			Health: h.Health, ProbeError: h.Error, AppliedIndex: h.Applied, Lag: h.Lag,
+			Version: h.Version, Commit: h.Commit, Uptime: h.Uptime.Seconds(),
+		}
+		if !h.LastContact.IsZero() {
+			at := h.LastContact.UTC()
+			sv.LastContact, sv.LastContactAgo = &at, max(now.Sub(at).Seconds(), 0)
+		}
+		out = append(out, sv)
+	}
+	return out
 }
