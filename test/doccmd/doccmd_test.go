@@ -233,13 +233,18 @@ const prelude = `set -uo pipefail
 set -a # a fence's variables reach the servers it starts, as in one terminal
 root=%q
 ip link set lo up
-mount --bind %q /mnt
+# The work tree and the binaries are bound under /mnt before /tmp is
+# emptied: either may be under /tmp (a clone in /tmp, go test's TempDir).
+mount -t tmpfs tmpfs /mnt
+mkdir -p /mnt/bin /mnt/root
+mount --bind %q /mnt/bin
+mount --bind "$root" /mnt/root
 mount -t tmpfs tmpfs /tmp
 export TMPDIR=/tmp
-mkdir -p /tmp/.doccmd/upper /tmp/.doccmd/work /tmp/.doccmd/logs
-mount -t overlay overlay -o "lowerdir=$root,upperdir=/tmp/.doccmd/upper,workdir=/tmp/.doccmd/work" "$root"
+mkdir -p /tmp/.doccmd/upper /tmp/.doccmd/work /tmp/.doccmd/logs "$root"
+mount -t overlay overlay -o "lowerdir=/mnt/root,upperdir=/tmp/.doccmd/upper,workdir=/tmp/.doccmd/work" "$root"
 cd "$root"
-export PATH=/mnt:$PATH
+export PATH=/mnt/bin:$PATH
 servers=() redis=()
 doc_stop() {
   local p
@@ -286,8 +291,8 @@ doc_run() { # WHERE, the command on stdin
 `
 
 // sessionScript is the bash program of one document's run fences.
-// The binaries, built once for every session in bin, are bound to /mnt
-// before /tmp, where bin is, is emptied.
+// The binaries, built once for every session in bin, are bound to
+// /mnt/bin before /tmp, where bin is, is emptied.
 func sessionScript(root, bin string, fences []fence) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, prelude, root, bin)
