@@ -70,14 +70,14 @@ func TestS19DefaultShareSlowLinkArrival(t *testing.T) {
 	a1 := StartAgent(t, AgentOptions{ID: "s19a1", Rules: s19Rules, Redis: redis.Addr, Coordinators: px.Addr()})
 	const x = "user=x"
 
-	// a2 starts now (a process takes a while to start) but asks for
-	// nothing until it arrives.
-	a2 := StartAgent(t, AgentOptions{ID: "s19a2", Rules: s19Rules, Redis: redis.Addr, Coordinators: coords.GRPC[0]})
 	calls := callsOf(t, a1, "s19", x, s19Spent)
 	spent := mono()
 	px.Delay(harness.Upstream, s19Delay, 0)
 	px.Delay(harness.Downstream, s19Delay, 0)
 	time.Sleep(s19Idle - (mono() - spent))
+	// a2 arrives: it starts only now, since an agent takes its share of
+	// every default-share lease before it is ready (a1's shrinks then).
+	a2 := StartAgent(t, AgentOptions{ID: "s19a2", Rules: s19Rules, Redis: redis.Addr, Coordinators: coords.GRPC[0]})
 	arrive := StartLoad([]Target{{Agent: a2, Rule: "s19", Subject: x, Rate: s19Offer}})
 	time.Sleep(s19Arrive)
 	both := StartLoad([]Target{{Agent: a1, Rule: "s19", Subject: x, Rate: s19Offer}})
