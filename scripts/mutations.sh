@@ -6,7 +6,7 @@
 # breaks ("breaks: ...") and which test must catch it ("test: <package>
 # <go test -run pattern>"). All patches are applied, one at a time, to one
 # copy of this work tree (so the build cache serves what a patch does not
-# touch); nothing here is changed. MUTATION_WORKERS (default 2) copies
+# touch); nothing here is changed. MUTATION_WORKERS (default 3) copies
 # run side by side.
 #
 #   scripts/mutations.sh                      # all of them
@@ -30,7 +30,7 @@ fi
 # Two workers, each with its own copy of the tree: a failing test mostly
 # waits (for a deadline, a timeout), so two at a time take about half the
 # wall time on two cores.
-workers=${MUTATION_WORKERS:-2}
+workers=${MUTATION_WORKERS:-3}
 run_worker() {
   local w=$1 src="$tmp/src$1" i=0 bad=0
   mkdir -p "$src"
