@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,24 +21,6 @@ import (
 )
 
 func noEnv(string) (string, bool) { return "", false }
-
-// syncBuffer is written by the node's logger while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestValidate(t *testing.T) {
 	dir := t.TempDir()
@@ -164,7 +145,7 @@ func TestUsageNamesEveryCommand(t *testing.T) {
 func TestDevAndCommands(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuffer
+	var stderr harness.LogBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-dev=1", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-log-level", "warn"},
@@ -364,7 +345,7 @@ func checkBuildInfo(t *testing.T, url string) {
 func TestJSONLogs(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuffer
+	var stderr harness.LogBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-dev", "-raft", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-log-format", "json", "-log-level", "debug"},

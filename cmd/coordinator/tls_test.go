@@ -29,7 +29,7 @@ func TestCommandsOverMutualTLS(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stderr syncBuffer
+	var stderr harness.LogBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-id", "n1", "-bootstrap", "-data-dir", filepath.Join(dir, "data"), "-rules", rulesFile,
@@ -151,7 +151,7 @@ func TestPlaintextOnlyByChoice(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
-			var stderr syncBuffer
+			var stderr harness.LogBuffer
 			done := make(chan error, 1)
 			args := append(append(append([]string{}, base...), "-data-dir", t.TempDir()), tc.extra...)
 			go func() { done <- run(ctx, args, &bytes.Buffer{}, &stderr, noEnv) }()

@@ -11,12 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/buildinfo"
+	"github.com/ration-dev/ration/internal/harness"
 )
 
 func noEnv(string) (string, bool) { return "", false }
@@ -213,7 +213,7 @@ func TestVersion(t *testing.T) {
 func TestDevModeServes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr harness.LogBuffer
 	done := make(chan error, 1)
 	jsonLogs := func(k string) (string, bool) { return "json", k == "RATION_LOG_FORMAT" }
 	go func() {
@@ -304,23 +304,6 @@ func checkBuildInfo(t *testing.T, url string) {
 	if !strings.Contains(string(body), "\n"+want+"\n") {
 		t.Errorf("%s lacks %s", url, want)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // checkGuideSubject runs the guide's rule+subject example as printed, then

@@ -59,7 +59,7 @@ func runAgentOnce(t *testing.T, rulesFile, spec string) []map[string]any {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr harness.LogBuffer
 	done := make(chan error, 1)
 	jsonLogs := func(k string) (string, bool) { return "json", k == "RATION_LOG_FORMAT" }
 	args := []string{"-rules", rulesFile, "-redis", spec, "-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0"}

@@ -58,7 +58,7 @@ func TestRedisSecretsNeverPrinted(t *testing.T) {
 				// which -h and a flag error print.
 				env := func(k string) (string, bool) { return spec, k == "RATION_REDIS" }
 				for _, args := range [][]string{{"-h"}, {"-bogus"}} {
-					var stdout, stderr syncBuffer
+					var stdout, stderr harness.LogBuffer
 					err := run(context.Background(), args, &stdout, &stderr, env)
 					printed += "\n" + stdout.String() + stderr.String()
 					if err != nil {
@@ -86,7 +86,7 @@ func runWithRedis(t *testing.T, rulesFile, spec string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr harness.LogBuffer
 	done := make(chan error, 1)
 	args := []string{"-rules", rulesFile, "-redis", spec, "-http", "127.0.0.1:0", "-grpc", "127.0.0.1:0", "-log-level", "debug"}
 	go func() { done <- run(ctx, args, &stdout, &stderr, noEnv) }()

@@ -1,13 +1,11 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,23 +13,6 @@ import (
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/logformat"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // A failure policy taking over is logged with its rule, the dependency
 // that failed and why, once for each rule: the production log's repeat
@@ -44,7 +25,7 @@ func TestFailurePolicyLogNamesRuleAndCause(t *testing.T) {
 	if err := os.WriteFile(path, []byte(rolloutRules), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out harness.LogBuffer
 	cfg := agent.DefaultConfig()
 	cfg.RulesFile, cfg.Coordinators, cfg.AgentID, cfg.Insecure = path, strings.Join(c.GRPCAddrs(), ","), "a1", true
 	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"

@@ -33,7 +33,7 @@ func TestStartDev(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := timeout(t, 30*time.Second)
-	var logs syncBuffer
+	var logs harness.LogBuffer
 	n, addr, err := coordinator.StartDev(ctx, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})), set)
 	if err != nil {
 		t.Fatal(err)

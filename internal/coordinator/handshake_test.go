@@ -1,13 +1,11 @@
 package coordinator_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,24 +13,6 @@ import (
 	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 )
-
-// syncBuffer is a log destination the test reads while the node writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestHandshakeFailuresLogOnce: fifty clients of another CA knock on each
 // TLS port of a node (lease, admin, Raft). Every failed handshake is
@@ -44,7 +24,7 @@ func TestHandshakeFailuresLogOnce(t *testing.T) {
 	cfg.ID, cfg.Bootstrap, cfg.DataDir = "n1", true, t.TempDir()
 	cfg.Rules, cfg.Insecure = mustRules(t, testRules), false
 	cfg.TLS = pki.Member(tlsfiles.GlobalGroup, "n1")
-	var log syncBuffer
+	var log harness.LogBuffer
 	n, err := coordinator.Start(context.Background(), cfg, slog.New(slog.NewTextHandler(&log, nil)), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -3,32 +3,11 @@ package harness
 import (
 	"bufio"
 	"errors"
-	"io"
 	"net"
 	"syscall"
 	"testing"
 	"time"
 )
-
-// echo is an upstream that echoes what it reads, until the test ends.
-func echo(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
-	return ln.Addr().String()
-}
 
 // echoConn is one client connection through a proxy, line by line.
 type echoConn struct {
@@ -76,7 +55,7 @@ func timedOut(err error) bool {
 // connections whose bytes it dropped; Delay holds each chunk; Reset
 // closes with a TCP reset and new connections work.
 func TestProxyFaults(t *testing.T) {
-	p := NewProxy(t, echo(t))
+	p := NewProxy(t, Echo(t))
 	c := dialEcho(t, p)
 	if _, err := c.roundTrip("ping", 2*time.Second); err != nil {
 		t.Fatalf("round trip through a healthy proxy: %v", err)
@@ -112,7 +91,7 @@ func TestProxyFaults(t *testing.T) {
 // A stall holds bytes without losing or closing anything: what was sent
 // during it arrives, in order, once it ends.
 func TestProxyStallHoldsBytes(t *testing.T) {
-	p := NewProxy(t, echo(t))
+	p := NewProxy(t, Echo(t))
 	c := dialEcho(t, p)
 	if _, err := c.roundTrip("before", 2*time.Second); err != nil {
 		t.Fatal(err)
@@ -137,7 +116,7 @@ func TestProxyStallHoldsBytes(t *testing.T) {
 // SetRate paces one direction of each connection: 4 KiB at 16 KiB/s takes
 // about a quarter of a second, at full speed much less.
 func TestProxyRate(t *testing.T) {
-	p := NewProxy(t, echo(t))
+	p := NewProxy(t, Echo(t))
 	c := dialEcho(t, p)
 	big := make([]byte, 4095)
 	for i := range big {
@@ -157,7 +136,7 @@ func TestProxyRate(t *testing.T) {
 // Retarget closes the connections to the old upstream and sends new ones
 // to the new one.
 func TestProxyRetarget(t *testing.T) {
-	first := echo(t)
+	first := Echo(t)
 	p := NewProxy(t, first)
 	c := dialEcho(t, p)
 	if _, err := c.roundTrip("first", 2*time.Second); err != nil {
@@ -165,22 +144,8 @@ func TestProxyRetarget(t *testing.T) {
 	}
 	// The second upstream answers with its own greeting, so the test knows
 	// which one it reached.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			s, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = s.Write([]byte("second\n"))
-			s.Close()
-		}
-	}()
-	p.Retarget(ln.Addr().String())
+	second := ServeTCP(t, func(s net.Conn) { _, _ = s.Write([]byte("second\n")); s.Close() })
+	p.Retarget(second)
 	if _, err := c.read(2 * time.Second); err == nil || timedOut(err) {
 		t.Fatalf("read on a connection to the old upstream: %v, want it closed", err)
 	}

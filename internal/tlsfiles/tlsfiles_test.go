@@ -2,7 +2,6 @@ package tlsfiles_test
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -14,11 +13,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ration-dev/ration/internal/certgen"
+	"github.com/ration-dev/ration/internal/harness"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
@@ -40,24 +39,6 @@ func issue(t *testing.T, ca *certgen.CA, dir, name string, uris ...string) tlsfi
 		t.Fatal(err)
 	}
 	return tlsfiles.Files{Cert: p.Cert, Key: p.Key, CA: p.CA}
-}
-
-// syncLog is a slog destination tests can read while the poller writes.
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func open(t *testing.T, f tlsfiles.Files, interval time.Duration, log io.Writer) *tlsfiles.Source {
@@ -266,7 +247,7 @@ func TestRotation(t *testing.T) {
 	srvFiles := tlsfiles.Files{Cert: live("server.crt"), Key: live("server.key"), CA: ca}
 	cliFiles := tlsfiles.Files{Cert: live("client.crt"), Key: live("client.key"), CA: ca}
 
-	log := &syncLog{}
+	log := &harness.LogBuffer{}
 	srv := open(t, srvFiles, 20*time.Millisecond, log)
 	cli := open(t, cliFiles, 20*time.Millisecond, log)
 	addr := echoServer(t, srv.ServerConfig(nil))
@@ -316,7 +297,7 @@ func TestReloadFailureKeepsOld(t *testing.T) {
 	dir, next := t.TempDir(), t.TempDir()
 	f := issue(t, ca, dir, "server")
 	n := issue(t, ca, next, "server")
-	log := &syncLog{}
+	log := &harness.LogBuffer{}
 	srv := open(t, f, time.Hour, log)
 	cli := open(t, issue(t, ca, t.TempDir(), "client"), time.Hour, nil)
 	addr := echoServer(t, srv.ServerConfig(nil))
@@ -533,7 +514,7 @@ func TestReloadRefusesBadCertificates(t *testing.T) {
 	ca := newCA(t, "ca")
 	dir := t.TempDir()
 	f := issue(t, ca, dir, "server", "ration://agent/a")
-	log := &syncLog{}
+	log := &harness.LogBuffer{}
 	srv, err := tlsfiles.Open(f, tlsfiles.Options{Interval: time.Hour, Logger: slog.New(slog.NewTextHandler(log, nil)),
 		Check: func(leaf *x509.Certificate) error {
 			if !tlsfiles.Has(leaf, tlsfiles.RoleAgent, "a") {

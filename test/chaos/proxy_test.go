@@ -2,30 +2,12 @@ package chaos
 
 import (
 	"bufio"
-	"io"
 	"net"
 	"testing"
 	"time"
-)
 
-// echo is an upstream that echoes lines back.
-func echo(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
-	return ln.Addr().String()
-}
+	"github.com/ration-dev/ration/internal/harness"
+)
 
 func TestSenderOf(t *testing.T) {
 	ids := []string{"node0", "node1", "node2"}
@@ -42,7 +24,7 @@ func TestSenderOf(t *testing.T) {
 
 // A link proxy cuts the isolated sender's connections and passes others.
 func TestLinkProxyIsolate(t *testing.T) {
-	up := echo(t)
+	up := harness.Echo(t)
 	ps := NewLinkProxies(t, []string{"node0", "node1"}, []string{up, up})
 	dial := func(hello string) (net.Conn, *bufio.Reader) {
 		c, err := net.Dial("tcp", ps[1].Addr())
