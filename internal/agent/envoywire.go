@@ -113,21 +113,21 @@ func (w *rlsWire) decode(buf []byte) error {
 		b = b[n:]
 		switch {
 		case num == 1 && typ == protowire.BytesType: // domain
-			v, n := protowire.ConsumeBytes(b)
+			v, n := bytesField(m, off, b)
 			if n < 0 {
 				return errWireRLS
 			}
-			w.domain = m[off+n-len(v) : off+n]
-			off += n
-			if !utf8.ValidString(w.domain) {
+			if !utf8.ValidString(v) {
 				return errWireUTF8
 			}
+			w.domain = v
+			off += n
 		case num == 2 && typ == protowire.BytesType: // descriptors
-			v, n := protowire.ConsumeBytes(b)
+			v, n := bytesField(m, off, b)
 			if n < 0 {
 				return errWireRLS
 			}
-			if err := w.decodeDescriptor(m[off+n-len(v) : off+n]); err != nil {
+			if err := w.decodeDescriptor(v); err != nil {
 				return err
 			}
 			off += n
@@ -163,13 +163,16 @@ func (w *rlsWire) decodeDescriptor(d string) error {
 		b = b[n:]
 		switch {
 		case num == 1 && typ == protowire.BytesType: // entries
-			v, n := protowire.ConsumeBytes(b)
+			e, n := bytesField(d, off, b)
 			if n < 0 {
 				return errWireRLS
 			}
-			k, val, err := rlsEntry(d[off+n-len(v) : off+n])
-			if err != nil {
-				return err
+			k, val, err := decodeEntry(e)
+			switch {
+			case errors.Is(err, errWireUTF8):
+				return errWireUTF8
+			case err != nil:
+				return errWireRLS
 			}
 			w.pairs = append(w.pairs, rules.Pair{Key: k, Value: val})
 			off += n
@@ -214,43 +217,6 @@ func (w *rlsWire) decodeDescriptor(d string) error {
 	desc.n = len(w.pairs) - desc.first
 	w.descs = append(w.descs, desc)
 	return nil
-}
-
-// rlsEntry reads an Entry: key 1 and value 2, strings, each missing one
-// empty, the last of each given winning.
-func rlsEntry(e string) (k, v string, err error) {
-	for off := 0; off < len(e); {
-		b := unsafe.Slice(unsafe.StringData(e[off:]), len(e)-off)
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", "", errWireRLS
-		}
-		off += n
-		b = b[n:]
-		if (num == 1 || num == 2) && typ == protowire.BytesType {
-			val, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return "", "", errWireRLS
-			}
-			str := e[off+n-len(val) : off+n]
-			off += n
-			if !utf8.ValidString(str) {
-				return "", "", errWireUTF8
-			}
-			if num == 1 {
-				k = str
-			} else {
-				v = str
-			}
-			continue
-		}
-		n, err := skipField(num, typ, b)
-		if err != nil {
-			return "", "", errWireRLS
-		}
-		off += n
-	}
-	return k, v, nil
 }
 
 // validOverride reports whether b is a well-formed RateLimitOverride

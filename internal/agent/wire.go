@@ -211,11 +211,10 @@ func decodeRequest(m string, pairs rules.Pairs) (Request, rules.Pairs, error) {
 		b = b[n:]
 		switch {
 		case num == 1 && typ == protowire.BytesType: // descriptors entry
-			v, n := protowire.ConsumeBytes(b)
+			entry, n := bytesField(m, off, b)
 			if n < 0 {
 				return req, pairs, errWire
 			}
-			entry := m[off+n-len(v) : off+n]
 			off += n
 			k, val, err := decodeEntry(entry)
 			if err != nil {
@@ -240,11 +239,10 @@ func decodeRequest(m string, pairs rules.Pairs) (Request, rules.Pairs, error) {
 			}
 			pairs = append(pairs, rules.Pair{Key: k, Value: val})
 		case (num == 2 || num == 3 || num == 5) && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
+			str, n := bytesField(m, off, b)
 			if n < 0 {
 				return req, pairs, errWire
 			}
-			str := m[off+n-len(v) : off+n]
 			off += n
 			if !utf8.ValidString(str) {
 				return req, pairs, &wireUTF8Error{field: requestFields[num]}
@@ -282,8 +280,19 @@ func decodeRequest(m string, pairs rules.Pairs) (Request, rules.Pairs, error) {
 	return req, pairs, nil
 }
 
-// decodeEntry reads a map entry: key 1 and value 2, both strings, each
-// missing one empty.
+// bytesField reads the length-delimited value at b, which is m[off:]: the
+// value as a part of m (no copy), and the bytes read (n < 0: malformed).
+func bytesField(m string, off int, b []byte) (string, int) {
+	v, n := protowire.ConsumeBytes(b)
+	if n < 0 {
+		return "", n
+	}
+	return m[off+n-len(v) : off+n], n
+}
+
+// decodeEntry reads a map entry (and Envoy's descriptor Entry, the same
+// shape): key 1 and value 2, both strings, each missing one empty, the
+// last of each given winning.
 func decodeEntry(e string) (k, v string, err error) {
 	for off := 0; off < len(e); {
 		b := unsafe.Slice(unsafe.StringData(e[off:]), len(e)-off)
@@ -294,11 +303,10 @@ func decodeEntry(e string) (k, v string, err error) {
 		off += n
 		b = b[n:]
 		if (num == 1 || num == 2) && typ == protowire.BytesType {
-			val, n := protowire.ConsumeBytes(b)
+			str, n := bytesField(e, off, b)
 			if n < 0 {
 				return "", "", errWire
 			}
-			str := e[off+n-len(val) : off+n]
 			off += n
 			if !utf8.ValidString(str) {
 				return "", "", entryUTF8Error(num == 1, k, str)
