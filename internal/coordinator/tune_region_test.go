@@ -13,19 +13,9 @@ import (
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
-// tuneRegionRules: a global rule with shares for eu and us, and a rule of
-// the group's own (scope: region, the default).
-const tuneRegionRules = `
-rules:
-  - name: g
-    match: {k: "*"}
-    burst: 40
-    rate: 60
-    mode: leased
-    scope: global
-    lease: {period: 1s}
-    regions: {eu: {weight: 1}, us: {weight: 1}}
-  - name: l
+// tuneRegionRules: hierRules' global rule (shares for eu and us), and a
+// rule of the group's own (scope: region, the default).
+const tuneRegionRules = hierRules + `  - name: l
     match: {l: "*"}
     burst: 40
     rate: 60
