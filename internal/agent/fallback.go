@@ -137,12 +137,16 @@ func (f *fallback) refund(ctx context.Context, st *step) {
 // operator nothing to fix.
 func (f *fallback) activate(r *rules.Rule, leased bool, now time.Time) bool {
 	f.decisions.Add(1)
+	// Load first: LoadOrStore would box at (an allocation) on every
+	// fallback decision of an outage, when the agent must stay cheapest.
 	at := now.UnixNano()
-	if v, loaded := f.activated.LoadOrStore(r.Name, at); loaded {
+	if v, ok := f.activated.Load(r.Name); ok {
 		last := v.(int64)
 		if !leased || at-last < int64(leasedRelog) || !f.activated.CompareAndSwap(r.Name, last, at) {
 			return false
 		}
+	} else if _, loaded := f.activated.LoadOrStore(r.Name, at); loaded {
+		return false // another decision activated it just now
 	}
 	f.metrics.fallbackActivations.WithLabelValues(r.Name, r.OnFailure.String()).Inc()
 	return true
