@@ -66,7 +66,7 @@ func (s *Service) storeCall(caller context.Context, steps []step, reqs []bucket.
 		// nothing to ask of the store, and nothing said of it.
 		s.metrics.storeErrors.WithLabelValues("caller_gone").Add(float64(len(at)))
 		for _, i := range at {
-			steps[i].path = pathGone
+			steps[i].path = pathFallback // pathGone in charge's last loop
 		}
 		return
 	case !s.breaker.Allow():

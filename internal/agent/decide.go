@@ -554,10 +554,6 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 				// expired meanwhile, and mark hot keys that lapsed, as if
 				// still valid. The Ref path above never waits.
 				leaseNow = s.leases.Now()
-				if !ok && ctx.Err() != nil {
-					st.path = pathGone // hung up during a first-grant wait
-					continue
-				}
 				if ok {
 					st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
 					st.src = src
@@ -587,11 +583,14 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 	var now time.Time
 	for i := range steps {
 		st := &steps[i]
-		if st.path == pathGone {
-			st.allowed, st.reason = false, ReasonUnavailable
+		if st.path != pathFallback {
 			continue
 		}
-		if st.path != pathFallback {
+		if ctx.Err() != nil {
+			// The caller hung up before the dependency answered (a store
+			// call, a first-grant wait): nothing was decided, and no
+			// policy is touched for an answer no one reads.
+			st.path, st.allowed, st.reason = pathGone, false, ReasonUnavailable
 			continue
 		}
 		if now.IsZero() {
@@ -621,10 +620,6 @@ func (s *Service) spendHot(ctx context.Context, st *step, k *hotKey, now int64) 
 		st.src = src
 		st.reason = verdict(res.Allowed)
 		k.count.Add(1)
-		return
-	}
-	if ctx.Err() != nil {
-		st.path = pathGone
 		return
 	}
 	st.path = pathFallback
@@ -818,7 +813,7 @@ const (
 func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result, err error) storeHealth {
 	if err != nil && caller.Err() != nil {
 		s.metrics.storeErrors.WithLabelValues("caller_gone").Inc()
-		st.path = pathGone
+		st.path = pathFallback // pathGone in charge's last loop: the caller is gone
 		return storeSilent
 	}
 	if err != nil {
