@@ -52,11 +52,12 @@ run_worker() {
       continue
     fi
     out="$tmp/$name.txt"
+    start=$SECONDS
     if (cd "$src" && go test -count=1 -timeout 5m -run "$pattern" "$pkg") >"$out" 2>&1; then
       { echo "mutations: $name NOT caught by $pkg $pattern:"; sed -n 's/^breaks: /  breaks: /p' "$p"; } >"$res"
       bad=1
     elif grep -q -e '^--- FAIL' -e '^panic: ' "$out"; then
-      echo "mutations: $name caught by $(grep -m1 '^--- FAIL' "$out" | sed 's/^--- FAIL: //; s/ (.*//') ($pkg)" >"$res"
+      echo "mutations: $name caught by $(grep -m1 '^--- FAIL' "$out" | sed 's/^--- FAIL: //; s/ (.*//') ($pkg, $((SECONDS - start))s)" >"$res"
     else
       { echo "mutations: $name failed without a failing test (a build error?):"; tail -20 "$out"; } >"$res"
       bad=1
