@@ -41,14 +41,16 @@ const (
 	idleAfter       = 3 * time.Second        // the lease holder's, 1m in a process
 	maxAgents       = 4
 	workers         = 8
-	// The global rule's upstream lease (a regional group's, from the
-	// global group) lasts its lease period: a region cut outlives it.
-	upstreamTerm = leasePeriod
+	// The global rule's lease period, which its upstream leases (a
+	// regional group's, from the global group) last: a region cut
+	// outlives it. Two seconds, so that a cut region that went on
+	// spending its slice past it would do so for long enough to show.
+	upstreamTerm = 2 * leasePeriod
 	// Each region's safe share of the global rule (its rate; the burst in
 	// proportion): what a region cut off past its slice still admits.
 	// They sum to at most the rule's rate, for which docs/configuration.md
 	// (regions.R.safe_share) states B + r*T for cuts of any length.
-	safeShare = 4
+	safeShare = 1
 )
 
 // The regions: the agents of the first (the 3-node group's) use every
@@ -70,7 +72,9 @@ var initialShapes = map[string]shape{
 	"flip":   {Mode: "redis", Burst: 20, Rate: 20}, // reloads switch it between redis and auto
 	// scope: global, leased down the hierarchy: the global group leases
 	// each region's group a slice, which leases its agents. Not reloaded.
-	globalRule: {Mode: "leased", Burst: 40, Rate: 20, Global: true},
+	// Small, so that its hot subject's demand in either region alone
+	// exceeds it (the callers' rate under -race is modest).
+	globalRule: {Mode: "leased", Burst: 10, Rate: 10, Global: true},
 }
 
 func ruleNames() []string {
@@ -97,6 +101,8 @@ func rulesYAML(shapes map[string]shape) string {
 		switch {
 		case s.Mode == "leased" && s.DefaultShare > 0:
 			fmt.Fprintf(&b, "    lease: {period: %v, default_share: %g}\n", leasePeriod, s.DefaultShare)
+		case s.Global:
+			fmt.Fprintf(&b, "    lease: {period: %v}\n", upstreamTerm)
 		case s.Mode != "redis":
 			fmt.Fprintf(&b, "    lease: {period: %v}\n", leasePeriod)
 		}

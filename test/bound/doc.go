@@ -1,25 +1,31 @@
 // Package bound holds the randomized bound checker: real coordinators
-// (a 3-node Raft group), a real redis-server primary with a replica and
-// real agents in-process, driven through every decision entry point of
-// the agent (gRPC Allow, AllowBatch, AllowStream, Envoy's
-// ShouldRateLimit, HTTP /v1/allow and /v1/check) while a seeded schedule
-// reloads the rules, kills and restarts the Raft leader, stalls agents'
-// links to the coordinators for longer than a lease, resets them or drops
-// the coordinators' replies (so the agents' coordinator clients retry and
-// their streams break), starts new agents, fails Redis over to a replica
-// whose link was cut (a suffix of writes lost), and steps the Redis
-// servers' clocks. Every admission is recorded from the callers' side as
-// the span [send, answer], and each (rule, subject) is held to B + r*T in
-// every window, with the largest shape the rule had in that window and
-// the allowances docs/failure-policies.md and docs/configuration.md state
-// (a mode switch; a Redis failover; a forward step of Redis's clock).
+// (a 3-node Raft group, region eu's, leasing its global rule from a
+// 1-node global group, and a second region's single node), a real
+// redis-server primary with a replica and real agents in-process, driven
+// through every decision entry point of the agent (gRPC Allow,
+// AllowBatch, AllowStream, Envoy's ShouldRateLimit, HTTP /v1/allow and
+// /v1/check) while a seeded schedule reloads the rules, kills and
+// restarts the regional Raft leader, stalls agents' links to the
+// coordinators for longer than a lease, resets them or drops the
+// coordinators' replies (so the agents' coordinator clients retry and
+// their streams break), cuts a region off the global group for longer
+// than its upstream lease (a region cut), starts new agents, fails Redis
+// over to a replica whose link was cut (a suffix of writes lost), and
+// steps the Redis servers' clocks. Every admission is recorded from the
+// callers' side as the span [send, answer], and each (rule, subject) is
+// held to B + r*T in every window, the global rule's across both
+// regions' agents, with the largest shape the rule had in that window
+// and the allowances docs/failure-policies.md and docs/configuration.md
+// state (a mode switch; a Redis failover; a forward step of Redis's
+// clock; none for a region cut, as the safe shares sum below r).
 //
-// It does not reach: regional coordinator groups and their upstream
-// lease (region cuts), Redis Cluster or Sentinel, a promoted key evicted
-// under a memory policy, agents paused as processes, coordinators whose
-// clocks differ (in-process nodes share one). See docs/reliability.md
-// (The bound checker) for what each of those is checked by, and how to
-// run the checker longer or at another seed.
+// It does not reach: a leader kill of the global group (one node) or of
+// the second region's, a reload of the global rule, Redis Cluster or
+// Sentinel, a promoted key evicted under a memory policy, agents paused
+// as processes, coordinators whose clocks differ (in-process nodes share
+// one). See docs/reliability.md (The bound checker) for what each of
+// those is checked by, and how to run the checker longer or at another
+// seed.
 //
 // The package has no code outside its tests.
 package bound

@@ -150,10 +150,18 @@ func (it item) descriptors() map[string]string {
 // new subject at freshShare.
 func (w *world) pick(rnd *rand.Rand, a *testAgent, freshShare float64) item {
 	it := item{rule: a.rules[rnd.IntN(len(a.rules))], cost: float64(1 + rnd.IntN(3))}
+	// The remote region's one worker wants more of the hot subject than
+	// its region's slice: the global group then gives it what a cut
+	// region's lapsed upstream lease frees, and a cut region that kept
+	// spending its slice would show.
+	hot := 0.4
+	if a.region != mainRegion {
+		hot = 0.8
+	}
 	switch p := rnd.Float64(); {
 	case p < freshShare:
 		it.user = fmt.Sprintf("n%d", w.fresh.Add(1))
-	case p < 0.4:
+	case p < hot:
 		it.user = "hot"
 	default:
 		// u0 half as likely as ... u5 a 32nd of the rest.

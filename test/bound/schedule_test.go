@@ -23,7 +23,7 @@ var stepKinds = []struct {
 	name   string
 	chance float64
 }{
-	{"reload", 0.21},
+	{"reload", 0.17},
 	{"leader kill", 0.08},
 	{"cut and change", 0.12},
 	{"stall", 0.14},
@@ -32,7 +32,7 @@ var stepKinds = []struct {
 	{"redis clock step", 0.08},
 	{"coordinator links reset", 0.07},
 	{"coordinator replies dropped", 0.07},
-	{"region cut", 0.08},
+	{"region cut", 0.12},
 }
 
 // mustReach are the kinds every run takes at least once: past half the
