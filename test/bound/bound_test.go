@@ -330,6 +330,15 @@ func (w *world) verify(seed uint64) {
 	upFailed := w.upstreamFailures()
 	t.Logf("bound checker: %d subjects, %d admissions; admitted/calls by entry point: %s; %v hot promotions taken up, %v decisions on leases",
 		len(keys), admitted, strings.Join(entries, ", "), promotions, leased)
+	// How near the global rule's hot subject, wanted beyond its rate in
+	// both regions, came to its rate over the run: what a cut region's
+	// extra spending must exceed to be seen is about the rest.
+	var hotGlobal float64
+	for _, sp := range w.spans[globalRule+"|hot"] {
+		hotGlobal += sp.Cost
+	}
+	t.Logf("bound checker: the global rule's subject hot admitted %.1f tokens/s over the run (r %g)",
+		hotGlobal/w.now().Seconds(), initialShapes[globalRule].Rate)
 	t.Logf("bound checker: the global rule's tokens admitted in region %s %.0f, in %s %.0f; upstream renewals failed %v (the live regional nodes' count: a stall shorter than a call's 2s deadline delays the renewal past the upstream lease, and fails none)",
 		mainRegion, w.globalBy[mainRegion], remoteRegion, w.globalBy[remoteRegion], upFailed)
 	var kinds []string
