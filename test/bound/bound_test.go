@@ -327,20 +327,9 @@ func (w *world) verify(seed uint64) {
 		entries = append(entries, fmt.Sprintf("%s %d/%d", e, w.byEntry[e], w.calls[e]))
 	}
 	promotions, leased := w.metrics()
-	upFailed := w.upstreamFailures()
 	t.Logf("bound checker: %d subjects, %d admissions; admitted/calls by entry point: %s; %v hot promotions taken up, %v decisions on leases",
 		len(keys), admitted, strings.Join(entries, ", "), promotions, leased)
-	// How near the global rule's hot subject, wanted beyond its rate in
-	// both regions, came to its rate over the run: what a cut region's
-	// extra spending must exceed to be seen is about the rest.
-	var hotGlobal float64
-	for _, sp := range w.spans[globalRule+"|hot"] {
-		hotGlobal += sp.Cost
-	}
-	t.Logf("bound checker: the global rule's subject hot admitted %.1f tokens/s over the run (r %g)",
-		hotGlobal/w.now().Seconds(), initialShapes[globalRule].Rate)
-	t.Logf("bound checker: the global rule's tokens admitted in region %s %.0f, in %s %.0f; upstream renewals failed %v (the live regional nodes' count: a stall shorter than a call's 2s deadline delays the renewal past the upstream lease, and fails none)",
-		mainRegion, w.globalBy[mainRegion], remoteRegion, w.globalBy[remoteRegion], upFailed)
+	w.logRegions()
 	var kinds []string
 	for _, k := range stepKinds {
 		kinds = append(kinds, fmt.Sprintf("%s %d", k.name, w.faults[k.name]))
@@ -391,4 +380,22 @@ func (w *world) verify(seed uint64) {
 	if w.retries.Load() == 0 {
 		t.Errorf("the agents' coordinator clients retried no call: the run did not exercise it")
 	}
+}
+
+// logRegions says what the run did with the global rule: how near its hot
+// subject came to its rate, what each region admitted of it, and how many
+// upstream renewals failed. The caller holds w.mu.
+func (w *world) logRegions() {
+	upFailed := w.upstreamFailures()
+	// How near the global rule's hot subject, wanted beyond its rate in
+	// both regions, came to its rate over the run: what a cut region's
+	// extra spending must exceed to be seen is about the rest.
+	var hotGlobal float64
+	for _, sp := range w.spans[globalRule+"|hot"] {
+		hotGlobal += sp.Cost
+	}
+	w.t.Logf("bound checker: the global rule's subject hot admitted %.1f tokens/s over the run (r %g)",
+		hotGlobal/w.now().Seconds(), initialShapes[globalRule].Rate)
+	w.t.Logf("bound checker: the global rule's tokens admitted in region %s %.0f, in %s %.0f; upstream renewals failed %v (the live regional nodes' count: a stall shorter than a call's 2s deadline delays the renewal past the upstream lease, and fails none)",
+		mainRegion, w.globalBy[mainRegion], remoteRegion, w.globalBy[remoteRegion], upFailed)
 }
