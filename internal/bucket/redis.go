@@ -92,6 +92,8 @@ type RedisStore struct {
 	rewarms     atomic.Int64
 	warmGen     atomic.Int64
 	warmMu      sync.Mutex
+	// owners: each slot's last known master (a Cluster's; nil otherwise).
+	owners *slotOwners
 }
 
 //go:embed redis.lua
@@ -148,6 +150,9 @@ func NewRedisStore(c redis.UniversalClient, opts RedisOptions) *RedisStore {
 		timeout:     opts.Timeout,
 		ridTTL:      any(strconv.FormatInt(int64(ms), 10)),
 		log:         opts.Logger,
+	}
+	if _, ok := c.(*redis.ClusterClient); ok {
+		s.owners = new(slotOwners)
 	}
 	if !opts.DisableAutoPipeline {
 		ap, err := c.AsyncAutoPipeline()
