@@ -518,13 +518,9 @@ func (s *RedisStore) doNode(ctx context.Context, key string, cmd redis.Cmder) er
 	if err != nil {
 		return s.c.Process(ctx, cmd)
 	}
-	var ap *redis.AutoPipeliner
-	if v, ok := s.nodeAPs.Load(n); ok {
-		ap = v.(*redis.AutoPipeliner)
-	} else if ap, err = n.AsyncAutoPipeline(); err != nil {
+	ap, err := s.nodePipeliner(n)
+	if err != nil {
 		return s.c.Process(ctx, cmd)
-	} else {
-		s.nodeAPs.Store(n, ap)
 	}
 	err = ap.Submit(ctx, cmd).WaitContext(ctx)
 	if err == nil {
@@ -537,6 +533,19 @@ func (s *RedisStore) doNode(ctx context.Context, key string, cmd redis.Cmder) er
 	}
 	cmd.SetErr(nil)
 	return s.c.Process(ctx, cmd)
+}
+
+// nodePipeliner is master n's automatic pipeliner, made at its first use.
+func (s *RedisStore) nodePipeliner(n *redis.Client) (*redis.AutoPipeliner, error) {
+	if v, ok := s.nodeAPs.Load(n); ok {
+		return v.(*redis.AutoPipeliner), nil
+	}
+	ap, err := n.AsyncAutoPipeline()
+	if err != nil {
+		return nil, err
+	}
+	s.nodeAPs.Store(n, ap)
+	return ap, nil
 }
 
 // cmd builds one script call. sha selects EVALSHA (else EVAL, which also

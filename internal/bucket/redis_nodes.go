@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
@@ -77,7 +78,18 @@ func (s *RedisStore) PingNode(ctx context.Context, node string) error {
 			return nil
 		}
 		found.Store(true)
-		return c.Ping(ctx).Err()
+		// PING answers on a master that has just restarted and not yet
+		// rejoined (it refuses keyed commands with CLUSTERDOWN until it
+		// has): its own view of the cluster's state is what says it can
+		// decide.
+		info, err := c.ClusterInfo(ctx).Result()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(info, "cluster_state:ok") {
+			return fmt.Errorf("%w: %s: cluster_state is not ok", ErrUnavailable, node)
+		}
+		return nil
 	})
 	switch {
 	case err != nil:
