@@ -40,7 +40,7 @@ func TestS9ClusterMasterDown(t *testing.T) {
 		maxDur     = 1500 * time.Millisecond
 		outage     = 4 * time.Second
 		probe      = 500 * time.Millisecond
-		decisionTO = 50 * time.Millisecond
+		decisionTO = 100 * time.Millisecond
 	)
 	rulesYAML := fmt.Sprintf(`
 rules:
@@ -78,7 +78,9 @@ rules:
 	time.Sleep(outage)
 	cl.Nodes[1].Restart()
 	back := mono()
-	time.Sleep(3 * time.Second)
+	// The restarted master answers keyed commands (and its probe) once it
+	// has rejoined: its cluster_state turned ok 2-3s after the restart.
+	time.Sleep(5 * time.Second)
 	calls := l.Stop()
 	recs := readRecords(t, agents...)
 
@@ -134,15 +136,15 @@ rules:
 			ok = false
 			t.Errorf("agent %s: %d decisions on the dead master's slots waited the decision timeout, want <= %d", a.ID, waits[a.ID], s9Waits)
 		}
-		got := admittedIn(recs, qd, a.ID, "store", back, back+probe+2*time.Second)
+		got := admittedIn(recs, qd, a.ID, "store", back, back+s9Rejoin)
 		resumed = append(resumed, fmt.Sprintf("%s %.0f", a.ID, got))
 		if got == 0 {
 			ok = false
-			t.Errorf("agent %s admitted nothing on the store path for the dead master's subject within %v of its restart", a.ID, probe+2*time.Second)
+			t.Errorf("agent %s admitted nothing on the store path for the dead master's subject within %v of its restart", a.ID, s9Rejoin)
 		}
 	}
 	judgedRow(t, "S9 dead", "the killed master's fail_closed subject",
-		fmt.Sprintf("0; <= %d decisions per agent wait the timeout; store path again within %v of the restart", s9Waits, probe+2*time.Second), jd, jd.Util(), ok,
+		fmt.Sprintf("0; <= %d decisions per agent wait the timeout; store path again within %v of the restart", s9Waits, s9Rejoin), jd, jd.Util(), ok,
 		fmt.Sprintf("waited the timeout: %v; admitted on the store path after the restart: %s", waits, strings.Join(resumed, ", ")))
 
 	// The emergency allowance ends at max_duration.
@@ -159,15 +161,22 @@ rules:
 		fmt.Sprintf("admitted by policy after max_duration: %.0f", late))
 }
 
+// s9Rejoin is how soon after its restart the killed master's slots must
+// be decided by Redis again: its rejoining (2-3s measured) and a probe.
+const s9Rejoin = 4500 * time.Millisecond
+
 // s9Util is the healthy subject's utilisation floor: unaffected by the
 // outage, as S0's.
 const s9Util = 0.8
 
 // s9Waits is how many decisions on the dead master's slots one agent may
 // make wait the decision timeout: those in flight when the master died
-// (300 a second offered on its two subjects for the 50ms timeout: 15),
-// and the breaker's threshold (3) beyond them.
-const s9Waits = 18
+// (300 a second offered on its two subjects for the 100ms timeout: 30),
+// and the breaker's threshold (3) beyond them. The timeout is 100ms, not
+// the 50ms of S10: on a loaded two-core machine the healthy master's
+// decisions took up to 150ms now and then, and three such in a row open
+// its breaker, which is not what S9 tests.
+const s9Waits = 33
 
 // s9Subject finds a subject of rule whose bucket lives on master i.
 func s9Subject(t *testing.T, cl *harness.Cluster, rule string, i int) string {
