@@ -77,6 +77,13 @@ func startAgentUnready(t *testing.T, rulesYAML string, mutate ...func(*agent.Con
 
 func startAgentUnreadyOn(t *testing.T, redisAddr, rulesYAML string, leases agent.Leases, mutate ...func(*agent.Config)) *testAgent {
 	t.Helper()
+	return startAgentLogging(t, redisAddr, rulesYAML, leases, testLogger(t), mutate...)
+}
+
+// startAgentLogging is startAgentUnreadyOn with the agent's log going to
+// logger: for tests that read what the agent logged.
+func startAgentLogging(t *testing.T, redisAddr, rulesYAML string, leases agent.Leases, logger *slog.Logger, mutate ...func(*agent.Config)) *testAgent {
+	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rules.yaml")
 	if err := os.WriteFile(path, []byte(rulesYAML), 0o644); err != nil {
@@ -95,7 +102,7 @@ func startAgentUnreadyOn(t *testing.T, redisAddr, rulesYAML string, leases agent
 	// The coordinators of these tests are plaintext unless a test gives
 	// the agent TLS files (tls_test.go).
 	cfg.Insecure = !cfg.TLS.Enabled()
-	srv, err := agent.Start(context.Background(), cfg, testLogger(t), leases)
+	srv, err := agent.Start(context.Background(), cfg, logger, leases)
 	if err != nil {
 		t.Fatalf("agent.Start: %v", err)
 	}

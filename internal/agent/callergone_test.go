@@ -2,10 +2,17 @@ package agent_test
 
 import (
 	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/logformat"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -133,5 +140,99 @@ rules:
 	// is still there for its first fallback decision.
 	if r, err := allow(5*time.Second, "e"); err != nil || !r.Allowed || r.Reason != rationv1.Reason_REASON_EMERGENCY {
 		t.Fatalf("first decision of a real outage on the emergency rule: %v %v, want admitted by the emergency allowance", r, err)
+	}
+}
+
+// A thousand callers who hang up on a healthy store (a load tool closing
+// its connections at the end of a run, clients with tight deadlines)
+// activate nothing: no failure policy is counted or logged, no outage
+// episode starts, and the emergency allowance keeps its one token. Each
+// call is cut at another moment: before it is sent, while it is in
+// flight, or as its answer comes back; over gRPC and over HTTP.
+func TestThousandCallersGoneOnHealthyStore(t *testing.T) {
+	const rules = `
+rules:
+  - name: closed
+    match: {c: "*"}
+    burst: 1000000
+    rate: 1000000
+    on_failure: fail_closed
+  - name: open
+    match: {o: "*"}
+    burst: 1000000
+    rate: 1000000
+    on_failure: fail_open
+  - name: emergency
+    match: {e: "*"}
+    burst: 1000000
+    rate: 1000000
+    on_failure: emergency
+    emergency: {burst: 1, rate: 0.001, max_duration: 1m}
+`
+	r := harness.StartRedis(t)
+	var logs harness.LogBuffer
+	a := startAgentLogging(t, r.Addr, rules, nil, logformat.New(&logs, logformat.Text, slog.LevelInfo), func(c *agent.Config) {
+		c.DecisionTimeout = 2 * time.Second
+	})
+	a.redis = r
+	waitFor(t, "agent ready", a.srv.Ready)
+	const calls = 1000
+	keys := []string{"c", "o", "e"}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range calls {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			switch i % 4 {
+			case 0: // gone before the call is sent
+				cancel()
+			default: // gone somewhere between 0 and ~1ms in
+				time.AfterFunc(time.Duration(i%50)*20*time.Microsecond, cancel)
+			}
+			key := keys[i%len(keys)]
+			if i%5 == 0 {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/v1/check?"+key+"=s"+strconv.Itoa(i%7), nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+				return
+			}
+			_, _ = a.rl.Allow(ctx, &rationv1.AllowRequest{Descriptors: map[string]string{key: "s" + strconv.Itoa(i%7)}})
+		}()
+	}
+	wg.Wait()
+	// Decisions still under way when their callers left end within the
+	// decision timeout; wait for the store to have answered them all.
+	time.Sleep(300 * time.Millisecond)
+	for _, p := range []struct{ rule, policy string }{{"closed", "fail_closed"}, {"open", "fail_open"}, {"emergency", "emergency"}} {
+		if n := metricValue(t, a.srv.Registry, "ration_fallback_activations_total", map[string]string{"rule": p.rule, "policy": p.policy}); n != 0 {
+			t.Errorf("ration_fallback_activations_total{rule=%q} = %v after %d callers hung up on a healthy store", p.rule, n, calls)
+		}
+	}
+	if active := metricValue(t, a.srv.Registry, "ration_fallback_active", nil); active != 0 {
+		t.Errorf("ration_fallback_active = %v: callers hanging up started an outage episode", active)
+	}
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "failure polic") || strings.Contains(l, "store unreachable") {
+			t.Errorf("logged after callers hung up on a healthy store: %s", l)
+		}
+	}
+	// The allowance is untouched: with the store stalled, a caller who
+	// waits gets the emergency rule's one token.
+	r.Pause()
+	t.Cleanup(r.Resume)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := a.rl.Allow(ctx, &rationv1.AllowRequest{Descriptors: map[string]string{"e": "after"}})
+	if err != nil || !resp.Allowed || resp.Reason != rationv1.Reason_REASON_EMERGENCY {
+		t.Fatalf("first decision of a real outage on the emergency rule: %v %v, want admitted by the emergency allowance", resp, err)
 	}
 }
