@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test deps mutations bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
+.PHONY: help dev build install docs test test-sim test-mutations test-modules deps mutations bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -48,14 +48,26 @@ test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real r
 	@# holder, agent), S0 lost 500 calls with no fault injected.
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v '/test/chaos$$')
 	$(GO) test -race -count=1 -timeout 15m ./test/chaos/
+	@# Then three jobs side by side (-k: each runs to its end, and any
+	@# failure fails the target): the mutations mostly wait on deadlines
+	@# while the simulator computes. --output-sync keeps each job's output
+	@# together.
+	$(MAKE) --no-print-directory -k -j3 --output-sync=target test-sim test-mutations test-modules
+
+# The parts of make test after the chaos scenarios (no deps: test has them).
+test-sim:
 	$(GO) run ./cmd/ration-sim -config small -seed 1
 	@# The simulator must still catch each deliberate bug at the seeds its
 	@# patch names (deterministic: one tree, one verdict). It once slipped
 	@# unseen while this ran only by hand.
 	./scripts/sim-mutations.sh
+
+test-mutations:
 	@# Every protection broken on purpose (test/mutations) must fail the
 	@# test its patch names.
 	./scripts/mutations.sh
+
+test-modules:
 	cd proto && $(GO) vet ./...
 	cd client && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...

@@ -117,7 +117,10 @@ func TestOneConnectionForAllCalls(t *testing.T) {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", addr)
 	}
-	c := newClient(t, addr, client.Options{DialOptions: []grpc.DialOption{grpc.WithContextDialer(dialer)}})
+	// A generous timeout: 96 calls at once on one stream under -race on a
+	// loaded machine outlast the default 250ms, and this test is about
+	// dialling, not time.
+	c := newClient(t, addr, client.Options{Timeout: 10 * time.Second, DialOptions: []grpc.DialOption{grpc.WithContextDialer(dialer)}})
 	s := c.AllowStream(context.Background())
 	defer s.Close()
 	var wg sync.WaitGroup

@@ -37,6 +37,17 @@ func TestGoDocsBeforeARelease(t *testing.T) {
 	if len(fences) != 2 {
 		t.Fatalf("docs/integrations/go.md: %d fences marked for this test, want 2 (the workspace and the replace directives)", len(fences))
 	}
+	// The fences resolve from the module cache alone: fill it with every
+	// module of the client's graph (tests of dependencies included, which
+	// go mod tidy reads), as a developer's cache is after building the
+	// checkout. Without this the test passed only after some other go
+	// command had filled the cache.
+	dl := exec.Command("go", "mod", "download", "all")
+	dl.Dir = filepath.Join(root, "client")
+	dl.Env = append(os.Environ(), "GOWORK=", "GOFLAGS=")
+	if out, err := dl.CombinedOutput(); err != nil {
+		t.Fatalf("go mod download all (client): %v\n%s", err, out)
+	}
 	ratLine := regexp.MustCompile(`(?m)^RATION=\S+`)
 	for i, f := range fences {
 		script := f[1]
