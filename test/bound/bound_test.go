@@ -39,7 +39,7 @@ const (
 	safetyMargin    = 200 * time.Millisecond // harness.RaftTestConfig's
 	autoHold        = 300 * time.Millisecond // the auto rules' auto.hold
 	idleAfter       = 3 * time.Second        // the lease holder's, 1m in a process
-	maxAgents       = 4
+	maxAgents       = 4                      // in-process; the process agent besides
 	workers         = 8
 )
 
@@ -121,12 +121,14 @@ func TestBoundOnEveryPath(t *testing.T) {
 	seed, run := seedAndRun(t)
 	t.Logf("bound checker: seed %d, run %v (%s, %s)", seed, run, envSeed, envRun)
 	w := newWorld(t, seed)
+	w.startProcessAgent()
 	for range 2 {
 		w.startAgent()
 	}
 	w.startLoad(seed)
 	w.runSchedule(run)
 	w.stopLoad()
+	w.joinProcess(true)
 	w.verify(seed)
 }
 
@@ -145,20 +147,23 @@ type world struct {
 	failingOver      bool
 	down             int // the coordinator node killed, -1 if none
 
-	mu         sync.Mutex
-	shapes     map[string]shape
-	timelines  map[string]*timeline
-	events     []string
-	agents     []*testAgent
-	spans      map[string][]admission.Span // by rule|subject
-	byEntry    map[string]int              // admissions by entry point
-	calls      map[string]int              // calls by entry point
-	fresh      atomic.Int64                // new subjects handed out
-	failovers  []failover                  // Redis failovers, in time order
-	steps      []clockStep                 // forward steps of the agents' store's clock
-	faults     map[string]int              // the schedule's steps by kind
-	retries    atomic.Int64                // coordinator calls the agents' clients retried
-	streamEnds atomic.Int64                // lease watch streams that ended
+	mu          sync.Mutex
+	shapes      map[string]shape
+	timelines   map[string]*timeline
+	events      []string
+	agents      []*testAgent
+	proc        *testAgent                  // the agent run as a process (process_test.go), once started
+	procStarted chan error                  // its start under way, nil once joined
+	spans       map[string][]admission.Span // by rule|subject
+	byEntry     map[string]int              // admissions by entry point
+	calls       map[string]int              // calls by entry point
+	fresh       atomic.Int64                // new subjects handed out
+	failovers   []failover                  // Redis failovers, in time order
+	steps       []clockStep                 // forward steps of the agents' store's clock
+	faults      map[string]int              // the schedule's steps by kind
+	retries     atomic.Int64                // coordinator calls the agents' clients retried
+	streamEnds  atomic.Int64                // lease watch streams that ended
+	pausedCalls atomic.Int64                // calls that waited on the paused process agent
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -289,8 +294,8 @@ func (w *world) verify(seed uint64) {
 	for _, s := range w.steps {
 		ahead = append(ahead, s.D.Round(time.Millisecond).String())
 	}
-	t.Logf("bound checker: schedule steps taken: %s; failovers' lost writes: %s; forward clock steps: %s; coordinator calls retried %d, lease watch streams ended %d",
-		strings.Join(kinds, ", "), strings.Join(lost, ", "), strings.Join(ahead, ", "), w.retries.Load(), w.streamEnds.Load())
+	t.Logf("bound checker: schedule steps taken: %s; failovers' lost writes: %s; forward clock steps: %s; coordinator calls retried %d, lease watch streams ended %d (in-process agents'); calls that waited on the paused process agent %d",
+		strings.Join(kinds, ", "), strings.Join(lost, ", "), strings.Join(ahead, ", "), w.retries.Load(), w.streamEnds.Load(), w.pausedCalls.Load())
 	for _, rule := range ruleNames() {
 		c := closest[rule]
 		t.Logf("rule %s: closest to its bound: user=%s %.2f tokens in [%.3fs, %.3fs] (B %g, r %g, %.2f allowed for %d store faults); without the store's allowances: %.2f",
@@ -316,6 +321,9 @@ func (w *world) verify(seed uint64) {
 	}
 	if !lostSome {
 		t.Errorf("no Redis failover lost a write (replication bytes lost: %s): the run did not exercise it", strings.Join(lost, ", "))
+	}
+	if w.faults["pause"] > 0 && w.pausedCalls.Load() == 0 {
+		t.Errorf("no call waited on the paused agent: the run did not exercise a pause under load")
 	}
 	if w.retries.Load() == 0 {
 		t.Errorf("the agents' coordinator clients retried no call: the run did not exercise it")

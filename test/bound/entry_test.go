@@ -32,15 +32,17 @@ import (
 // gRPC (Ration's API and Envoy's) and HTTP on loopback. Its link to each
 // coordinator goes through a harness.Proxy of its own.
 type testAgent struct {
-	name    string
-	srv     *agent.Server
-	proxies []*harness.Proxy
-	rl      rationv1.RateLimiterClient
-	envoy   rlsv3.RateLimitServiceClient
-	base    string
-	http    *http.Client
-	stalled bool        // its links are under a fault: the schedule's; the test's goroutine only
-	quiet   atomic.Bool // callers leave it alone meanwhile
+	name     string
+	srv      *agent.Server         // in-process; nil for the process
+	proc     *harness.AgentProcess // the agent run as a process (process_test.go); nil in-process
+	proxies  []*harness.Proxy
+	rl       rationv1.RateLimiterClient
+	envoy    rlsv3.RateLimitServiceClient
+	base     string
+	http     *http.Client
+	stalled  bool         // its links are under a fault, or it is paused: the schedule's; the test's goroutine only
+	quiet    atomic.Bool  // callers leave it alone meanwhile
+	inflight atomic.Int64 // calls sent to it and not yet answered
 }
 
 // startAgent starts one more agent on the shared rules file.
@@ -51,12 +53,7 @@ func (w *world) startAgent() *testAgent {
 	name := fmt.Sprintf("a%d", len(w.agents)+1)
 	w.mu.Unlock()
 	a := &testAgent{name: name}
-	var addrs []string
-	for _, up := range w.coords.GRPCAddrs() {
-		p := harness.NewProxy(t, up)
-		a.proxies = append(a.proxies, p)
-		addrs = append(addrs, p.Addr())
-	}
+	addrs := w.linkAgent(a)
 	cfg := agent.DefaultConfig()
 	cfg.AgentID = name
 	cfg.RulesFile = w.rulesPath
@@ -94,15 +91,7 @@ func (w *world) startAgent() *testAgent {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
-	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	a.srv, a.rl, a.envoy = srv, rationv1.NewRateLimiterClient(conn), rlsv3.NewRateLimitServiceClient(conn)
-	a.base = "http://" + srv.HTTPAddr()
-	a.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
-	t.Cleanup(a.http.CloseIdleConnections)
+	a.srv = srv
 	deadline := time.Now().Add(30 * time.Second)
 	for !srv.Ready() {
 		if time.Now().After(deadline) {
@@ -110,11 +99,40 @@ func (w *world) startAgent() *testAgent {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	w.join(a, srv.GRPCAddr(), srv.HTTPAddr())
+	w.event("agent %s started", name)
+	return a
+}
+
+// linkAgent gives a its own proxy to each coordinator and returns their
+// addresses.
+func (w *world) linkAgent(a *testAgent) []string {
+	var addrs []string
+	for _, up := range w.coords.GRPCAddrs() {
+		p := harness.NewProxy(w.t, up)
+		a.proxies = append(a.proxies, p)
+		addrs = append(addrs, p.Addr())
+	}
+	return addrs
+}
+
+// join connects the callers' clients to a ready agent, listening on
+// grpcAddr and httpAddr, and hands it to the callers.
+func (w *world) join(a *testAgent, grpcAddr, httpAddr string) {
+	t := w.t
+	t.Helper()
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	a.rl, a.envoy = rationv1.NewRateLimiterClient(conn), rlsv3.NewRateLimitServiceClient(conn)
+	a.base = "http://" + httpAddr
+	a.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
+	t.Cleanup(a.http.CloseIdleConnections)
 	w.mu.Lock()
 	w.agents = append(w.agents, a)
 	w.mu.Unlock()
-	w.event("agent %s started", name)
-	return a
 }
 
 // The decision entry points a caller can use.
@@ -208,6 +226,8 @@ func (w *world) stopLoad() {
 func (w *world) call(rnd *rand.Rand, a *testAgent, entry string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	a.inflight.Add(1)
+	defer a.inflight.Add(-1)
 	switch entry {
 	case "Allow":
 		w.allowOne(ctx, rnd, a)
@@ -360,6 +380,11 @@ func (w *world) stream(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 // decisions made on leases: whether the run reached those paths.
 func (w *world) metrics() (promotions, leased float64) {
 	for _, a := range w.agents {
+		if a.proc != nil {
+			p, l := w.procMetrics(a)
+			promotions, leased = promotions+p, leased+l
+			continue
+		}
 		mfs, err := a.srv.Registry.Gather()
 		if err != nil {
 			w.t.Fatalf("agent %s metrics: %v", a.name, err)
