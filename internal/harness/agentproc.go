@@ -3,7 +3,6 @@ package harness
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -14,21 +13,6 @@ import (
 	"testing"
 	"time"
 )
-
-// BuildCommand builds this module's cmd/<name> with a plain go build (no
-// -race: the binary is a process under test, not the test itself, and a
-// race-built agent is several times slower) into dir and returns its
-// path. Go's build cache makes it a link step when the tree's packages
-// were built before. It calls nothing on a testing.TB, so that a test
-// may build while it starts other things.
-func BuildCommand(ctx context.Context, dir, name string) (string, error) {
-	out := filepath.Join(dir, name)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "github.com/ration-dev/ration/cmd/"+name)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("harness: go build %s: %w\n%s", name, err, b)
-	}
-	return out, nil
-}
 
 // AgentProcess is a gateway-agent running as a process of its own, which a
 // test can freeze whole (SIGSTOP) and thaw (SIGCONT): its decisions, its
@@ -50,22 +34,31 @@ type AgentProcess struct {
 // readiness.
 const agentStartTimeout = 30 * time.Second
 
-// StartAgentProcess runs bin (from BuildCommand) as agent id with args
-// (its rules, stores, timings), on loopback ports the agent binds itself
-// (-grpc and -http 127.0.0.1:0, so no port is picked before it is bound),
-// read from its "gateway-agent started" log line; -log-format json is
-// added for that. It returns once /readyz answers 200, or an error if the
-// agent exited or was not ready within 30 s. It calls nothing on t but
-// Cleanup (and Logf there), so that it may run on a goroutine of the
-// test's.
-func StartAgentProcess(t testing.TB, bin, id string, args ...string) (*AgentProcess, error) {
+// AgentProcessOptions say what StartAgentProcess runs.
+type AgentProcessOptions struct {
+	// Bin is a gateway-agent binary, or a test binary that runs as one
+	// when Env tells it to (test/bound re-executes itself: no build).
+	Bin  string
+	ID   string   // -id
+	Args []string // its other flags: rules, stores, timings
+	Env  []string // added to the test's environment
+}
+
+// StartAgentProcess runs an agent process on loopback ports it binds
+// itself (-grpc and -http 127.0.0.1:0, so no port is picked before it is
+// bound), read from its "gateway-agent started" log line; -log-format
+// json is added for that. It returns once /readyz answers 200, or an
+// error if the agent exited or was not ready within 30 s.
+func StartAgentProcess(t testing.TB, o AgentProcessOptions) (*AgentProcess, error) {
+	id := o.ID
 	a := &AgentProcess{ID: id, t: t, log: filepath.Join(t.TempDir(), "agent-"+id+".log"), done: make(chan struct{})}
 	f, err := os.Create(a.log)
 	if err != nil {
 		return nil, fmt.Errorf("harness: agent %s log: %w", id, err)
 	}
-	all := append([]string{"-id", id, "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-format", "json"}, args...)
-	a.cmd = exec.Command(bin, all...)
+	all := append([]string{"-id", id, "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-format", "json"}, o.Args...)
+	a.cmd = exec.Command(o.Bin, all...)
+	a.cmd.Env = append(os.Environ(), o.Env...)
 	a.cmd.Stdout, a.cmd.Stderr = f, f
 	a.cmd.SysProcAttr = procAttr()
 	if err := a.cmd.Start(); err != nil {

@@ -121,14 +121,13 @@ func TestBoundOnEveryPath(t *testing.T) {
 	seed, run := seedAndRun(t)
 	t.Logf("bound checker: seed %d, run %v (%s, %s)", seed, run, envSeed, envRun)
 	w := newWorld(t, seed)
-	w.startProcessAgent()
 	for range 2 {
 		w.startAgent()
 	}
+	w.proc = w.startProcessAgent()
 	w.startLoad(seed)
 	w.runSchedule(run)
 	w.stopLoad()
-	w.joinProcess(true)
 	w.verify(seed)
 }
 

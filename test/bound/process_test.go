@@ -2,72 +2,105 @@ package bound
 
 import (
 	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/logformat"
 
 	"github.com/ration-dev/ration/internal/harness"
 )
 
-// startProcessAgent starts the one agent that runs as a gateway-agent
-// process, built from this tree (harness.BuildCommand), so that the
-// schedule can pause it whole (pause): an in-process agent cannot be
-// frozen, and a stall of its links leaves its own code running (its
-// clock checks, its lease loop, its timers). It is configured as the
-// in-process agents are, through its flags, on the same rules file, its
-// own proxy to each coordinator and the agents' Redis proxy; but for its
-// lease holder's idle release, which has no flag: a quota idle for a
-// minute, not 3 s, is released (so its default-share copies are not
-// forgotten within a run; the in-process agents' are).
-//
-// The build (a link step, seconds on a loaded machine) and the start run
-// on a goroutine while the rest of the world starts and the load begins;
-// joinProcess hands the agent to the callers once it is ready.
-func (w *world) startProcessAgent() {
+// envAgentProcess, set in a child's environment, makes the test binary
+// run as a gateway-agent process (TestMain) instead of running tests.
+const envAgentProcess = "RATION_BOUND_AGENT_PROCESS"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envAgentProcess) != "" {
+		os.Exit(runAgentProcess(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// runAgentProcess is the agent process: cmd/gateway-agent's run, from
+// its flags (agent.Config.BindFlags) to agent.Start with the holder the
+// agent builds itself, and SIGTERM to shut down; without -dev, -validate,
+// -version and SIGHUP, which the checker does not use. The test binary
+// re-executes itself as it rather than building cmd/gateway-agent: on a
+// loaded machine that build (a link step) took 10 to 20 s, a third of
+// the run without the process. Being the test binary, it is built with
+// -race when the test is.
+func runAgentProcess(args []string) int {
+	cfg := agent.DefaultConfig()
+	fs := flag.NewFlagSet("gateway-agent", flag.ContinueOnError)
+	cfg.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := cfg.Check(); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway-agent:", err)
+		return 2
+	}
+	format, _ := logformat.Parse(cfg.LogFormat)
+	level := slog.LevelInfo
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	logger := logformat.New(os.Stderr, format, level)
+	redis.SetLogger(agent.RedisLogger{Logger: logger})
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	srv, err := agent.Start(ctx, cfg, logger, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gateway-agent:", err)
+		return 2
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway-agent:", err)
+		return 2
+	}
+	return 0
+}
+
+// startProcessAgent starts the one agent that runs as a process of its
+// own (runAgentProcess), so that the schedule can pause it whole (pause):
+// an in-process agent cannot be frozen, and a stall of its links leaves
+// its own code running (its clock checks, its lease loop, its timers).
+// It is configured as the in-process agents are, through its flags, on
+// the same rules file, its own proxy to each coordinator and the agents'
+// Redis proxy; but for its lease holder, which is the one the agent
+// builds: a quota idle for a minute, not 3 s, is released (its
+// default-share copies are not forgotten within a run; the in-process
+// agents' are), and its coordinator client's retries are not counted.
+func (w *world) startProcessAgent() *testAgent {
 	t := w.t
 	t.Helper()
 	a := &testAgent{name: "p1"}
 	addrs := w.linkAgent(a)
-	args := []string{"-rules", w.rulesPath, "-redis", w.redisPx.Addr(), "-coordinators", strings.Join(addrs, ","), "-insecure",
-		"-decision-timeout", decisionTimeout.String(), "-first-grant-timeout", decisionTimeout.String(),
-		"-reload-interval", reloadInterval.String(), "-log-level", "info"}
-	dir := t.TempDir()
-	done := make(chan error, 1)
-	w.procStarted = done
-	go func() {
-		bin, err := harness.BuildCommand(t.Context(), dir, "gateway-agent")
-		if err == nil {
-			a.proc, err = harness.StartAgentProcess(t, bin, a.name, args...)
-		}
-		if err == nil {
-			w.proc = a
-		}
-		done <- err
-	}()
-}
-
-// joinProcess hands the process agent to the callers once it has started
-// (at once if wait), and fails the test if it could not start.
-func (w *world) joinProcess(wait bool) {
-	if w.procStarted == nil {
-		return
-	}
 	var err error
-	if wait {
-		err = <-w.procStarted
-	} else {
-		select {
-		case err = <-w.procStarted:
-		default:
-			return
-		}
-	}
-	w.procStarted = nil
+	a.proc, err = harness.StartAgentProcess(t, harness.AgentProcessOptions{
+		Bin: os.Args[0], ID: a.name, Env: []string{envAgentProcess + "=1"},
+		Args: []string{"-rules", w.rulesPath, "-redis", w.redisPx.Addr(), "-coordinators", strings.Join(addrs, ","), "-insecure",
+			"-decision-timeout", decisionTimeout.String(), "-first-grant-timeout", decisionTimeout.String(),
+			"-reload-interval", reloadInterval.String(), "-log-level", "info"},
+	})
 	if err != nil {
-		w.t.Fatalf("the process agent: %v", err)
+		t.Fatalf("the process agent: %v", err)
 	}
-	a := w.proc
 	w.join(a, a.proc.GRPC, a.proc.HTTP)
 	w.event("agent %s started (a process)", a.name)
+	return a
 }
 
 // pause freezes the process agent (SIGSTOP) for 1.2 to 3 lease periods,
@@ -78,7 +111,7 @@ func (w *world) joinProcess(wait bool) {
 // returns the step that ends it, or nil if it is under a fault already.
 func (w *world) pause() []pending {
 	a := w.proc
-	if w.procStarted != nil || a == nil || a.stalled {
+	if a == nil || a.stalled {
 		return nil
 	}
 	a.stalled = true

@@ -50,7 +50,6 @@ func (w *world) runSchedule(run time.Duration) {
 	start := w.now()
 	end := start + run
 	for w.now() < end {
-		w.joinProcess(false)
 		slices.SortStableFunc(todo, byTime)
 		for len(todo) > 0 && todo[0].at <= w.now() {
 			todo[0].do()
