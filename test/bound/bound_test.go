@@ -279,6 +279,13 @@ func (w *world) verify(seed uint64) {
 	promotions, leased := w.metrics()
 	t.Logf("bound checker: %d subjects, %d admissions; admitted/calls by entry point: %s; %v hot promotions taken up, %v decisions on leases",
 		len(keys), admitted, strings.Join(entries, ", "), promotions, leased)
+	if w.proc != nil {
+		// Leases the process agent held through a pause lapse at the
+		// coordinators: its first renewals after it are answered
+		// expired (and stalls, resets and leader kills add theirs).
+		t.Logf("bound checker: the process agent's leases reported expired by the coordinators: %v (ration_agent_lease_expired_total)",
+			w.procMetric(w.proc, "ration_agent_lease_expired_total", ""))
+	}
 	var kinds []string
 	for _, k := range stepKinds {
 		kinds = append(kinds, fmt.Sprintf("%s %d", k.name, w.faults[k.name]))

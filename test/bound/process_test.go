@@ -129,29 +129,32 @@ func (w *world) pause() []pending {
 // procMetrics reads, from the process agent's /metrics, what metrics
 // gathers from an in-process agent's registry.
 func (w *world) procMetrics(a *testAgent) (promotions, leased float64) {
+	return w.procMetric(a, "ration_agent_hot_promotions_total", ""), w.procMetric(a, "ration_decisions_total", `path="leased"`)
+}
+
+// procMetric sums the process agent's samples of the metric name whose
+// labels hold label ("" for all).
+func (w *world) procMetric(a *testAgent, name, label string) float64 {
 	text, err := a.proc.Metrics()
 	if err != nil {
 		w.t.Fatalf("%v", err)
 	}
+	var sum float64
 	sc := bufio.NewScanner(strings.NewReader(text))
 	for sc.Scan() {
 		line := sc.Text()
-		name, rest, _ := strings.Cut(line, " ")
+		n, rest, _ := strings.Cut(line, " ")
 		labels := ""
 		if i := strings.IndexByte(line, '{'); i >= 0 {
 			j := strings.LastIndexByte(line, '}')
-			name, labels, rest = line[:i], line[i:j+1], strings.TrimSpace(line[j+1:])
+			n, labels, rest = line[:i], line[i:j+1], strings.TrimSpace(line[j+1:])
 		}
-		v, err := strconv.ParseFloat(strings.Fields(rest + " x")[0], 64)
-		if err != nil {
+		if n != name || !strings.Contains(labels, label) {
 			continue
 		}
-		switch {
-		case name == "ration_agent_hot_promotions_total":
-			promotions += v
-		case name == "ration_decisions_total" && strings.Contains(labels, `path="leased"`):
-			leased += v
+		if v, err := strconv.ParseFloat(strings.Fields(rest + " x")[0], 64); err == nil {
+			sum += v
 		}
 	}
-	return promotions, leased
+	return sum
 }
