@@ -1,14 +1,16 @@
 // Package bound holds the randomized bound checker: real coordinators
-// (a 3-node Raft group), a real redis-server primary with a replica and
-// real agents in-process, driven through every decision entry point of
-// the agent (gRPC Allow, AllowBatch, AllowStream, Envoy's
+// (a 3-node Raft group), a real redis-server primary with a replica, real
+// agents in-process and one agent process (the test binary re-executed
+// as a gateway-agent, TestMain), driven through every decision entry
+// point of the agent (gRPC Allow, AllowBatch, AllowStream, Envoy's
 // ShouldRateLimit, HTTP /v1/allow and /v1/check) while a seeded schedule
 // reloads the rules, kills and restarts the Raft leader, stalls agents'
-// links to the coordinators for longer than a lease, resets them or drops
-// the coordinators' replies (so the agents' coordinator clients retry and
-// their streams break), starts new agents, fails Redis over to a replica
-// whose link was cut (a suffix of writes lost), and steps the Redis
-// servers' clocks. Every admission is recorded from the callers' side as
+// links to the coordinators for longer than a lease, pauses the agent
+// process whole (SIGSTOP) for as long with calls in flight to it, resets
+// agents' links or drops the coordinators' replies (so the agents'
+// coordinator clients retry and their streams break), starts new agents,
+// fails Redis over to a replica whose link was cut (a suffix of writes
+// lost), and steps the Redis servers' clocks. Every admission is recorded from the callers' side as
 // the span [send, answer], and each (rule, subject) is held to B + r*T in
 // every window, with the largest shape the rule had in that window and
 // the allowances docs/failure-policies.md and docs/configuration.md state
@@ -16,10 +18,12 @@
 //
 // It does not reach: regional coordinator groups and their upstream
 // lease (region cuts), Redis Cluster or Sentinel, a promoted key evicted
-// under a memory policy, agents paused as processes, coordinators whose
-// clocks differ (in-process nodes share one). See docs/reliability.md
-// (The bound checker) for what each of those is checked by, and how to
-// run the checker longer or at another seed.
+// under a memory policy, coordinators whose clocks differ (in-process
+// nodes share one). A pause inside a decision (between its clock reading
+// and its spend) lies inside the call's span, which no judge from the
+// callers' side can see into. See docs/reliability.md (The bound
+// checker) for what each of those is checked by, and how to run the
+// checker longer or at another seed.
 //
 // The package has no code outside its tests.
 package bound
