@@ -129,6 +129,7 @@ func TestBoundOnEveryPath(t *testing.T) {
 	w.runSchedule(run)
 	w.stopLoad()
 	w.verify(seed)
+	w.checkProcessRaces()
 }
 
 // world is the system under test and what the checker saw of it.

@@ -158,3 +158,17 @@ func (w *world) procMetric(a *testAgent, name, label string) float64 {
 	}
 	return sum
 }
+
+// checkProcessRaces fails the test if the race detector reported a race
+// in the agent process (built with -race when the test is): its reports
+// go to the process's output, and the process is killed at the end, so
+// they would fail nothing.
+func (w *world) checkProcessRaces() {
+	if w.proc == nil {
+		return
+	}
+	if out := w.proc.proc.Tail(1 << 30); strings.Contains(out, "WARNING: DATA RACE") {
+		i := strings.Index(out, "WARNING: DATA RACE")
+		w.t.Errorf("the agent process reported a data race:\n%s", out[i:min(len(out), i+8000)])
+	}
+}
