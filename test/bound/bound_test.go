@@ -165,6 +165,8 @@ type world struct {
 	streamEnds  atomic.Int64                // lease watch streams that ended
 	pausedCalls atomic.Int64                // calls that waited on the paused process agent
 
+	rush atomic.Pointer[rush] // callers sent to an agent just resumed (process_test.go)
+
 	stop chan struct{}
 	wg   sync.WaitGroup
 }

@@ -1,20 +1,21 @@
-// Package bound holds the randomized bound checker: real coordinators
-// (a 3-node Raft group), a real redis-server primary with a replica, real
-// agents in-process and one agent process (the test binary re-executed
-// as a gateway-agent, TestMain), driven through every decision entry
-// point of the agent (gRPC Allow, AllowBatch, AllowStream, Envoy's
-// ShouldRateLimit, HTTP /v1/allow and /v1/check) while a seeded schedule
-// reloads the rules, kills and restarts the Raft leader, stalls agents'
-// links to the coordinators for longer than a lease, pauses the agent
-// process whole (SIGSTOP) for as long with calls in flight to it, resets
-// agents' links or drops the coordinators' replies (so the agents'
-// coordinator clients retry and their streams break), starts new agents,
-// fails Redis over to a replica whose link was cut (a suffix of writes
-// lost), and steps the Redis servers' clocks. Every admission is recorded from the callers' side as
+// Package bound holds the randomized bound checker: real coordinators (a
+// 3-node Raft group), a real redis-server primary with a replica, real
+// agents in-process and one agent process (the test binary re-executed as
+// a gateway-agent, TestMain), driven through every decision entry point of
+// the agent (gRPC Allow, AllowBatch, AllowStream, Envoy's ShouldRateLimit,
+// HTTP /v1/allow and /v1/check) while a seeded schedule reloads the rules,
+// kills and restarts the Raft leader, stalls agents' links to the
+// coordinators for longer than a lease, pauses the agent process whole
+// (SIGSTOP) for as long with calls in flight to it (and every caller sent
+// to it after its SIGCONT), resets agents' links or drops the
+// coordinators' replies (so the agents' coordinator clients retry and
+// their streams break), starts new agents, fails Redis over to a replica
+// whose link was cut (a suffix of writes lost), and steps the Redis
+// servers' clocks. Every admission is recorded from the callers' side as
 // the span [send, answer], and each (rule, subject) is held to B + r*T in
-// every window, with the largest shape the rule had in that window and
-// the allowances docs/failure-policies.md and docs/configuration.md state
-// (a mode switch; a Redis failover; a forward step of Redis's clock).
+// every window, with the largest shape the rule had in that window and the
+// allowances docs/failure-policies.md and docs/configuration.md state (a
+// mode switch; a Redis failover; a forward step of Redis's clock).
 //
 // It does not reach: regional coordinator groups and their upstream
 // lease (region cuts), Redis Cluster or Sentinel, a promoted key evicted

@@ -197,7 +197,11 @@ func (w *world) startLoad(seed uint64) {
 					return
 				default:
 				}
-				if a == nil || a.quiet.Load() || time.Now().After(until) {
+				if r, ok := w.rushing(); ok && a != r {
+					// Every caller back at an agent just resumed from a
+					// pause, while its timers and lease loop catch up.
+					a, until = r, time.Now().Add(rushFor)
+				} else if a == nil || a.quiet.Load() || time.Now().After(until) {
 					w.mu.Lock()
 					a = w.agents[rnd.IntN(len(w.agents))]
 					for k := 0; a.quiet.Load() && k < len(w.agents); k++ {

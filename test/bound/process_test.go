@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -107,8 +108,9 @@ func (w *world) startProcessAgent() *testAgent {
 // with the callers still calling it: its decisions under way stop between
 // whatever clock reading and spend they were at, its leases lapse at the
 // coordinators while its lease loop is frozen, and at SIGCONT its timers
-// fire late, all at once, with the calls that waited meanwhile. It
-// returns the step that ends it, or nil if it is under a fault already.
+// fire late, all at once, with the calls that waited meanwhile; then
+// every caller calls it for rushFor. It returns the step that ends it, or
+// nil if it is under a fault already.
 func (w *world) pause() []pending {
 	a := w.proc
 	if a == nil || a.stalled {
@@ -120,10 +122,31 @@ func (w *world) pause() []pending {
 	return []pending{{at: w.now() + w.between(6*leasePeriod/5, 3*leasePeriod), do: func() {
 		waiting := a.inflight.Load()
 		a.proc.Resume()
+		w.rush.Store(&rush{to: a, until: time.Now().Add(rushFor)})
 		a.stalled = false
 		w.pausedCalls.Add(waiting)
 		w.event("agent %s resumed (SIGCONT), %d calls waiting on it", a.name, waiting)
 	}}}
+}
+
+// rushFor is how long every caller calls an agent just resumed: its first
+// decisions after a pause are the ones a caller could see wrong (the
+// calls that waited through it span it whole).
+const rushFor = 300 * time.Millisecond
+
+// rush sends every caller to one agent until a time.
+type rush struct {
+	to    *testAgent
+	until time.Time
+}
+
+// rushing reports the agent every caller should call now, if any.
+func (w *world) rushing() (*testAgent, bool) {
+	r := w.rush.Load()
+	if r == nil || time.Now().After(r.until) {
+		return nil, false
+	}
+	return r.to, true
 }
 
 // procMetrics reads, from the process agent's /metrics, what metrics
