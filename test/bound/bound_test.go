@@ -152,8 +152,7 @@ type world struct {
 	timelines   map[string]*timeline
 	events      []string
 	agents      []*testAgent
-	proc        *testAgent                  // the agent run as a process (process_test.go), once started
-	procStarted chan error                  // its start under way, nil once joined
+	proc        *testAgent                  // the agent run as a process (process_test.go)
 	spans       map[string][]admission.Span // by rule|subject
 	byEntry     map[string]int              // admissions by entry point
 	calls       map[string]int              // calls by entry point

@@ -197,7 +197,7 @@ func (w *world) startLoad(seed uint64) {
 					return
 				default:
 				}
-				if r, ok := w.rushing(); ok && a != r {
+				if r, ok := w.rushing(); ok && a != r && !r.quiet.Load() {
 					// Every caller back at an agent just resumed from a
 					// pause, while its timers and lease loop catch up.
 					a, until = r, time.Now().Add(rushFor)
