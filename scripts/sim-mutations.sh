@@ -3,8 +3,8 @@
 # internal/lease or internal/holder on purpose; the simulator must catch
 # each one (ration-sim exits 1 with "verdict: FAIL") at every seed its
 # header names ("seeds: 1 2 3"), with the ration-sim flags its header
-# gives ("flags: -nudges", optional). Each runs on a copy of this work
-# tree; nothing here is changed. A report that passes is printed in full.
+# gives ("flags: -nudges", optional). Nothing here is changed (see
+# scripts/lib/overlay.sh). A report that passes is printed in full.
 #
 #   scripts/sim-mutations.sh                  # all of them
 #   scripts/sim-mutations.sh 03-holder-double-validity
@@ -18,18 +18,18 @@ if [ $# -gt 0 ]; then
 else
   patches=(internal/sim/testdata/mutations/*.patch)
 fi
+# shellcheck source=lib/overlay.sh
+. scripts/lib/overlay.sh
 bad=0
 for p in "${patches[@]}"; do
   name=$(basename "$p" .patch)
   src="$tmp/$name"
-  mkdir -p "$src"
-  git ls-files -z | xargs -0 cp --parents -t "$src"
-  if ! (cd "$src" && git apply "$OLDPWD/$p"); then
+  if ! overlay "$p" "$src"; then
     echo "sim-mutations: $name: the patch no longer applies; refresh it"
     bad=1
     continue
   fi
-  (cd "$src" && go build -o "$tmp/$name.bin" ./cmd/ration-sim)
+  go build -overlay "$src/overlay.json" -o "$tmp/$name.bin" ./cmd/ration-sim
   read -r -a flags <<<"$(sed -n 's/^flags: //p' "$p")"
   for seed in $(sed -n 's/^seeds: //p' "$p"); do
     out="$tmp/$name-$seed.txt"

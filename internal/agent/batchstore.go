@@ -47,21 +47,22 @@ func (s *Service) storeSteps(caller context.Context, steps []step, at []int) {
 	size := min(len(at), storeChunk)
 	reqs := make([]bucket.Request, size)
 	outs := make([]bucket.Outcome, size)
+	part := make([]int, 0, size) // storeCall's to change: at is the caller's
 	for len(at) > 0 {
-		part := at[:min(len(at), size)]
+		part = append(part[:0], at[:min(len(at), size)]...)
 		at = at[len(part):]
-		for j, i := range part {
-			reqs[j] = steps[i].req
-		}
-		s.storeCall(caller, steps, reqs[:len(part)], part, outs)
+		s.storeCall(caller, steps, reqs, part, outs)
 	}
 }
 
-// storeCall decides steps[at[j]] by reqs[j] in one store call, with a
-// deadline of its own.
+// storeCall decides steps[at[j]] in one store call, with a deadline of its
+// own; at, reqs and outs are its scratch (reqs and outs at least as long
+// as at). The call counts once for each node it went to (a
+// Cluster client splits it per node): a node that failed it is one
+// failure of that node, and the other nodes' answers close their own
+// counts, so a dead master never opens a healthy one's breaker.
 func (s *Service) storeCall(caller context.Context, steps []step, reqs []bucket.Request, at []int, outs []bucket.Outcome) {
-	switch {
-	case caller.Err() != nil:
+	if caller.Err() != nil {
 		// The caller is gone (or its deadline passed) before this call:
 		// nothing to ask of the store, and nothing said of it.
 		s.metrics.storeErrors.WithLabelValues("caller_gone").Add(float64(len(at)))
@@ -69,39 +70,70 @@ func (s *Service) storeCall(caller context.Context, steps []step, reqs []bucket.
 			steps[i].path = pathFallback // pathGone in charge's last loop
 		}
 		return
-	case !s.breaker.Allow():
-		// Opened since the batch began (by another caller's failures, or
-		// this batch's previous call): as chargeStore does.
-		s.metrics.breakerShortCircuits.Add(float64(len(at)))
-		for _, i := range at {
-			steps[i].path = pathFallback
+	}
+	// Steps whose node's breaker opened since the batch began (by another
+	// caller's failures, or this batch's previous call) fall to their
+	// policy, as in route.
+	k := 0
+	for _, i := range at {
+		if st := &steps[i]; !st.node.br.Allow() {
+			s.metrics.breakerShortCircuits.Inc()
+			st.path = pathFallback
+			continue
 		}
+		reqs[k], at[k] = steps[i].req, i
+		k++
+	}
+	if k == 0 {
 		return
 	}
+	reqs, at = reqs[:k], at[:k]
 	ctx, cancel := s.bound(caller)
 	outs = outs[:len(reqs)]
 	s.store.TakeBatch(ctx, reqs, outs)
 	cancel()
 	now := time.Now()
-	health := storeSilent
-	var failure error // the first failure of the call, the episode's cause
+	var hs [4]nodeHealth // a call's nodes: as many as a Cluster's masters
+	health := hs[:0]
 	for j, i := range at {
-		switch s.adoptStore(caller, &steps[i], outs[j].Result, outs[j].Err) {
+		st := &steps[i]
+		h := st.adoptHealth(&health)
+		switch s.adoptStore(caller, st, outs[j].Result, outs[j].Err) {
 		case storeFailed:
-			health = storeFailed
-			if failure == nil {
-				failure = outs[j].Err
+			health[h].health = storeFailed
+			if health[h].failure == nil {
+				health[h].failure = outs[j].Err
 			}
 		case storeAnswered:
-			if health == storeSilent {
-				health = storeAnswered
+			if health[h].health == storeSilent {
+				health[h].health = storeAnswered
 			}
 		}
 	}
-	switch health {
-	case storeFailed:
-		s.storeFailure(now, failure)
-	case storeAnswered:
-		s.storeSuccess(now)
+	for _, h := range health {
+		switch h.health {
+		case storeFailed:
+			s.nodes.failure(h.node, now, h.failure)
+		case storeAnswered:
+			s.nodes.success(h.node, now)
+		}
 	}
+}
+
+// nodeHealth is what one store call says of one node.
+type nodeHealth struct {
+	node    *storeNode
+	health  storeHealth
+	failure error // the node's first failure in the call, its episode's cause
+}
+
+// adoptHealth is the index of st's node in *hs, added if need be.
+func (st *step) adoptHealth(hs *[]nodeHealth) int {
+	for k := range *hs {
+		if (*hs)[k].node == st.node {
+			return k
+		}
+	}
+	*hs = append(*hs, nodeHealth{node: st.node})
+	return len(*hs) - 1
 }

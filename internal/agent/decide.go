@@ -158,6 +158,9 @@ type step struct {
 	// never: a shadow rule that could never admit the request as sent
 	// (neverAdmits); denied, and never charged.
 	never bool
+	// node: the store node that decides the step's key (set when it goes
+	// to the store): its breaker, its outage episode.
+	node *storeNode
 }
 
 // item is one request of a batch while it is being decided.
@@ -597,14 +600,20 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 			now = time.Now()
 		}
 		// An emergency allowance is measured from the start of the outage
-		// of the dependency this rule uses.
-		down := s.fallback.since(now)
+		// of the dependency this rule uses: the coordinators, or the store
+		// node its bucket is on.
+		var down time.Duration
 		leased := st.rule.Mode == rules.ModeLeased || st.hot != nil
-		if leased {
-			down = 0
+		switch {
+		case leased:
 			if s.leases != nil {
 				down = s.leases.DownFor()
 			}
+		default:
+			if st.node == nil {
+				st.node = s.nodes.of(ctx, st.key())
+			}
+			down = st.node.since(now)
 		}
 		if s.fallback.decide(ctx, st, down, leased, now) {
 			s.logActivation(st)
@@ -727,13 +736,7 @@ func (s *Service) prepareLeases(steps []step) {
 }
 
 func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
-	if !s.breaker.Allow() {
-		s.metrics.breakerShortCircuits.Add(float64(n))
-		for i := range steps {
-			if steps[i].path == pathRedis {
-				steps[i].path = pathFallback
-			}
-		}
+	if n = s.route(ctx, steps); n == 0 {
 		return
 	}
 	if n > 1 {
@@ -750,6 +753,27 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 			return
 		}
 	}
+}
+
+// route gives each store step its node; a step whose node's breaker is
+// open falls to its rule's policy without waiting. It returns how many
+// steps still go to the store.
+func (s *Service) route(ctx context.Context, steps []step) int {
+	n := 0
+	for i := range steps {
+		st := &steps[i]
+		if st.path != pathRedis {
+			continue
+		}
+		st.node = s.nodes.of(ctx, st.req.Key)
+		if !st.node.br.Allow() {
+			s.metrics.breakerShortCircuits.Inc()
+			st.path = pathFallback
+			continue
+		}
+		n++
+	}
+	return n
 }
 
 // bound gives a decision's store calls their deadline: ctx limited to the
@@ -788,13 +812,13 @@ func noCancel() {}
 // storeResult adopts the store's answer for st. caller is the request's own
 // context: a store call cut short because the caller hung up (or its own
 // deadline passed first) says nothing about the store, so it neither
-// counts against the circuit breaker nor starts the fallback's outage.
+// counts against its node's circuit breaker nor starts its outage.
 func (s *Service) storeResult(caller context.Context, st *step, res bucket.Result, err error, now time.Time) {
 	switch s.adoptStore(caller, st, res, err) {
 	case storeFailed:
-		s.storeFailure(now, err)
+		s.nodes.failure(st.node, now, err)
 	case storeAnswered:
-		s.storeSuccess(now)
+		s.nodes.success(st.node, now)
 	}
 }
 
@@ -820,7 +844,7 @@ func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result
 		// Validation happened before I/O, so any error here is the store's:
 		// the outcome is uncertain and the rule's policy decides.
 		// An outage and refused credentials are logged once an episode
-		// (fallback.failure), not once a decision.
+		// (storeNodes.failure), not once a decision.
 		if !errors.Is(err, bucket.ErrUnavailable) && !errors.Is(err, bucket.ErrAuth) {
 			s.logger.Error("unexpected store error", "rule", st.rule.Name, "err", err)
 		}
@@ -834,21 +858,6 @@ func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result
 	// (with its id) is still right if this attempt ends denied.
 	st.charged = res.Allowed
 	return storeAnswered
-}
-
-// storeFailure counts a store call that failed against the circuit breaker
-// and starts the fallback's outage episode.
-// err is the failure the episode's first log line names as its cause.
-func (s *Service) storeFailure(now time.Time, err error) {
-	s.breaker.Failure(now)
-	s.fallback.failure(now, err)
-}
-
-// storeSuccess counts a store call that was answered: it closes the
-// breaker's count and ends an outage episode.
-func (s *Service) storeSuccess(now time.Time) {
-	s.breaker.Success(now)
-	s.fallback.success(now)
 }
 
 func verdict(allowed bool) Reason {

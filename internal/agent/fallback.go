@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -12,25 +11,34 @@ import (
 	"github.com/ration-dev/ration/internal/rules"
 )
 
-// fallback applies a rule's failure policy when its store or lease cannot
-// decide. An episode starts at the first failure after a healthy period and
-// ends at the next success; emergency admission is allowed for at most the
-// rule's max_duration into the episode, then the rule fails closed.
+// fallback applies a rule's failure policy when its store node or lease
+// cannot decide. A store rule's episode is its node's (storeNode): it
+// starts at the node's first failure after a healthy period and ends at
+// its next success; emergency admission is allowed for at most the rule's
+// max_duration into the episode, then the rule fails closed.
 type fallback struct {
 	logger  *slog.Logger
 	metrics *metrics
 	local   *bucket.MemoryStore // emergency buckets, per agent
+	// leased: the leased rules that fell to their policy, logged at most
+	// once a minute each (their dependency has episodes of its own, per
+	// quota); a store rule's are its node's (storeNode.acts).
+	leased activations
+}
 
-	episodeStart atomic.Int64 // unix nanos; 0 = healthy
-
-	// activated: rule name -> unix nanos of its last activation line. A
-	// store rule logs once per store episode; a leased rule once a
-	// minute at most (its dependency has episodes of its own, per quota).
-	activated sync.Map
+// activations are the rules that fell to their failure policy: rule name ->
+// unix nanos of its last activation line.
+type activations struct {
+	m         sync.Map
 	decisions atomic.Int64
-	// lastErr is the store's last failure (a string), the cause an
-	// activation line names.
-	lastErr atomic.Value
+}
+
+// reset forgets the rules activated (an episode ended) and returns how
+// many fallback decisions were made meanwhile.
+func (a *activations) reset() int64 {
+	n := a.decisions.Swap(0)
+	a.m.Clear()
+	return n
 }
 
 // leasedRelog is how often a leased rule's activation is logged again
@@ -41,50 +49,6 @@ func newFallback(logger *slog.Logger, m *metrics) *fallback {
 	return &fallback{logger: logger, metrics: m, local: bucket.NewMemoryStore(nil)}
 }
 
-// failure records that the store could not decide, err saying why. The
-// first failure of an episode is logged with its cause: a store that
-// refuses the agent's credentials is not a store that is down, and the
-// operator fixes the one in -redis, not the network.
-func (f *fallback) failure(now time.Time, err error) {
-	if err != nil {
-		f.lastErr.Store(err.Error())
-	}
-	if f.episodeStart.CompareAndSwap(0, now.UnixNano()) {
-		msg := "store unreachable: failure policies in force"
-		if errors.Is(err, bucket.ErrAuth) {
-			msg = "store refused the agent's credentials (authentication failed): failure policies in force"
-		}
-		f.logger.Warn(msg, "since", now, "err", err)
-		f.metrics.fallbackActive.Set(1)
-	}
-}
-
-// success records that the store answered; it ends an episode.
-func (f *fallback) success(now time.Time) {
-	if f.episodeStart.Load() == 0 {
-		return
-	}
-	start := f.episodeStart.Swap(0)
-	if start == 0 {
-		return
-	}
-	n := f.decisions.Swap(0)
-	f.activated.Clear()
-	f.metrics.fallbackActive.Set(0)
-	f.logger.Info("store reachable again: failure policies lifted",
-		"outage", now.Sub(time.Unix(0, start)).Round(time.Millisecond), "fallback_decisions", n)
-}
-
-// since returns how long the current episode has lasted (0 when none has
-// started, which happens when a leased rule has no lease yet).
-func (f *fallback) since(now time.Time) time.Duration {
-	start := f.episodeStart.Load()
-	if start == 0 {
-		return 0
-	}
-	return now.Sub(time.Unix(0, start))
-}
-
 // decide applies the rule's policy to one step, down being how long the
 // rule's dependency has been out; leased: that dependency is the
 // coordinators. It reports whether this is the rule's activation, which
@@ -92,7 +56,11 @@ func (f *fallback) since(now time.Time) time.Duration {
 // function value, which would move a lone decision's steps to the heap).
 func (f *fallback) decide(ctx context.Context, st *step, down time.Duration, leased bool, now time.Time) (activated bool) {
 	r := st.rule
-	activated = f.activate(r, leased, now)
+	acts := &f.leased
+	if !leased && st.node != nil {
+		acts = &st.node.acts
+	}
+	activated = f.activate(acts, r, leased, now)
 	switch r.OnFailure {
 	case rules.FailOpen:
 		st.allowed, st.reason = true, ReasonUnavailable
@@ -135,17 +103,17 @@ func (f *fallback) refund(ctx context.Context, st *step) {
 // (of a leased rule: at most once a minute), naming the dependency that
 // failed and its error: "failure policy activated" alone tells an
 // operator nothing to fix.
-func (f *fallback) activate(r *rules.Rule, leased bool, now time.Time) bool {
-	f.decisions.Add(1)
+func (f *fallback) activate(a *activations, r *rules.Rule, leased bool, now time.Time) bool {
+	a.decisions.Add(1)
 	// Load first: LoadOrStore would box at (an allocation) on every
 	// fallback decision of an outage, when the agent must stay cheapest.
 	at := now.UnixNano()
-	if v, ok := f.activated.Load(r.Name); ok {
+	if v, ok := a.m.Load(r.Name); ok {
 		last := v.(int64)
-		if !leased || at-last < int64(leasedRelog) || !f.activated.CompareAndSwap(r.Name, last, at) {
+		if !leased || at-last < int64(leasedRelog) || !a.m.CompareAndSwap(r.Name, last, at) {
 			return false
 		}
-	} else if _, loaded := f.activated.LoadOrStore(r.Name, at); loaded {
+	} else if _, loaded := a.m.LoadOrStore(r.Name, at); loaded {
 		return false // another decision activated it just now
 	}
 	f.metrics.fallbackActivations.WithLabelValues(r.Name, r.OnFailure.String()).Inc()
@@ -156,15 +124,10 @@ func (f *fallback) activate(r *rules.Rule, leased bool, now time.Time) bool {
 // the step that activated it.
 func (s *Service) logActivation(st *step) {
 	dep, why := s.fallbackCause(st)
-	s.logger.Warn("failure policy activated", "rule", st.rule.Name, "policy", st.rule.OnFailure.String(), "dependency", dep, "cause", why, "subject", truncate(st.subject))
-}
-
-// storeCause is the store's last failure, for an activation line.
-func (f *fallback) storeCause() string {
-	if e, _ := f.lastErr.Load().(string); e != "" {
-		return e
+	if st.node != nil && s.nodes.router != nil && dep == "store" {
+		dep = "store node " + st.node.name
 	}
-	return "no answer within -decision-timeout"
+	s.logger.Warn("failure policy activated", "rule", st.rule.Name, "policy", st.rule.OnFailure.String(), "dependency", dep, "cause", why, "subject", truncate(st.subject))
 }
 
 // leaseCauser is the optional part of Leases that says why a spend found
@@ -190,8 +153,12 @@ func (s *Service) fallbackCause(st *step) (dep, why string) {
 			return "coordinators", "no valid lease"
 		}
 	}
-	if !s.breaker.Allow() {
-		return "store", "circuit breaker open after consecutive failures; last: " + s.fallback.storeCause()
+	n := st.node
+	if n == nil {
+		n = s.nodes.of(context.Background(), st.key())
 	}
-	return "store", s.fallback.storeCause()
+	if !n.br.Allow() {
+		return "store", "circuit breaker open after consecutive failures; last: " + n.cause()
+	}
+	return "store", n.cause()
 }

@@ -27,6 +27,8 @@ type metrics struct {
 	storeErrors          *prometheus.CounterVec   // kind
 	breakerShortCircuits prometheus.Counter
 	breakerOpen          prometheus.Gauge
+	breakerNodeOpen      *prometheus.GaugeVec // node
+	fallbackNodeActive   *prometheus.GaugeVec // node
 	wedged               prometheus.Gauge
 	fallbackActive       prometheus.Gauge
 	fallbackActivations  *prometheus.CounterVec // rule, policy
@@ -72,15 +74,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		breakerOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ration_breaker_open",
-			Help: "1 while the store's circuit breaker is open (store known down), else 0.",
+			Help: "1 while the store's circuit breaker is open (store known down; with a Redis Cluster, while any master's is), else 0.",
 		}),
+		breakerNodeOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ration_breaker_node_open",
+			Help: "1 while the circuit breaker of one node of the store is open (its decisions follow their rules' failure policies at once), else 0; node is a Redis Cluster master's address, or primary for a single or Sentinel-managed primary.",
+		}, []string{"node"}),
+		fallbackNodeActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ration_fallback_node_active",
+			Help: "1 while one node of the store is in an outage episode (its decisions follow their rules' failure policies; emergency allowances count from its start), else 0; node as in ration_breaker_node_open.",
+		}, []string{"node"}),
 		wedged: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ration_agent_wedged",
 			Help: "1 while a decision has been in flight, or the lease renewal loop without a step, for longer than -stall-timeout: /healthz answers 503 so that the orchestrator restarts the agent; else 0.",
 		}),
 		fallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ration_fallback_active",
-			Help: "1 while a store outage episode is in progress and failure policies decide, else 0.",
+			Help: "1 while a store outage episode is in progress and failure policies decide (with a Redis Cluster, on any master), else 0.",
 		}),
 		fallbackActivations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_fallback_activations_total",
@@ -136,7 +146,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.hotSubjects, m.hotPromotions, m.hotMarks, m.hotFull)
 	reg.MustRegister(m.replays, m.decisions, m.noRule, m.invalid, m.duration, m.storeErrors, m.breakerShortCircuits,
-		m.breakerOpen, m.wedged, m.fallbackActive, m.fallbackActivations, m.overshootBound, m.refunds, m.grpcPanics,
+		m.breakerOpen, m.breakerNodeOpen, m.fallbackNodeActive, m.wedged, m.fallbackActive, m.fallbackActivations, m.overshootBound, m.refunds, m.grpcPanics,
 		m.rulesLoaded, m.rulesReloads, m.redisEvictionSafe)
 	return m
 }

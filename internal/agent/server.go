@@ -173,7 +173,10 @@ func (s *Server) probes(mux *http.ServeMux) {
 			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = w.Write([]byte("ready\n"))
+		// Ready stays ready through a store node's outage (the rules on
+		// the other nodes decide; those on it follow their policies): the
+		// detail says which nodes, and which of their slots, are out.
+		_, _ = w.Write([]byte("ready\n" + s.core.Service.nodesDetail(time.Now())))
 	})
 }
 

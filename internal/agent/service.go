@@ -63,7 +63,7 @@ type Service struct {
 	refs     leaseRefs     // leases', if they have Ref
 	logger   *slog.Logger
 	metrics  *metrics
-	breaker  *breaker.Breaker
+	nodes    *storeNodes // the store's nodes: breakers, outage episodes
 	fallback *fallback
 	rec      *recorder      // nil unless recording (-record)
 	ids      *requestRecord // nil when Options.RequestRecords < 0
@@ -121,15 +121,7 @@ func New(o Options) (*Service, error) {
 		// the decision timeout, and a lease's first grant.
 		s.ids = newRequestRecord(n, ttl, 4*o.DecisionTimeout+o.FirstGrantTimeout)
 	}
-	s.breaker = breaker.New(o.Breaker, func(t breaker.Transition) {
-		if t.To == breaker.Open {
-			s.metrics.breakerOpen.Set(1)
-			s.logger.Warn("store circuit breaker open: decisions stop waiting for the store", "consecutive_failures", o.Breaker.Threshold)
-		} else {
-			s.metrics.breakerOpen.Set(0)
-			s.logger.Info("store circuit breaker closed", "open_for", t.At.Sub(t.Since).Round(time.Millisecond))
-		}
-	})
+	s.nodes = newStoreNodes(o.Store, o.Breaker, o.Logger, s.metrics)
 	s.RulesChanged(o.Rules.Current())
 	return s, nil
 }
@@ -160,26 +152,20 @@ func OvershootBound(r *rules.Rule) float64 {
 	}
 }
 
-// RunProber pings the store while the breaker is open and closes it on the
-// first answer, so recovery needs no traffic and no restart. It returns when
-// ctx is done.
+// RunProber pings each store node while its breaker is open and closes
+// it on the first answer, so recovery needs no traffic and no restart. It
+// returns when ctx is done.
 func (s *Service) RunProber(ctx context.Context) {
 	t := time.NewTicker(s.cfg.Breaker.ProbeInterval / 4)
 	defer t.Stop()
+	var lastTopo time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		now := time.Now()
-		if !s.breaker.ProbeDue(now) {
-			continue
-		}
-		if s.Probe(ctx) == nil {
-			s.breaker.Success(time.Now())
-			s.fallback.success(time.Now())
-		}
+		s.probe(ctx, &lastTopo)
 	}
 }
 
@@ -190,8 +176,9 @@ func (s *Service) Probe(ctx context.Context) error {
 	return s.store.Ping(ctx)
 }
 
-// BreakerOpen reports whether the store is known to be down.
-func (s *Service) BreakerOpen() bool { return !s.breaker.Allow() }
+// BreakerOpen reports whether the store, or a node of it, is known to be
+// down.
+func (s *Service) BreakerOpen() bool { return s.nodes.open.Load() > 0 }
 
 // observe records metrics for a decided batch.
 func (s *Service) observe(steps []step, out []Response, errs []error, d time.Duration) {

@@ -92,6 +92,13 @@ type RedisStore struct {
 	rewarms     atomic.Int64
 	warmGen     atomic.Int64
 	warmMu      sync.Mutex
+	// owners: each slot's last known master (a Cluster's; nil otherwise).
+	owners *slotOwners
+	// nodeAP: a Cluster's decisions are pipelined per master (doNode).
+	nodeAP bool
+	// nodeAPs caches each master client's pipeliner (go-redis takes a
+	// lock to hand it out).
+	nodeAPs sync.Map // *redis.Client -> *redis.AutoPipeliner
 }
 
 //go:embed redis.lua
@@ -149,7 +156,17 @@ func NewRedisStore(c redis.UniversalClient, opts RedisOptions) *RedisStore {
 		ridTTL:      any(strconv.FormatInt(int64(ms), 10)),
 		log:         opts.Logger,
 	}
-	if !opts.DisableAutoPipeline {
+	if _, ok := c.(*redis.ClusterClient); ok {
+		s.owners = new(slotOwners)
+	}
+	if !opts.DisableAutoPipeline && s.owners != nil {
+		// A Cluster's decisions go through each master's own pipeliner
+		// (doNode), not the cluster client's: the cluster's shares a
+		// batch stream among masters by slot, so one dead master's batch,
+		// retried until its deadline, held up the decisions of healthy
+		// masters queued behind it.
+		s.nodeAP = true
+	} else if !opts.DisableAutoPipeline {
 		ap, err := c.AsyncAutoPipeline()
 		if err != nil {
 			s.log.Warn("redis automatic pipelining unavailable; deciding on pooled connections", "err", err)
@@ -180,12 +197,12 @@ func (s *RedisStore) take(ctx context.Context, req Request) (takeReply, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	cmd := s.cmd(ctx, opTake, req, true)
-	err := s.do(ctx, cmd)
+	err := s.doKey(ctx, req.Key, cmd)
 	if isNoScript(err) {
 		wctx, wcancel, loaded := s.rewarm(ctx)
 		defer wcancel()
 		cmd = s.cmd(wctx, opTake, req, loaded)
-		err = s.do(wctx, cmd)
+		err = s.doKey(wctx, req.Key, cmd)
 	}
 	if err != nil {
 		return takeReply{}, s.fail(opTake, err)
@@ -431,9 +448,9 @@ func (s *RedisStore) refund(ctx context.Context, req Request) (refunded bool, no
 	run := func(sha bool) (*redis.StringCmd, error) {
 		cmd := s.cmd(ctx, opRefund, req, sha)
 		if req.RequestID == "" {
-			return cmd, s.do(ctx, noRetryCmd{cmd})
+			return cmd, s.doKey(ctx, req.Key, noRetryCmd{cmd})
 		}
-		return cmd, s.do(ctx, cmd)
+		return cmd, s.doKey(ctx, req.Key, cmd)
 	}
 	cmd, err := run(true)
 	if isNoScript(err) {
@@ -476,11 +493,59 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 // do runs one command, returning by ctx's deadline. Through the automatic
 // pipeliner the command is not cancelled at the deadline (it is already in a
 // shared batch): only the wait for it ends, and cmd must not be read then.
-func (s *RedisStore) do(ctx context.Context, cmd redis.Cmder) error {
+func (s *RedisStore) do(ctx context.Context, cmd redis.Cmder) error { return s.doKey(ctx, "", cmd) }
+
+// doKey is do for a command on key: on a Cluster, through the pipeliner of
+// key's master (doNode).
+func (s *RedisStore) doKey(ctx context.Context, key string, cmd redis.Cmder) error {
+	if s.nodeAP && key != "" {
+		return s.doNode(ctx, key, cmd)
+	}
 	if s.ap != nil {
 		return s.ap.Submit(ctx, cmd).WaitContext(ctx)
 	}
 	return s.c.Process(ctx, cmd)
+}
+
+// doNode runs cmd through the automatic pipeliner of the master that owns
+// key, so that a master down delays only its own keys' commands. A
+// redirection (MOVED, ASK: a slot that moved since go-redis last read the
+// topology) is followed by the cluster client, which also reads the new
+// topology for the commands after it.
+func (s *RedisStore) doNode(ctx context.Context, key string, cmd redis.Cmder) error {
+	cc := s.c.(*redis.ClusterClient)
+	n, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return s.c.Process(ctx, cmd)
+	}
+	ap, err := s.nodePipeliner(n)
+	if err != nil {
+		return s.c.Process(ctx, cmd)
+	}
+	err = ap.Submit(ctx, cmd).WaitContext(ctx)
+	if err == nil {
+		return nil
+	}
+	_, moved := redis.IsMovedError(err)
+	_, ask := redis.IsAskError(err)
+	if !moved && !ask {
+		return err
+	}
+	cmd.SetErr(nil)
+	return s.c.Process(ctx, cmd)
+}
+
+// nodePipeliner is master n's automatic pipeliner, made at its first use.
+func (s *RedisStore) nodePipeliner(n *redis.Client) (*redis.AutoPipeliner, error) {
+	if v, ok := s.nodeAPs.Load(n); ok {
+		return v.(*redis.AutoPipeliner), nil
+	}
+	ap, err := n.AsyncAutoPipeline()
+	if err != nil {
+		return nil, err
+	}
+	s.nodeAPs.Store(n, ap)
+	return ap, nil
 }
 
 // cmd builds one script call. sha selects EVALSHA (else EVAL, which also

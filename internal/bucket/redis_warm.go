@@ -49,6 +49,21 @@ func (s *RedisStore) Warm(ctx context.Context, conns int) error {
 	if err := s.do(ctx, redis.NewStatusCmd(ctx, "ping")); err != nil {
 		return s.fail("warm", err)
 	}
+	if cc, ok := s.c.(*redis.ClusterClient); ok && s.nodeAP {
+		// A Cluster's decisions go through each master's pipeliner
+		// (doNode): each gets its connection now, or the first decisions
+		// of every master would wait for a dial.
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			ap, err := s.nodePipeliner(n)
+			if err != nil {
+				return err
+			}
+			return ap.Submit(ctx, redis.NewStatusCmd(ctx, "ping")).WaitContext(ctx)
+		})
+		if err != nil {
+			return s.fail("warm", err)
+		}
+	}
 	return nil
 }
 

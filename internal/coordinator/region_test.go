@@ -2,9 +2,7 @@ package coordinator_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
-	"net"
 	"os"
 	"strings"
 	"sync"
@@ -32,9 +30,9 @@ import (
 type hierarchy struct {
 	t       *testing.T
 	set     *rules.Set
+	h       *harness.Hierarchy
 	global  *harness.Coordinators
 	regions map[string]*harness.Coordinators
-	proxies map[string]*proxy
 	agents  []*regionAgent
 	rec     *admission.Recorder
 	// origin is when the last drive started, on rec's clock.
@@ -50,8 +48,9 @@ type regionAgent struct {
 }
 
 // startHierarchy starts the global group (globalN nodes) and one group of
-// regionN nodes per region, each reaching the global group through its own
-// proxy (so a test can cut one region off), and agentsPer agents per region.
+// regionN nodes per region (harness.StartHierarchy: each region reaches the
+// global group through proxies of its own, so a test can cut one region
+// off), with mutual TLS on every link, and agentsPer agents per region.
 // regionOpts adjust every regional node's configuration.
 func startHierarchy(t *testing.T, yaml string, globalN, regionN, agentsPer int, regions []string, regionOpts ...func(*coordinator.Config)) *hierarchy {
 	t.Helper()
@@ -59,29 +58,14 @@ func startHierarchy(t *testing.T, yaml string, globalN, regionN, agentsPer int, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	hr := &hierarchy{t: t, set: set, regions: map[string]*harness.Coordinators{}, proxies: map[string]*proxy{}, rec: admission.NewRecorder(), quit: make(chan struct{})}
+	hr := &hierarchy{t: t, set: set, regions: map[string]*harness.Coordinators{}, rec: admission.NewRecorder(), quit: make(chan struct{})}
 	// Mutual TLS on every link, as in production: the regional nodes hold
 	// leases upstream as their region, the agents as themselves.
 	pki := harness.NewPKI(t)
-	hr.global = harness.StartCoordinatorsTLS(t, globalN, yaml, pki)
+	hr.h = harness.StartHierarchy(t, globalN, yaml, pki)
+	hr.global = hr.h.Global
 	for _, r := range regions {
-		var ups []string
-		for _, a := range hr.global.GRPCAddrs() {
-			p := startProxy(t, a)
-			ups = append(ups, p.addr())
-			if hr.proxies[r] == nil {
-				hr.proxies[r] = p
-			} else {
-				hr.proxies[r].siblings = append(hr.proxies[r].siblings, p)
-			}
-		}
-		hr.regions[r] = harness.StartCoordinatorsTLS(t, regionN, yaml, pki, func(c *coordinator.Config) {
-			c.Region = r
-			c.Upstream = strings.Join(ups, ",")
-			for _, o := range regionOpts {
-				o(c)
-			}
-		})
+		hr.regions[r] = hr.h.AddRegion(r, regionN, regionOpts...)
 		for i := range agentsPer {
 			id := r + "-agent" + string(rune('0'+i))
 			client := coordinator.NewClient(hr.regions[r].GRPCAddrs(), coordinator.ClientOptions{CallTimeout: time.Second, MaxAttempts: 3,
@@ -164,71 +148,6 @@ func (hr *hierarchy) admittedIn(recs []admission.Record, region string, from, to
 		}
 	}
 	return n
-}
-
-// proxy forwards TCP to one address until cut: a network partition between
-// a regional group and one global node.
-type proxy struct {
-	ln       net.Listener
-	to       string
-	cut      atomic.Bool
-	mu       sync.Mutex
-	conns    []net.Conn
-	siblings []*proxy
-}
-
-func startProxy(t *testing.T, to string) *proxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, to: to}
-	t.Cleanup(func() { ln.Close(); p.drop() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if p.cut.Load() {
-				c.Close()
-				continue
-			}
-			u, err := net.Dial("tcp", to)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, u)
-			p.mu.Unlock()
-			go func() { io.Copy(u, c); u.Close() }()
-			go func() { io.Copy(c, u); c.Close() }()
-		}
-	}()
-	return p
-}
-
-func (p *proxy) addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) drop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
-// setCut cuts (or heals) this proxy and its siblings: every path from one
-// region to the global group.
-func (p *proxy) setCut(cut bool) {
-	for _, q := range append([]*proxy{p}, p.siblings...) {
-		q.cut.Store(cut)
-		if cut {
-			q.drop()
-		}
-	}
 }
 
 const hierRules = `
@@ -405,11 +324,11 @@ func TestS12RegionCutOffWithinSafeShares(t *testing.T) {
 		switch {
 		case at >= time.Second+3*period:
 			if healAt.CompareAndSwap(0, int64(at)) {
-				hr.proxies["eu"].setCut(false)
+				hr.h.Heal("eu")
 			}
 		case at >= time.Second:
 			if cutAt.CompareAndSwap(0, int64(at)) {
-				hr.proxies["eu"].setCut(true)
+				hr.h.Cut("eu")
 			}
 		}
 		return 60
@@ -458,8 +377,8 @@ func TestS12OvershootWithinReportedBound(t *testing.T) {
 	if rate != 20 || burst < 13.3 || burst > 13.34 {
 		t.Fatalf("reported overshoot bound = %v tokens + %v tokens/s, want 13.33 + 20 (safe 80/s > r 60/s)", burst, rate)
 	}
-	hr.proxies["eu"].setCut(true)
-	hr.proxies["us"].setCut(true)
+	hr.h.Cut("eu")
+	hr.h.Cut("us")
 	hr.drive("g", "x", 4*time.Second, func(*regionAgent, time.Duration) float64 { return 60 })
 	recs := hr.rec.Records()
 	within := admission.Check(recs, "g|x", 40+burst, 60+rate)

@@ -80,7 +80,7 @@ func TestSafeShareRaisePendingWhileCutOff(t *testing.T) {
 			if healAt.CompareAndSwap(0, int64(at)) {
 				_, p := safeOf(hr.global.Node(0), "eu")
 				pendingAtHeal.Store(p)
-				hr.proxies["eu"].setCut(false)
+				hr.h.Heal("eu")
 			}
 		case at >= 1500*time.Millisecond:
 			if tunedAt.CompareAndSwap(0, int64(at)) {
@@ -91,7 +91,7 @@ func TestSafeShareRaisePendingWhileCutOff(t *testing.T) {
 			}
 		case at >= time.Second:
 			if cutAt.CompareAndSwap(0, int64(at)) {
-				hr.proxies["eu"].setCut(true)
+				hr.h.Cut("eu")
 			}
 		}
 		return 60

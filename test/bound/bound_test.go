@@ -41,6 +41,25 @@ const (
 	idleAfter       = 3 * time.Second        // the lease holder's, 1m in a process
 	maxAgents       = 4                      // in-process; the process agent besides
 	workers         = 8
+	// The global rule's lease period, which its upstream leases (a
+	// regional group's, from the global group) last: a region cut
+	// outlives it. Two seconds, so that a cut region that went on
+	// spending its slice past it would do so for long enough to show.
+	upstreamTerm = 2 * leasePeriod
+	// Each region's safe share of the global rule (its rate; the burst in
+	// proportion): what a region cut off past its slice still admits.
+	// They sum to at most the rule's rate, for which docs/configuration.md
+	// (regions.R.safe_share) states B + r*T for cuts of any length.
+	safeShare = 1
+)
+
+// The regions: the agents of the first (the 3-node group's) use every
+// rule; the second, one coordinator node and one agent, only the global
+// rule, so that its subjects are spent in both regions at once.
+const (
+	mainRegion   = "eu"
+	remoteRegion = "us"
+	globalRule   = "global"
 )
 
 // The rules, one per way of deciding, each with fail_closed so that no
@@ -51,6 +70,11 @@ var initialShapes = map[string]shape{
 	"share":  {Mode: "leased", Burst: 40, Rate: 40, DefaultShare: 0.5},
 	"auto":   {Mode: "auto", Burst: 20, Rate: 20},
 	"flip":   {Mode: "redis", Burst: 20, Rate: 20}, // reloads switch it between redis and auto
+	// scope: global, leased down the hierarchy: the global group leases
+	// each region's group a slice, which leases its agents. Not reloaded.
+	// Small, so that its hot subject's demand in either region alone
+	// exceeds it (the callers' rate under -race is modest).
+	globalRule: {Mode: "leased", Burst: 10, Rate: 10, Global: true},
 }
 
 func ruleNames() []string {
@@ -77,8 +101,14 @@ func rulesYAML(shapes map[string]shape) string {
 		switch {
 		case s.Mode == "leased" && s.DefaultShare > 0:
 			fmt.Fprintf(&b, "    lease: {period: %v, default_share: %g}\n", leasePeriod, s.DefaultShare)
+		case s.Global:
+			fmt.Fprintf(&b, "    lease: {period: %v}\n", upstreamTerm)
 		case s.Mode != "redis":
 			fmt.Fprintf(&b, "    lease: {period: %v}\n", leasePeriod)
+		}
+		if s.Global {
+			fmt.Fprintf(&b, "    scope: global\n    regions: {%s: {safe_share: %d}, %s: {safe_share: %d}}\n",
+				mainRegion, safeShare, remoteRegion, safeShare)
 		}
 		if s.Mode == "auto" {
 			fmt.Fprintf(&b, "    auto: {promote_above: 10, hold: %v}\n", autoHold)
@@ -107,13 +137,17 @@ func seedAndRun(t *testing.T) (uint64, time.Duration) {
 	return seed, run
 }
 
-// TestBoundOnEveryPath is the bound checker: a 3-node coordinator group, a
-// redis-server and agents in-process, every agent's link to the
-// coordinators through a harness.Proxy. Workers call the agents through each
-// decision entry point (entry_test.go) with a few hot subjects and a stream of
-// new ones, while the test's goroutine follows a seeded schedule of
-// faults and reloads (schedule_test.go). Every admission the callers saw is
-// held to B + r*T per (rule, subject) in every window (judge).
+// TestBoundOnEveryPath is the bound checker: a 3-node coordinator group
+// (region eu's, leasing the global rule from a 1-node global group), a
+// second region (one node, one agent) spending the global rule's subjects
+// too, a redis-server, agents in-process and one agent process (region
+// eu's, which the schedule pauses: process_test.go), every agent's link to
+// the coordinators and every region's to the global group through a
+// harness.Proxy. Workers call the agents through each decision entry
+// point (entry_test.go) with a few hot subjects and a stream of new ones,
+// while the test's goroutine follows a seeded schedule of faults and
+// reloads (schedule_test.go). Every admission the callers saw, in either
+// region, is held to B + r*T per (rule, subject) in every window (judge).
 func TestBoundOnEveryPath(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the bound checker runs real processes for a while")
@@ -122,9 +156,10 @@ func TestBoundOnEveryPath(t *testing.T) {
 	t.Logf("bound checker: seed %d, run %v (%s, %s)", seed, run, envSeed, envRun)
 	w := newWorld(t, seed)
 	for range 2 {
-		w.startAgent()
+		w.startAgent(mainRegion)
 	}
 	w.proc = w.startProcessAgent()
+	w.remote = w.startAgent(remoteRegion)
 	w.startLoad(seed)
 	w.runSchedule(run)
 	w.stopLoad()
@@ -137,8 +172,15 @@ type world struct {
 	t         *testing.T
 	rnd       *rand.Rand // the schedule's; the test's goroutine only
 	origin    time.Time
-	coords    *harness.Coordinators
 	rulesPath string
+	// The hierarchy: the global group (one node, never killed), region
+	// eu's 3-node group (coords: the one the schedule kills leaders of)
+	// and region us's single node, each region's links to the global
+	// group through proxies (hier.Links).
+	hier   *harness.Hierarchy
+	coords *harness.Coordinators
+	remote *testAgent      // region us's agent; not in agents
+	cut    map[string]bool // regions cut off the global group; the schedule's
 
 	// The store: the primary the agents reach through redisPx, and its
 	// replica (store_test.go). The schedule's; the test's goroutine only.
@@ -151,10 +193,11 @@ type world struct {
 	shapes      map[string]shape
 	timelines   map[string]*timeline
 	events      []string
-	agents      []*testAgent
+	agents      []*testAgent                // region eu's, the process agent among them
 	proc        *testAgent                  // the agent run as a process (process_test.go)
 	spans       map[string][]admission.Span // by rule|subject
 	byEntry     map[string]int              // admissions by entry point
+	globalBy    map[string]float64          // the global rule's admitted tokens by region
 	calls       map[string]int              // calls by entry point
 	fresh       atomic.Int64                // new subjects handed out
 	failovers   []failover                  // Redis failovers, in time order
@@ -179,8 +222,10 @@ func newWorld(t *testing.T, seed uint64) *world {
 		timelines: map[string]*timeline{},
 		spans:     map[string][]admission.Span{},
 		byEntry:   map[string]int{},
+		globalBy:  map[string]float64{},
 		calls:     map[string]int{},
 		faults:    map[string]int{},
+		cut:       map[string]bool{},
 		down:      -1,
 		stop:      make(chan struct{}),
 	}
@@ -194,7 +239,9 @@ func newWorld(t *testing.T, seed uint64) *world {
 		}
 	}
 	yaml := rulesYAML(w.shapes)
-	w.coords = harness.StartCoordinators(t, 3, yaml)
+	w.hier = harness.StartHierarchy(t, 1, yaml, nil)
+	w.coords = w.hier.AddRegion(mainRegion, 3)
+	w.hier.AddRegion(remoteRegion, 1)
 	w.startStore()
 	w.rulesPath = filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(w.rulesPath, []byte(yaml), 0o644); err != nil {
@@ -205,6 +252,11 @@ func newWorld(t *testing.T, seed uint64) *world {
 }
 
 func (w *world) now() time.Duration { return time.Since(w.origin) }
+
+// regionGroups are the regions' coordinator groups, the main region's first.
+func (w *world) regionGroups() []*harness.Coordinators {
+	return []*harness.Coordinators{w.hier.Regions[mainRegion], w.hier.Regions[remoteRegion]}
+}
 
 // event logs one step of the schedule, with its time on the judge's clock.
 func (w *world) event(format string, args ...any) {
@@ -219,10 +271,13 @@ func (w *world) event(format string, args ...any) {
 
 // admit records one admission the caller saw, sent at from and answered
 // at to.
-func (w *world) admit(entry, rule, user string, cost float64, from, to time.Duration) {
+func (w *world) admit(a *testAgent, entry, rule, user string, cost float64, from, to time.Duration) {
 	w.mu.Lock()
 	w.spans[rule+"|"+user] = append(w.spans[rule+"|"+user], admission.Span{From: from, To: to, Cost: cost})
 	w.byEntry[entry]++
+	if rule == globalRule {
+		w.globalBy[a.region] += cost
+	}
 	w.mu.Unlock()
 }
 
@@ -288,6 +343,7 @@ func (w *world) verify(seed uint64) {
 		t.Logf("bound checker: the process agent's leases reported expired by the coordinators: %v (ration_agent_lease_expired_total)",
 			w.procMetric(w.proc, "ration_agent_lease_expired_total", ""))
 	}
+	w.logRegions()
 	var kinds []string
 	for _, k := range stepKinds {
 		kinds = append(kinds, fmt.Sprintf("%s %d", k.name, w.faults[k.name]))
@@ -333,7 +389,30 @@ func (w *world) verify(seed uint64) {
 	if w.faults["pause"] > 0 && w.pausedCalls.Load() == 0 {
 		t.Errorf("no call waited on the paused agent: the run did not exercise a pause under load")
 	}
+	for _, r := range []string{mainRegion, remoteRegion} {
+		if w.globalBy[r] == 0 {
+			t.Errorf("region %s admitted nothing of the global rule: the run did not spend it in both regions", r)
+		}
+	}
 	if w.retries.Load() == 0 {
 		t.Errorf("the agents' coordinator clients retried no call: the run did not exercise it")
 	}
+}
+
+// logRegions says what the run did with the global rule: how near its hot
+// subject came to its rate, what each region admitted of it, and how many
+// upstream renewals failed. The caller holds w.mu.
+func (w *world) logRegions() {
+	upFailed := w.upstreamFailures()
+	// How near the global rule's hot subject, wanted beyond its rate in
+	// both regions, came to its rate over the run: what a cut region's
+	// extra spending must exceed to be seen is about the rest.
+	var hotGlobal float64
+	for _, sp := range w.spans[globalRule+"|hot"] {
+		hotGlobal += sp.Cost
+	}
+	w.t.Logf("bound checker: the global rule's subject hot admitted %.1f tokens/s over the run (r %g)",
+		hotGlobal/w.now().Seconds(), initialShapes[globalRule].Rate)
+	w.t.Logf("bound checker: the global rule's tokens admitted in region %s %.0f, in %s %.0f; upstream renewals failed %v (the live regional nodes' count: a stall shorter than a call's 2s deadline delays the renewal past the upstream lease, and fails none)",
+		mainRegion, w.globalBy[mainRegion], remoteRegion, w.globalBy[remoteRegion], upFailed)
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,8 @@ import (
 // coordinator goes through a harness.Proxy of its own.
 type testAgent struct {
 	name     string
+	region   string
+	rules    []string              // the rules its callers use
 	srv      *agent.Server         // in-process; nil for the process
 	proc     *harness.AgentProcess // the agent run as a process (process_test.go); nil in-process
 	proxies  []*harness.Proxy
@@ -45,17 +48,26 @@ type testAgent struct {
 	inflight atomic.Int64 // calls sent to it and not yet answered
 }
 
-// startAgent starts one more agent on the shared rules file.
-func (w *world) startAgent() *testAgent {
+// startAgent starts one more agent of region on the shared rules file,
+// leasing from that region's group. An agent of the main region joins the
+// agents the schedule and the workers pick from, with every rule; the
+// remote region's is left to a worker of its own, with the global rule
+// alone (the regional rules would be a second region's whole rule).
+func (w *world) startAgent(region string) *testAgent {
 	t := w.t
 	t.Helper()
 	w.mu.Lock()
 	name := fmt.Sprintf("a%d", len(w.agents)+1)
 	w.mu.Unlock()
-	a := &testAgent{name: name}
+	a := &testAgent{name: name, region: region, rules: ruleNames()}
+	if region != mainRegion {
+		a.name, a.rules = region+"1", []string{globalRule}
+	}
+	name = a.name
 	addrs := w.linkAgent(a)
 	cfg := agent.DefaultConfig()
 	cfg.AgentID = name
+	cfg.Region = region
 	cfg.RulesFile = w.rulesPath
 	cfg.Redis = w.redisPx.Addr()
 	cfg.Coordinators = strings.Join(addrs, ",")
@@ -100,15 +112,15 @@ func (w *world) startAgent() *testAgent {
 		time.Sleep(10 * time.Millisecond)
 	}
 	w.join(a, srv.GRPCAddr(), srv.HTTPAddr())
-	w.event("agent %s started", name)
+	w.event("agent %s of region %s started", name, region)
 	return a
 }
 
-// linkAgent gives a its own proxy to each coordinator and returns their
-// addresses.
+// linkAgent gives a its own proxy to each coordinator of its region's
+// group and returns their addresses.
 func (w *world) linkAgent(a *testAgent) []string {
 	var addrs []string
-	for _, up := range w.coords.GRPCAddrs() {
+	for _, up := range w.hier.Regions[a.region].GRPCAddrs() {
 		p := harness.NewProxy(w.t, up)
 		a.proxies = append(a.proxies, p)
 		addrs = append(addrs, p.Addr())
@@ -117,7 +129,8 @@ func (w *world) linkAgent(a *testAgent) []string {
 }
 
 // join connects the callers' clients to a ready agent, listening on
-// grpcAddr and httpAddr, and hands it to the callers.
+// grpcAddr and httpAddr; an agent of the main region it hands to the
+// workers and the schedule (the remote region's has a worker of its own).
 func (w *world) join(a *testAgent, grpcAddr, httpAddr string) {
 	t := w.t
 	t.Helper()
@@ -130,9 +143,11 @@ func (w *world) join(a *testAgent, grpcAddr, httpAddr string) {
 	a.base = "http://" + httpAddr
 	a.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
 	t.Cleanup(a.http.CloseIdleConnections)
-	w.mu.Lock()
-	w.agents = append(w.agents, a)
-	w.mu.Unlock()
+	if a.region == mainRegion {
+		w.mu.Lock()
+		w.agents = append(w.agents, a)
+		w.mu.Unlock()
+	}
 }
 
 // The decision entry points a caller can use.
@@ -152,13 +167,20 @@ func (it item) descriptors() map[string]string {
 // unevenly (one hot enough for mode auto to promote it, a tail of quiet
 // ones whose leases stay full at the agents they seldom reach), and a
 // new subject at freshShare.
-func (w *world) pick(rnd *rand.Rand, freshShare float64) item {
-	names := ruleNames()
-	it := item{rule: names[rnd.IntN(len(names))], cost: float64(1 + rnd.IntN(3))}
+func (w *world) pick(rnd *rand.Rand, a *testAgent, freshShare float64) item {
+	it := item{rule: a.rules[rnd.IntN(len(a.rules))], cost: float64(1 + rnd.IntN(3))}
+	// The remote region's one worker wants more of the hot subject than
+	// its region's slice: the global group then gives it what a cut
+	// region's lapsed upstream lease frees, and a cut region that kept
+	// spending its slice would show.
+	hot := 0.4
+	if a.region != mainRegion {
+		hot = 0.8
+	}
 	switch p := rnd.Float64(); {
 	case p < freshShare:
 		it.user = fmt.Sprintf("n%d", w.fresh.Add(1))
-	case p < 0.4:
+	case p < hot:
 		it.user = "hot"
 	default:
 		// u0 half as likely as ... u5 a 32nd of the rest.
@@ -171,16 +193,33 @@ func (w *world) pick(rnd *rand.Rand, freshShare float64) item {
 	return it
 }
 
-// pickFresh draws a new subject of a leased rule: its first decision waits
-// for its first grant.
-func (w *world) pickFresh(rnd *rand.Rand) item {
-	leased := []string{"leased", "share"}
+// pickFresh draws a new subject of a leased rule a's callers use: its
+// first decision waits for its first grant.
+func (w *world) pickFresh(rnd *rand.Rand, a *testAgent) item {
+	leased := slices.DeleteFunc(slices.Clone(a.rules), func(n string) bool { return initialShapes[n].Mode != "leased" })
 	return item{rule: leased[rnd.IntN(len(leased))], user: fmt.Sprintf("n%d", w.fresh.Add(1)), cost: 1}
 }
 
 // startLoad starts the callers: each worker calls a random agent through
 // a random entry point, with a short random pause between calls.
 func (w *world) startLoad(seed uint64) {
+	// The remote region's agent has a worker of its own.
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		rnd := rand.New(rand.NewPCG(seed, workers+1))
+		for {
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+			entry := entryNames[rnd.IntN(len(entryNames))]
+			w.called(entry)
+			w.call(rnd, w.remote, entry)
+			time.Sleep(time.Duration(rnd.IntN(8)) * time.Millisecond)
+		}
+	}()
 	for i := range workers {
 		rnd := rand.New(rand.NewPCG(seed, uint64(i)+1))
 		w.wg.Add(1)
@@ -250,11 +289,11 @@ func (w *world) call(rnd *rand.Rand, a *testAgent, entry string) {
 
 // allowOne asks Allow for one decision.
 func (w *world) allowOne(ctx context.Context, rnd *rand.Rand, a *testAgent) {
-	it := w.pick(rnd, 0.05)
+	it := w.pick(rnd, a, 0.05)
 	from := w.now()
 	resp, err := a.rl.Allow(ctx, &rationv1.AllowRequest{Descriptors: it.descriptors(), Cost: it.cost})
 	if err == nil && resp.Allowed {
-		w.admit("Allow", it.rule, it.user, it.cost, from, w.now())
+		w.admit(a, "Allow", it.rule, it.user, it.cost, from, w.now())
 	}
 }
 
@@ -262,12 +301,12 @@ func (w *world) allowOne(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 // more new subjects, then 2 to 11 items: the new subjects wait for their
 // first grants, and the items after them are decided after that wait.
 func (w *world) batch(ctx context.Context, rnd *rand.Rand, a *testAgent) {
-	items := []item{w.pickFresh(rnd)}
+	items := []item{w.pickFresh(rnd, a)}
 	for range rnd.IntN(3) {
-		items = append(items, w.pick(rnd, 1))
+		items = append(items, w.pick(rnd, a, 1))
 	}
 	for range 2 + rnd.IntN(10) {
-		items = append(items, w.pick(rnd, 0))
+		items = append(items, w.pick(rnd, a, 0))
 	}
 	req := &rationv1.AllowBatchRequest{}
 	for _, it := range items {
@@ -281,7 +320,7 @@ func (w *world) batch(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	to := w.now()
 	for i, r := range resp.Responses {
 		if r.Allowed {
-			w.admit("AllowBatch", items[i].rule, items[i].user, items[i].cost, from, to)
+			w.admit(a, "AllowBatch", items[i].rule, items[i].user, items[i].cost, from, to)
 		}
 	}
 }
@@ -293,7 +332,7 @@ func (w *world) envoy(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	var items []item
 	req := &rlsv3.RateLimitRequest{Domain: "bound"}
 	for range 1 + rnd.IntN(3) {
-		it := w.pick(rnd, 0.05)
+		it := w.pick(rnd, a, 0.05)
 		items = append(items, it)
 		req.Descriptors = append(req.Descriptors, &ratelimitv3.RateLimitDescriptor{
 			Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "m", Value: it.rule}, {Key: "user", Value: it.user}},
@@ -307,14 +346,14 @@ func (w *world) envoy(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	}
 	to := w.now()
 	for _, it := range items {
-		w.admit("ShouldRateLimit", it.rule, it.user, it.cost, from, to)
+		w.admit(a, "ShouldRateLimit", it.rule, it.user, it.cost, from, to)
 	}
 }
 
 // postAllow asks POST /v1/allow for one decision: admitted is 200 with
 // "allowed": true.
 func (w *world) postAllow(ctx context.Context, rnd *rand.Rand, a *testAgent) {
-	it := w.pick(rnd, 0.05)
+	it := w.pick(rnd, a, 0.05)
 	body, _ := json.Marshal(map[string]any{"descriptors": it.descriptors(), "cost": it.cost})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.base+"/v1/allow", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
@@ -329,13 +368,13 @@ func (w *world) postAllow(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	err = json.NewDecoder(resp.Body).Decode(&ans)
 	resp.Body.Close()
 	if err == nil && resp.StatusCode == http.StatusOK && ans.Allowed {
-		w.admit("POST /v1/allow", it.rule, it.user, it.cost, from, w.now())
+		w.admit(a, "POST /v1/allow", it.rule, it.user, it.cost, from, w.now())
 	}
 }
 
 // check asks GET /v1/check for one decision: admitted is 200.
 func (w *world) check(ctx context.Context, rnd *rand.Rand, a *testAgent) {
-	it := w.pick(rnd, 0.05)
+	it := w.pick(rnd, a, 0.05)
 	q := url.Values{"m": {it.rule}, "user": {it.user}, "cost": {fmt.Sprint(it.cost)}}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/v1/check?"+q.Encode(), nil)
 	from := w.now()
@@ -346,7 +385,7 @@ func (w *world) check(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusOK {
-		w.admit("GET /v1/check", it.rule, it.user, it.cost, from, w.now())
+		w.admit(a, "GET /v1/check", it.rule, it.user, it.cost, from, w.now())
 	}
 }
 
@@ -362,7 +401,7 @@ func (w *world) stream(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	items := make([]item, n)
 	sent := make([]time.Duration, n)
 	for i := range n {
-		items[i] = w.pick(rnd, 0.05)
+		items[i] = w.pick(rnd, a, 0.05)
 		sent[i] = w.now()
 		if err := s.Send(&rationv1.AllowRequest{Descriptors: items[i].descriptors(), Cost: items[i].cost}); err != nil {
 			return
@@ -375,7 +414,7 @@ func (w *world) stream(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 			return
 		}
 		if r.Allowed {
-			w.admit("AllowStream", items[i].rule, items[i].user, items[i].cost, sent[i], w.now())
+			w.admit(a, "AllowStream", items[i].rule, items[i].user, items[i].cost, sent[i], w.now())
 		}
 	}
 }
@@ -383,7 +422,7 @@ func (w *world) stream(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 // metrics sums, over every agent, the hot promotions taken up and the
 // decisions made on leases: whether the run reached those paths.
 func (w *world) metrics() (promotions, leased float64) {
-	for _, a := range w.agents {
+	for _, a := range append(slices.Clone(w.agents), w.remote) {
 		if a.proc != nil {
 			p, l := w.procMetrics(a)
 			promotions, leased = promotions+p, leased+l
@@ -411,6 +450,34 @@ func (w *world) metrics() (promotions, leased float64) {
 		}
 	}
 	return promotions, leased
+}
+
+// upstreamFailures sums the regional nodes' failed upstream renewals:
+// whether the region cuts reached the upstream lease. A node restarted
+// by the schedule counts from its restart.
+func (w *world) upstreamFailures() float64 {
+	var n float64
+	for _, g := range w.regionGroups() {
+		for _, i := range g.Live() {
+			mfs, err := g.Registry(i).Gather()
+			if err != nil {
+				w.t.Fatalf("coordinator metrics: %v", err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() != "ration_coordinator_upstream_renewals_total" {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if l.GetName() == "result" && l.GetValue() == "error" {
+							n += m.GetCounter().GetValue()
+						}
+					}
+				}
+			}
+		}
+	}
+	return n
 }
 
 // countingHandler counts what the agents' coordinator clients log of the

@@ -16,12 +16,16 @@ type shape struct {
 	Mode         string
 	Burst, Rate  float64
 	DefaultShare float64
+	Global       bool // scope: global, leased from the global group by both regions
 }
 
 func (s shape) String() string {
 	out := fmt.Sprintf("%s B %g r %g", s.Mode, s.Burst, s.Rate)
 	if s.DefaultShare > 0 {
 		out += fmt.Sprintf(" default_share %g", s.DefaultShare)
+	}
+	if s.Global {
+		out += " scope global"
 	}
 	return out
 }

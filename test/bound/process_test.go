@@ -78,21 +78,21 @@ func runAgentProcess(args []string) int {
 // own (runAgentProcess), so that the schedule can pause it whole (pause):
 // an in-process agent cannot be frozen, and a stall of its links leaves
 // its own code running (its clock checks, its lease loop, its timers).
-// It is configured as the in-process agents are, through its flags, on
-// the same rules file, its own proxy to each coordinator and the agents'
-// Redis proxy; but for its lease holder, which is the one the agent
+// It is configured as region eu's in-process agents are, through its
+// flags: every rule, the same rules file, its own proxy to each
+// coordinator of region eu's group and the agents' Redis proxy; but for its lease holder, which is the one the agent
 // builds: a quota idle for a minute, not 3 s, is released (its
 // default-share copies are not forgotten within a run; the in-process
 // agents' are), and its coordinator client's retries are not counted.
 func (w *world) startProcessAgent() *testAgent {
 	t := w.t
 	t.Helper()
-	a := &testAgent{name: "p1"}
+	a := &testAgent{name: "p1", region: mainRegion, rules: ruleNames()}
 	addrs := w.linkAgent(a)
 	var err error
 	a.proc, err = harness.StartAgentProcess(t, harness.AgentProcessOptions{
 		Bin: os.Args[0], ID: a.name, Env: []string{envAgentProcess + "=1"},
-		Args: []string{"-rules", w.rulesPath, "-redis", w.redisPx.Addr(), "-coordinators", strings.Join(addrs, ","), "-insecure",
+		Args: []string{"-rules", w.rulesPath, "-redis", w.redisPx.Addr(), "-coordinators", strings.Join(addrs, ","), "-region", a.region, "-insecure",
 			"-decision-timeout", decisionTimeout.String(), "-first-grant-timeout", decisionTimeout.String(),
 			"-reload-interval", reloadInterval.String(), "-log-level", "info"},
 	})
@@ -100,7 +100,7 @@ func (w *world) startProcessAgent() *testAgent {
 		t.Fatalf("the process agent: %v", err)
 	}
 	w.join(a, a.proc.GRPC, a.proc.HTTP)
-	w.event("agent %s started (a process)", a.name)
+	w.event("agent %s of region %s started (a process)", a.name, a.region)
 	return a
 }
 

@@ -23,22 +23,23 @@ var stepKinds = []struct {
 	name   string
 	chance float64
 }{
-	{"reload", 0.25},
+	{"reload", 0.15},
 	{"leader kill", 0.08},
 	{"cut and change", 0.12},
-	{"stall", 0.10},
+	{"stall", 0.08},
 	{"pause", 0.08},
 	{"new agent", 0.07},
 	{"redis failover", 0.08},
 	{"redis clock step", 0.08},
 	{"coordinator links reset", 0.07},
 	{"coordinator replies dropped", 0.07},
+	{"region cut", 0.12},
 }
 
 // mustReach are the kinds every run takes at least once: past half the
 // run, a kind not yet taken is taken at the next turn.
 var mustReach = []string{"leader kill", "stall", "pause", "redis failover", "redis clock step",
-	"coordinator links reset", "coordinator replies dropped"}
+	"coordinator links reset", "coordinator replies dropped", "region cut"}
 
 // runSchedule follows the seeded schedule for run, on the test's
 // goroutine (the harness's Kill and Restart must be called there): every
@@ -105,7 +106,8 @@ func (w *world) drawKind(late bool) string {
 // suffix of writes (redisFailover); a step of a Redis server's clock
 // (stepClock); one agent's connections to the coordinators reset, or the
 // coordinators' replies to it dropped for 0.1 to 0.6 s and its
-// connections then reset (linkFaults). It returns the steps that end it,
+// connections then reset (linkFaults); a region cut off the global group
+// past its upstream lease (regionCut). It returns the steps that end it,
 // and whether it was taken.
 func (w *world) step(kind string) ([]pending, bool) {
 	switch kind {
@@ -154,7 +156,7 @@ func (w *world) step(kind string) ([]pending, bool) {
 		if n >= maxAgents {
 			return nil, false
 		}
-		w.startAgent()
+		w.startAgent(mainRegion)
 		return nil, true
 	case "redis failover":
 		more := w.redisFailover()
@@ -162,6 +164,9 @@ func (w *world) step(kind string) ([]pending, bool) {
 	case "redis clock step":
 		w.stepClock()
 		return nil, true
+	case "region cut":
+		more := w.regionCut()
+		return more, more != nil
 	default:
 		return w.linkFaults(kind)
 	}
@@ -208,6 +213,41 @@ func (w *world) linkFaults(kind string) ([]pending, bool) {
 
 func byTime(a, b pending) int { return cmp.Compare(a.at, b.at) }
 
+// regionCut cuts one region (either) off the global group for 1.2 to 3
+// upstream lease terms: its links stalled (the regional leader's calls hang
+// to their deadline, and the global group answers them late) or
+// blackholed and reset (a silent partition). The cut region spends its
+// slice until it expires, then its safe share, while the other region's
+// leader leases what the global group reclaims of it; their agents spend
+// the global rule's subjects throughout. It returns the step that ends
+// it, or nil if that region is cut already.
+func (w *world) regionCut() []pending {
+	region := []string{mainRegion, remoteRegion}[w.rnd.IntN(2)]
+	if w.cut[region] {
+		return nil
+	}
+	links := w.hier.Links[region]
+	stall := w.rnd.IntN(2) == 0
+	for _, px := range links {
+		if stall {
+			px.Stall()
+		} else {
+			px.Blackhole()
+			px.Reset()
+		}
+	}
+	w.cut[region] = true
+	how := map[bool]string{true: "stalled", false: "blackholed and reset"}[stall]
+	w.event("region %s cut off the global group (its links %s)", region, how)
+	return []pending{{at: w.now() + w.between(6*upstreamTerm/5, 3*upstreamTerm), do: func() {
+		for _, px := range links {
+			px.Heal()
+		}
+		w.cut[region] = false
+		w.event("region %s's links to the global group healed", region)
+	}}}
+}
+
 // cutAndChange composes the faults that matter together: an agent left
 // without callers for a moment (its leases refill), then cut off from the
 // coordinators, a rules reload while it is, and its callers back: it
@@ -250,9 +290,11 @@ func (w *world) between(lo, hi time.Duration) time.Duration {
 // reload changes one rule's shape: its burst or rate (grown or shrunk),
 // default_share of the rule that has one, or the mode of the rule that
 // switches between redis and auto. The agents read the new file within
-// their reload interval; the coordinators get it at once.
+// their reload interval; the coordinators (every group's) get it at once.
+// The global rule is left as it is: the judge knows no linger for a shape
+// change leased down two levels.
 func (w *world) reload() bool {
-	names := ruleNames()
+	names := slices.DeleteFunc(ruleNames(), func(n string) bool { return initialShapes[n].Global })
 	name := names[w.rnd.IntN(len(names))]
 	w.mu.Lock()
 	old := w.shapes[name]
@@ -291,7 +333,9 @@ func (w *world) reload() bool {
 	if err := os.Rename(tmp, w.rulesPath); err != nil {
 		w.t.Fatal(err)
 	}
-	w.coords.SetRules(set)
+	for _, g := range append([]*harness.Coordinators{w.hier.Global}, w.regionGroups()...) {
+		g.SetRules(set)
+	}
 	w.mu.Lock()
 	tl := w.timelines[name]
 	tl.changes = append(tl.changes, change{At: at, Rule: name, From: old, To: s})

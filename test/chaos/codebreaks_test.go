@@ -17,13 +17,19 @@ type codeEdit struct {
 }
 
 // codeBreaks are the breaks of the scenarios whose protection is a few
-// lines inside the agent (S19, S20): under RATION_CHAOS_BREAK=<scenario>
+// lines inside the agent (S9, S19, S20): under RATION_CHAOS_BREAK=<scenario>
 // the gateway-agent and coordinator binaries are built with these edits
 // (go build -overlay: the tree is not touched), so the scenario runs
 // against the code without its protection and must fail by a judge. An
 // edit that no longer matches its file fails the build, not the break:
 // refresh it with the code.
 var codeBreaks = map[string][]codeEdit{
+	// One circuit breaker and outage episode for the whole store, as
+	// before a Cluster's masters had one each: a dead master's failures
+	// open it for every master.
+	"S9": {{File: "internal/agent/nodes.go",
+		Old: "if r, ok := store.(nodeStore); ok && r.Sharded() {",
+		New: "if r, ok := store.(nodeStore); ok && r.Sharded() && false {"}},
 	// A copy of the default lease forgotten once it is full again at a
 	// shrunken cap, though it owes less than the default lease: its debt
 	// (tokens the subject already spent) goes back to the pool at the

@@ -1,0 +1,159 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/breaker"
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/harness"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// keyCountingStore counts the charges that reach the Redis store, by key,
+// so a test can tell which decisions went to a node (and may have waited
+// for it) without timing anything. It keeps the store's nodes (NodeOf).
+type keyCountingStore struct {
+	*bucket.RedisStore
+	mu    sync.Mutex
+	takes map[string]int
+}
+
+func (c *keyCountingStore) count(key string) {
+	c.mu.Lock()
+	c.takes[key]++
+	c.mu.Unlock()
+}
+
+func (c *keyCountingStore) taken(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.takes[key]
+}
+
+func (c *keyCountingStore) Take(ctx context.Context, r bucket.Request) (bucket.Result, error) {
+	c.count(r.Key)
+	return c.RedisStore.Take(ctx, r)
+}
+
+func (c *keyCountingStore) TakeBatch(ctx context.Context, rs []bucket.Request, out []bucket.Outcome) {
+	for _, r := range rs {
+		c.count(r.Key)
+	}
+	c.RedisStore.TakeBatch(ctx, rs, out)
+}
+
+// subjectOn finds a subject of rule whose bucket lives on node i of c.
+func subjectOn(t *testing.T, c *harness.Cluster, rule string, i int) string {
+	t.Helper()
+	for n := range 1000 {
+		s := fmt.Sprintf("u%d", n)
+		if c.NodeForSlot(bucket.KeySlot(bucket.Key(rule, s))) == c.Nodes[i] {
+			return s
+		}
+	}
+	t.Fatalf("no subject of %s on node %d", rule, i)
+	return ""
+}
+
+// One master of a Cluster down: checks alternate between a subject on a
+// healthy master and one on the dead master. The healthy subject's are all
+// decided by Redis; the dead one's get their fail_closed answer, and at
+// most the breaker's threshold of them (3) reach the store and wait for
+// it: the dead master's breaker opens on its own failures, and the healthy
+// masters' stay closed. Once the master is back, its prober closes its
+// breaker and its slots are decided by Redis again.
+func TestClusterMasterDownStopsOnlyItsSlots(t *testing.T) {
+	cl := harness.StartCluster(t, harness.WithConfig("cluster-require-full-coverage no"))
+	const timeout = 200 * time.Millisecond
+	client, err := bucket.OpenRedis("redis-cluster://"+strings.Join(cl.Addrs, ","), timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	store := &keyCountingStore{RedisStore: bucket.NewRedisStore(client, bucket.RedisOptions{Timeout: timeout}), takes: map[string]int{}}
+	set, err := rules.Parse("cluster.yaml", []byte(`
+rules:
+  - name: c
+    match: {c: "*"}
+    burst: 1000
+    rate: 1000
+    on_failure: fail_closed
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	svc, err := agent.New(agent.Options{
+		Rules: agent.StaticRules{Set: set}, Store: store, Logger: testLogger(t), Registry: reg,
+		DecisionTimeout: timeout,
+		Breaker:         breaker.Config{Threshold: 3, ProbeInterval: 100 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go svc.RunProber(ctx)
+	healthy, dead := subjectOn(t, cl, "c", 0), subjectOn(t, cl, "c", 1)
+	decide := func(subject string) agent.Response {
+		t.Helper()
+		resp, err := svc.Decide(ctx, agent.Request{Rule: "c", Subject: subject})
+		if err != nil {
+			t.Fatalf("Decide(%s): %v", subject, err)
+		}
+		return resp
+	}
+	for _, s := range []string{healthy, dead} {
+		if resp := decide(s); resp.Reason != agent.ReasonOK {
+			t.Fatalf("before the kill, %s = %+v, want ok from Redis", s, resp)
+		}
+	}
+
+	cl.Nodes[1].Kill()
+	deadKey := bucket.Key("c", dead)
+	before := store.taken(deadKey)
+	for i := range 40 {
+		if resp := decide(healthy); !resp.Allowed || resp.Reason != agent.ReasonOK {
+			t.Fatalf("check %d of the healthy master's subject = %+v, want ok from Redis", i, resp)
+		}
+		if resp := decide(dead); resp.Allowed || agent.CheckStatus(resp) != 503 {
+			t.Fatalf("check %d of the dead master's subject = %+v, want 503 (fail_closed)", i, resp)
+		}
+	}
+	if n := store.taken(deadKey) - before; n > 3 {
+		t.Errorf("%d of 40 checks on the dead master's subject went to the store (and waited for it), want at most 3 (the breaker's threshold)", n)
+	}
+	open := map[string]float64{}
+	for i, addr := range cl.Addrs {
+		open[addr] = metricValue(t, reg, "ration_breaker_node_open", map[string]string{"node": addr})
+		want := 0.0
+		if i == 1 {
+			want = 1
+		}
+		if open[addr] != want {
+			t.Errorf("ration_breaker_node_open{node=%s} = %v, want %v", addr, open[addr], want)
+		}
+	}
+	waitFor(t, "the dead master's slots on /readyz", func() bool {
+		for _, n := range svc.StoreNodes() {
+			if n.Node == cl.Addrs[1] && n.Open && len(n.Slots) > 0 {
+				return n.Slots[0] == cl.Slots[1]
+			}
+		}
+		return false
+	})
+
+	cl.Nodes[1].Restart()
+	waitFor(t, "the restarted master's breaker to close", func() bool { return !svc.BreakerOpen() })
+	waitFor(t, "the restarted master to decide its slots", func() bool {
+		return decide(dead).Reason == agent.ReasonOK
+	})
+}
