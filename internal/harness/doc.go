@@ -3,7 +3,9 @@
 // on free loopback ports in its own temporary directory, stopped by
 // t.Cleanup, with its log dumped when the test fails. Raft cluster helpers
 // live in their own files (hierarchy.go: a global group and regional
-// groups leasing from it through proxies); NewProxy (proxy.go) puts a
+// groups leasing from it through proxies); StartAgentProcess
+// (agentproc.go) runs a gateway-agent as a process of its own, which a
+// test can pause whole (SIGSTOP) and resume. NewProxy (proxy.go) puts a
 // faulty link in front of any of them: stalled, blackholed, delayed,
 // slowed to a byte rate, reset or moved to another upstream.
 //

@@ -39,7 +39,7 @@ const (
 	safetyMargin    = 200 * time.Millisecond // harness.RaftTestConfig's
 	autoHold        = 300 * time.Millisecond // the auto rules' auto.hold
 	idleAfter       = 3 * time.Second        // the lease holder's, 1m in a process
-	maxAgents       = 4
+	maxAgents       = 4                      // in-process; the process agent besides
 	workers         = 8
 	// The global rule's lease period, which its upstream leases (a
 	// regional group's, from the global group) last: a region cut
@@ -140,8 +140,9 @@ func seedAndRun(t *testing.T) (uint64, time.Duration) {
 // TestBoundOnEveryPath is the bound checker: a 3-node coordinator group
 // (region eu's, leasing the global rule from a 1-node global group), a
 // second region (one node, one agent) spending the global rule's subjects
-// too, a redis-server and agents in-process, every agent's link to the
-// coordinators and every region's to the global group through a
+// too, a redis-server, agents in-process and one agent process (region
+// eu's, which the schedule pauses: process_test.go), every agent's link to
+// the coordinators and every region's to the global group through a
 // harness.Proxy. Workers call the agents through each decision entry
 // point (entry_test.go) with a few hot subjects and a stream of new ones,
 // while the test's goroutine follows a seeded schedule of faults and
@@ -157,11 +158,13 @@ func TestBoundOnEveryPath(t *testing.T) {
 	for range 2 {
 		w.startAgent(mainRegion)
 	}
+	w.proc = w.startProcessAgent()
 	w.remote = w.startAgent(remoteRegion)
 	w.startLoad(seed)
 	w.runSchedule(run)
 	w.stopLoad()
 	w.verify(seed)
+	w.checkProcessRaces()
 }
 
 // world is the system under test and what the checker saw of it.
@@ -186,21 +189,25 @@ type world struct {
 	failingOver      bool
 	down             int // the coordinator node killed, -1 if none
 
-	mu         sync.Mutex
-	shapes     map[string]shape
-	timelines  map[string]*timeline
-	events     []string
-	agents     []*testAgent
-	spans      map[string][]admission.Span // by rule|subject
-	byEntry    map[string]int              // admissions by entry point
-	globalBy   map[string]float64          // the global rule's admitted tokens by region
-	calls      map[string]int              // calls by entry point
-	fresh      atomic.Int64                // new subjects handed out
-	failovers  []failover                  // Redis failovers, in time order
-	steps      []clockStep                 // forward steps of the agents' store's clock
-	faults     map[string]int              // the schedule's steps by kind
-	retries    atomic.Int64                // coordinator calls the agents' clients retried
-	streamEnds atomic.Int64                // lease watch streams that ended
+	mu          sync.Mutex
+	shapes      map[string]shape
+	timelines   map[string]*timeline
+	events      []string
+	agents      []*testAgent                // region eu's, the process agent among them
+	proc        *testAgent                  // the agent run as a process (process_test.go)
+	spans       map[string][]admission.Span // by rule|subject
+	byEntry     map[string]int              // admissions by entry point
+	globalBy    map[string]float64          // the global rule's admitted tokens by region
+	calls       map[string]int              // calls by entry point
+	fresh       atomic.Int64                // new subjects handed out
+	failovers   []failover                  // Redis failovers, in time order
+	steps       []clockStep                 // forward steps of the agents' store's clock
+	faults      map[string]int              // the schedule's steps by kind
+	retries     atomic.Int64                // coordinator calls the agents' clients retried
+	streamEnds  atomic.Int64                // lease watch streams that ended
+	pausedCalls atomic.Int64                // calls that waited on the paused process agent
+
+	rush atomic.Pointer[rush] // callers sent to an agent just resumed (process_test.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -329,6 +336,13 @@ func (w *world) verify(seed uint64) {
 	promotions, leased := w.metrics()
 	t.Logf("bound checker: %d subjects, %d admissions; admitted/calls by entry point: %s; %v hot promotions taken up, %v decisions on leases",
 		len(keys), admitted, strings.Join(entries, ", "), promotions, leased)
+	if w.proc != nil {
+		// Leases the process agent held through a pause lapse at the
+		// coordinators: its first renewals after it are answered
+		// expired (and stalls, resets and leader kills add theirs).
+		t.Logf("bound checker: the process agent's leases reported expired by the coordinators: %v (ration_agent_lease_expired_total)",
+			w.procMetric(w.proc, "ration_agent_lease_expired_total", ""))
+	}
 	w.logRegions()
 	var kinds []string
 	for _, k := range stepKinds {
@@ -344,8 +358,8 @@ func (w *world) verify(seed uint64) {
 	for _, s := range w.steps {
 		ahead = append(ahead, s.D.Round(time.Millisecond).String())
 	}
-	t.Logf("bound checker: schedule steps taken: %s; failovers' lost writes: %s; forward clock steps: %s; coordinator calls retried %d, lease watch streams ended %d",
-		strings.Join(kinds, ", "), strings.Join(lost, ", "), strings.Join(ahead, ", "), w.retries.Load(), w.streamEnds.Load())
+	t.Logf("bound checker: schedule steps taken: %s; failovers' lost writes: %s; forward clock steps: %s; coordinator calls retried %d, lease watch streams ended %d (in-process agents'); calls that waited on the paused process agent %d",
+		strings.Join(kinds, ", "), strings.Join(lost, ", "), strings.Join(ahead, ", "), w.retries.Load(), w.streamEnds.Load(), w.pausedCalls.Load())
 	for _, rule := range ruleNames() {
 		c := closest[rule]
 		t.Logf("rule %s: closest to its bound: user=%s %.2f tokens in [%.3fs, %.3fs] (B %g, r %g, %.2f allowed for %d store faults); without the store's allowances: %.2f",
@@ -371,6 +385,9 @@ func (w *world) verify(seed uint64) {
 	}
 	if !lostSome {
 		t.Errorf("no Redis failover lost a write (replication bytes lost: %s): the run did not exercise it", strings.Join(lost, ", "))
+	}
+	if w.faults["pause"] > 0 && w.pausedCalls.Load() == 0 {
+		t.Errorf("no call waited on the paused agent: the run did not exercise a pause under load")
 	}
 	for _, r := range []string{mainRegion, remoteRegion} {
 		if w.globalBy[r] == 0 {

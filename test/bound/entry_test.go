@@ -33,17 +33,19 @@ import (
 // gRPC (Ration's API and Envoy's) and HTTP on loopback. Its link to each
 // coordinator goes through a harness.Proxy of its own.
 type testAgent struct {
-	name    string
-	region  string
-	rules   []string // the rules its callers use
-	srv     *agent.Server
-	proxies []*harness.Proxy
-	rl      rationv1.RateLimiterClient
-	envoy   rlsv3.RateLimitServiceClient
-	base    string
-	http    *http.Client
-	stalled bool        // its links are under a fault: the schedule's; the test's goroutine only
-	quiet   atomic.Bool // callers leave it alone meanwhile
+	name     string
+	region   string
+	rules    []string              // the rules its callers use
+	srv      *agent.Server         // in-process; nil for the process
+	proc     *harness.AgentProcess // the agent run as a process (process_test.go); nil in-process
+	proxies  []*harness.Proxy
+	rl       rationv1.RateLimiterClient
+	envoy    rlsv3.RateLimitServiceClient
+	base     string
+	http     *http.Client
+	stalled  bool         // its links are under a fault, or it is paused: the schedule's; the test's goroutine only
+	quiet    atomic.Bool  // callers leave it alone meanwhile
+	inflight atomic.Int64 // calls sent to it and not yet answered
 }
 
 // startAgent starts one more agent of region on the shared rules file,
@@ -62,12 +64,7 @@ func (w *world) startAgent(region string) *testAgent {
 		a.name, a.rules = region+"1", []string{globalRule}
 	}
 	name = a.name
-	var addrs []string
-	for _, up := range w.hier.Regions[region].GRPCAddrs() {
-		p := harness.NewProxy(t, up)
-		a.proxies = append(a.proxies, p)
-		addrs = append(addrs, p.Addr())
-	}
+	addrs := w.linkAgent(a)
 	cfg := agent.DefaultConfig()
 	cfg.AgentID = name
 	cfg.Region = region
@@ -106,15 +103,7 @@ func (w *world) startAgent(region string) *testAgent {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
-	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	a.srv, a.rl, a.envoy = srv, rationv1.NewRateLimiterClient(conn), rlsv3.NewRateLimitServiceClient(conn)
-	a.base = "http://" + srv.HTTPAddr()
-	a.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
-	t.Cleanup(a.http.CloseIdleConnections)
+	a.srv = srv
 	deadline := time.Now().Add(30 * time.Second)
 	for !srv.Ready() {
 		if time.Now().After(deadline) {
@@ -122,13 +111,43 @@ func (w *world) startAgent(region string) *testAgent {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if region == mainRegion {
+	w.join(a, srv.GRPCAddr(), srv.HTTPAddr())
+	w.event("agent %s of region %s started", name, region)
+	return a
+}
+
+// linkAgent gives a its own proxy to each coordinator of its region's
+// group and returns their addresses.
+func (w *world) linkAgent(a *testAgent) []string {
+	var addrs []string
+	for _, up := range w.hier.Regions[a.region].GRPCAddrs() {
+		p := harness.NewProxy(w.t, up)
+		a.proxies = append(a.proxies, p)
+		addrs = append(addrs, p.Addr())
+	}
+	return addrs
+}
+
+// join connects the callers' clients to a ready agent, listening on
+// grpcAddr and httpAddr; an agent of the main region it hands to the
+// workers and the schedule (the remote region's has a worker of its own).
+func (w *world) join(a *testAgent, grpcAddr, httpAddr string) {
+	t := w.t
+	t.Helper()
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	a.rl, a.envoy = rationv1.NewRateLimiterClient(conn), rlsv3.NewRateLimitServiceClient(conn)
+	a.base = "http://" + httpAddr
+	a.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
+	t.Cleanup(a.http.CloseIdleConnections)
+	if a.region == mainRegion {
 		w.mu.Lock()
 		w.agents = append(w.agents, a)
 		w.mu.Unlock()
 	}
-	w.event("agent %s of region %s started", name, region)
-	return a
 }
 
 // The decision entry points a caller can use.
@@ -217,7 +236,11 @@ func (w *world) startLoad(seed uint64) {
 					return
 				default:
 				}
-				if a == nil || a.quiet.Load() || time.Now().After(until) {
+				if r, ok := w.rushing(); ok && a != r && !r.quiet.Load() {
+					// Every caller back at an agent just resumed from a
+					// pause, while its timers and lease loop catch up.
+					a, until = r, time.Now().Add(rushFor)
+				} else if a == nil || a.quiet.Load() || time.Now().After(until) {
 					w.mu.Lock()
 					a = w.agents[rnd.IntN(len(w.agents))]
 					for k := 0; a.quiet.Load() && k < len(w.agents); k++ {
@@ -246,6 +269,8 @@ func (w *world) stopLoad() {
 func (w *world) call(rnd *rand.Rand, a *testAgent, entry string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	a.inflight.Add(1)
+	defer a.inflight.Add(-1)
 	switch entry {
 	case "Allow":
 		w.allowOne(ctx, rnd, a)
@@ -398,6 +423,11 @@ func (w *world) stream(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 // decisions made on leases: whether the run reached those paths.
 func (w *world) metrics() (promotions, leased float64) {
 	for _, a := range append(slices.Clone(w.agents), w.remote) {
+		if a.proc != nil {
+			p, l := w.procMetrics(a)
+			promotions, leased = promotions+p, leased+l
+			continue
+		}
 		mfs, err := a.srv.Registry.Gather()
 		if err != nil {
 			w.t.Fatalf("agent %s metrics: %v", a.name, err)

@@ -23,10 +23,11 @@ var stepKinds = []struct {
 	name   string
 	chance float64
 }{
-	{"reload", 0.17},
+	{"reload", 0.15},
 	{"leader kill", 0.08},
 	{"cut and change", 0.12},
-	{"stall", 0.14},
+	{"stall", 0.08},
+	{"pause", 0.08},
 	{"new agent", 0.07},
 	{"redis failover", 0.08},
 	{"redis clock step", 0.08},
@@ -37,7 +38,7 @@ var stepKinds = []struct {
 
 // mustReach are the kinds every run takes at least once: past half the
 // run, a kind not yet taken is taken at the next turn.
-var mustReach = []string{"leader kill", "stall", "redis failover", "redis clock step",
+var mustReach = []string{"leader kill", "stall", "pause", "redis failover", "redis clock step",
 	"coordinator links reset", "coordinator replies dropped", "region cut"}
 
 // runSchedule follows the seeded schedule for run, on the test's
@@ -100,7 +101,8 @@ func (w *world) drawKind(late bool) string {
 // step takes one step of the schedule: a rules reload; a kill of the Raft
 // leader (restarted 0.5 to 3 s later); a cut-off agent across a reload
 // (cutAndChange); a stall of one agent's links to every coordinator for
-// 1.2 to 3 lease periods; a new agent; a Redis failover that loses a
+// 1.2 to 3 lease periods; the process agent paused whole (SIGSTOP) for as
+// long (pause); a new agent; a Redis failover that loses a
 // suffix of writes (redisFailover); a step of a Redis server's clock
 // (stepClock); one agent's connections to the coordinators reset, or the
 // coordinators' replies to it dropped for 0.1 to 0.6 s and its
@@ -144,9 +146,12 @@ func (w *world) step(kind string) ([]pending, bool) {
 			a.stalled = false
 			w.event("agent %s's links resumed", a.name)
 		}}}, true
+	case "pause":
+		more := w.pause()
+		return more, more != nil
 	case "new agent":
 		w.mu.Lock()
-		n := len(w.agents)
+		n := len(w.agents) - 1 // the process agent is not counted
 		w.mu.Unlock()
 		if n >= maxAgents {
 			return nil, false
