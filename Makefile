@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test test-sim test-mutations test-modules deps mutations bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
+.PHONY: help dev build install docs test test-chaos test-late test-sim test-mutations test-modules deps mutations bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -42,19 +42,25 @@ test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real r
 	@# (-diff changes nothing: it prints what it would change and fails).
 	@for m in . proto client deploy; do (cd $$m && $(GO) mod tidy -diff) || { echo "go mod tidy needed in $$m"; exit 1; }; done
 	$(GO) vet ./...
-	@# Every package but the chaos scenarios, then the scenarios alone: they
-	@# run real processes against timing bounds and utilisation floors; on
-	@# a loaded 2-core machine, beside the heaviest packages (coordinator,
+	@# Every package but the chaos scenarios first: they run real
+	@# processes against timing bounds and utilisation floors, and on a
+	@# loaded 2-core machine, beside the heaviest packages (coordinator,
 	@# holder, agent), S0 lost 500 calls with no fault injected.
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v '/test/chaos$$')
-	$(GO) test -race -count=1 -timeout 15m ./test/chaos/
-	@# Then three jobs side by side (-k: each runs to its end, and any
-	@# failure fails the target): the mutations mostly wait on deadlines
-	@# while the simulator computes. --output-sync keeps each job's output
-	@# together.
-	$(MAKE) --no-print-directory -k -j3 --output-sync=target test-sim test-mutations test-modules
+	@# Then the scenarios, and beside them at the lowest CPU priority
+	@# (nice 19: they take only what the scenarios leave idle, and the
+	@# scenarios mostly wait) the simulator, the deliberate bugs and the
+	@# other modules. -k: every job runs to its end, and any failure fails
+	@# the target; --output-sync keeps each job's output together.
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-chaos test-late
 
-# The parts of make test after the chaos scenarios (no deps: test has them).
+# The parts of make test after the packages (no deps: test has them).
+test-chaos:
+	$(GO) test -race -count=1 -timeout 15m ./test/chaos/
+
+test-late:
+	nice -n 19 $(MAKE) --no-print-directory -k -j3 --output-sync=target test-sim test-mutations test-modules
+
 test-sim:
 	$(GO) run ./cmd/ration-sim -config small -seed 1
 	@# The simulator must still catch each deliberate bug at the seeds its
