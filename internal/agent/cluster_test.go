@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -53,14 +52,7 @@ func (c *keyCountingStore) TakeBatch(ctx context.Context, rs []bucket.Request, o
 // subjectOn finds a subject of rule whose bucket lives on node i of c.
 func subjectOn(t *testing.T, c *harness.Cluster, rule string, i int) string {
 	t.Helper()
-	for n := range 1000 {
-		s := fmt.Sprintf("u%d", n)
-		if c.NodeForSlot(bucket.KeySlot(bucket.Key(rule, s))) == c.Nodes[i] {
-			return s
-		}
-	}
-	t.Fatalf("no subject of %s on node %d", rule, i)
-	return ""
+	return c.SubjectOn(t, i, "u", func(s string) int { return bucket.KeySlot(bucket.Key(rule, s)) })
 }
 
 // One master of a Cluster down: checks alternate between a subject on a

@@ -18,13 +18,7 @@ import (
 // at a time, refuses a node that is not a master, and lists the masters'
 // slots; a single server is one node, PrimaryNode.
 func TestClusterNodes(t *testing.T) {
-	cl := harness.StartCluster(t)
-	client, err := bucket.OpenRedis("redis-cluster://"+strings.Join(cl.Addrs, ","), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	s := bucket.NewRedisStore(client, bucket.RedisOptions{Timeout: time.Second})
+	cl, s := clusterStore(t)
 	ctx := context.Background()
 	if !s.Sharded() {
 		t.Fatal("a Cluster store is not Sharded")
@@ -80,13 +74,7 @@ func TestClusterNodes(t *testing.T) {
 // decision sent to its old master, answered MOVED, is decided by the new
 // one, and NodeOf then names the new one.
 func TestClusterSlotMoved(t *testing.T) {
-	cl := harness.StartCluster(t)
-	client, err := bucket.OpenRedis("redis-cluster://"+strings.Join(cl.Addrs, ","), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	s := bucket.NewRedisStore(client, bucket.RedisOptions{Timeout: time.Second})
+	cl, s := clusterStore(t)
 	ctx := context.Background()
 	var key string
 	for i := 0; ; i++ {
@@ -128,4 +116,16 @@ func TestClusterSlotMoved(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// clusterStore starts a Cluster and opens a store on it as the agent does.
+func clusterStore(t *testing.T) (*harness.Cluster, *bucket.RedisStore) {
+	t.Helper()
+	cl := harness.StartCluster(t)
+	client, err := bucket.OpenRedis("redis-cluster://"+strings.Join(cl.Addrs, ","), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return cl, bucket.NewRedisStore(client, bucket.RedisOptions{Timeout: time.Second})
 }

@@ -102,3 +102,18 @@ func (c *Cluster) NodeForSlot(slot int) *Redis {
 	}
 	return nil
 }
+
+// SubjectOn finds a subject (prefix and a number) whose key lives on node
+// i: slotOf is the hash slot of a subject's key as the store computes it
+// (bucket.KeySlot of bucket.Key, which this package cannot import).
+func (c *Cluster) SubjectOn(t testing.TB, i int, prefix string, slotOf func(subject string) int) string {
+	t.Helper()
+	for n := range 10000 {
+		s := prefix + strconv.Itoa(n)
+		if c.NodeForSlot(slotOf(s)) == c.Nodes[i] {
+			return s
+		}
+	}
+	t.Fatalf("no subject %s<n> on cluster node %d", prefix, i)
+	return ""
+}

@@ -181,14 +181,7 @@ const s9Waits = 33
 // s9Subject finds a subject of rule whose bucket lives on master i.
 func s9Subject(t *testing.T, cl *harness.Cluster, rule string, i int) string {
 	t.Helper()
-	for k := range 10000 {
-		s := fmt.Sprintf("x%d", k)
-		if cl.NodeForSlot(bucket.KeySlot(bucket.Key(rule, s))) == cl.Nodes[i] {
-			return s
-		}
-	}
-	t.Fatalf("no subject of %s on master %d", rule, i)
-	return ""
+	return cl.SubjectOn(t, i, "x", func(s string) int { return bucket.KeySlot(bucket.Key(rule, s)) })
 }
 
 // p99 is the 99th percentile of the agents' recorded latency of q's
