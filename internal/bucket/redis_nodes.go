@@ -57,7 +57,8 @@ func (s *RedisStore) NodeOf(ctx context.Context, key string) string {
 	// Written only when the owner changes: a hot slot's decisions read it,
 	// and a store per decision would bounce its cache line between cores.
 	if p := last.Load(); p == nil || *p != addr {
-		last.Store(&addr)
+		owner := addr // a copy, so that only a change allocates
+		last.Store(&owner)
 	}
 	return addr
 }
