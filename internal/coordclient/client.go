@@ -195,6 +195,12 @@ func (c *Client) do(ctx context.Context, what string, call callFunc) error {
 			return nil
 		}
 		last = err
+		if ctx.Err() != nil {
+			// The caller's own deadline or cancel ended the attempt: say
+			// so, whatever status gRPC turned it into, so callers can
+			// branch on context.DeadlineExceeded and context.Canceled.
+			return fmt.Errorf("coordinator client: %s: %w (last error: %w)", what, ctx.Err(), last)
+		}
 		if !retryable(ctx, err) || attempt >= c.opts.MaxAttempts {
 			break
 		}
