@@ -2,6 +2,9 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -148,4 +151,82 @@ rules:
 	waitFor(t, "the restarted master to decide its slots", func() bool {
 		return decide(dead).Reason == agent.ReasonOK
 	})
+}
+
+// A Cluster failover: the dead master's slots go to its promoted replica.
+// While the master is down its breaker is open and /readyz (still 200:
+// the other masters decide) names it with its slots; once the replica is
+// promoted the prober finds the dead master gone from the topology and
+// retires it (its line and its breaker series go), and the slots are
+// decided by Redis on the new master, whose breaker starts closed.
+func TestClusterFailoverMovesSlotsToPromotedReplica(t *testing.T) {
+	cl := harness.StartCluster(t, harness.WithConfig("cluster-require-full-coverage no"), harness.WithClusterReplicas())
+	a := startAgentOn(t, "redis-cluster://"+strings.Join(cl.Addrs, ","), `
+rules:
+  - name: c
+    match: {c: "*"}
+    burst: 1000
+    rate: 1000
+    on_failure: fail_closed
+`, func(cfg *agent.Config) {
+		cfg.DecisionTimeout = 200 * time.Millisecond
+		cfg.Breaker = breaker.Config{Threshold: 3, ProbeInterval: 100 * time.Millisecond}
+	})
+	ctx := context.Background()
+	dead := subjectOn(t, cl, "c", 1)
+	decide := func() agent.Response {
+		t.Helper()
+		resp, err := a.srv.Service.Decide(ctx, agent.Request{Rule: "c", Subject: dead})
+		if err != nil {
+			t.Fatalf("Decide(%s): %v", dead, err)
+		}
+		return resp
+	}
+	if resp := decide(); resp.Reason != agent.ReasonOK {
+		t.Fatalf("before the kill: %+v, want ok from Redis", resp)
+	}
+	old := cl.Addrs[1]
+	openLine := fmt.Sprintf("store node %s: breaker open for ", old)
+	slots := fmt.Sprintf("(slots %d-%d)", cl.Slots[1][0], cl.Slots[1][1])
+	cl.Nodes[1].Kill()
+	waitFor(t, "the dead master's breaker open, its slots on /readyz", func() bool {
+		decide()
+		code, body := readyz(t, a.srv)
+		if code != http.StatusOK {
+			t.Fatalf("/readyz with one master of three down = %d %q, want 200 (the others decide)", code, body)
+		}
+		return strings.Contains(body, openLine) && strings.Contains(body, slots)
+	})
+
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	promoted, err := cl.WaitPromoted(pctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the promoted replica to decide the dead master's slots", func() bool { return decide().Reason == agent.ReasonOK })
+	waitFor(t, "the dead master retired", func() bool {
+		for _, n := range a.srv.Service.StoreNodes() {
+			if n.Node == old {
+				return false
+			}
+		}
+		return true
+	})
+	code, body := readyz(t, a.srv)
+	if code != http.StatusOK || strings.Contains(body, old) || !strings.Contains(body, "store node "+promoted+": ok") {
+		t.Errorf("/readyz after the failover = %d %q, want 200 with %s ok and no line for the retired %s", code, body, promoted, old)
+	}
+	resp, err := http.Get("http://" + a.srv.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	m, _ := io.ReadAll(resp.Body)
+	if strings.Contains(string(m), `node="`+old+`"`) {
+		t.Errorf("/metrics still has series of the retired master %s", old)
+	}
+	if !strings.Contains(string(m), `ration_breaker_node_open{node="`+promoted+`"} 0`) || !strings.Contains(string(m), "ration_breaker_open 0") {
+		t.Errorf("/metrics after the failover: want the promoted master's breaker closed and no breaker open")
+	}
 }

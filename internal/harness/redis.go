@@ -70,6 +70,9 @@ type redisConfig struct {
 	tls      []string // tls-* lines (WithTLS); the port is added at start
 	password string   // requirepass (WithPassword)
 	env      []string // added to the process's environment (WithClock)
+	// replicas: StartCluster gives each master a replica
+	// (WithClusterReplicas); other starts ignore it.
+	replicas bool
 }
 
 // WithPassword sets requirepass: every client, the harness's included,
