@@ -27,9 +27,8 @@ var codeBreaks = map[string][]codeEdit{
 	// One circuit breaker and outage episode for the whole store, as
 	// before a Cluster's masters had one each: a dead master's failures
 	// open it for every master.
-	"S9": {{File: "internal/agent/nodes.go",
-		Old: "if r, ok := store.(nodeStore); ok && r.Sharded() {",
-		New: "if r, ok := store.(nodeStore); ok && r.Sharded() && false {"}},
+	"S9":  s9Break,
+	"S9f": s9Break,
 	// A copy of the default lease forgotten once it is full again at a
 	// shrunken cap, though it owes less than the default lease: its debt
 	// (tokens the subject already spent) goes back to the pool at the
@@ -101,3 +100,8 @@ func breakOverlay(root, dir string) ([]string, error) {
 	}
 	return []string{"-overlay", overlay}, nil
 }
+
+// s9Break: one breaker for the whole store (S9 and its failover variant).
+var s9Break = []codeEdit{{File: "internal/agent/nodes.go",
+	Old: "if r, ok := store.(nodeStore); ok && r.Sharded() {",
+	New: "if r, ok := store.(nodeStore); ok && r.Sharded() && false {"}}
