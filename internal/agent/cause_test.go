@@ -58,3 +58,37 @@ func TestFailurePolicyLogNamesRuleAndCause(t *testing.T) {
 		}
 	}
 }
+
+// A Redis that refuses connections is reported as refusing them, at once:
+// the decision does not wait its timeout out in dial retries (go-redis's
+// default waits 100ms between five dials, longer than a decision's whole
+// default timeout), and the failure the breaker counts and the log names
+// is the refusal, not "deadline exceeded". The timeout here is a
+// generous 2s, which the default dial retries (4 pauses of 100ms for each
+// of go-redis's 4 command attempts) outlast.
+func TestRefusedStoreIsTheCause(t *testing.T) {
+	r := harness.StartRedis(t)
+	var out harness.LogBuffer
+	a := startAgentLogging(t, r.Addr, oneRule, nil, logformat.New(&out, logformat.Text, slog.LevelInfo), func(cfg *agent.Config) {
+		cfg.DecisionTimeout = 2 * time.Second
+	})
+	waitFor(t, "agent ready", a.srv.Ready)
+	req := agent.Request{Descriptors: map[string]string{"user": "bob"}}
+	if resp, err := a.srv.Service.Decide(context.Background(), req); err != nil || resp.Reason != agent.ReasonOK {
+		t.Fatalf("decision on a live Redis = %+v, %v", resp, err)
+	}
+	r.Kill()
+	resp, err := a.srv.Service.Decide(context.Background(), req)
+	if err != nil || resp.Reason != agent.ReasonUnavailable {
+		t.Fatalf("decision on a dead Redis = %+v, %v; want the failure policy's", resp, err)
+	}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.Contains(l, "failure policy activated") {
+			if !strings.Contains(l, "connection refused") {
+				t.Errorf("activation line names %q; want the refused connection as its cause", l)
+			}
+			return
+		}
+	}
+	t.Fatalf("no activation line logged:\n%s", out.String())
+}

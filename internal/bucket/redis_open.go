@@ -294,6 +294,13 @@ func OpenRedisTLS(spec string, timeout time.Duration, tlsOpts RedisTLS) (redis.U
 		ReadTimeout:           timeout,
 		WriteTimeout:          timeout,
 		PoolTimeout:           timeout,
+		// One dial per attempt: go-redis's default dial retries wait 100ms
+		// between tries, longer than a decision's whole timeout (50ms by
+		// default), so against a dead node they only made every decision
+		// that needed a connection wait its timeout out, and kept its
+		// breaker from hearing of the failure. A refused dial now fails at
+		// once; command retries, and the breaker's prober, try again.
+		DialerRetries:         1,
 		ContextTimeoutEnabled: true,
 		SentinelUsername:      a.sentinelUser,
 		SentinelPassword:      a.sentinelPassword,
