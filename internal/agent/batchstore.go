@@ -90,6 +90,7 @@ func (s *Service) storeCall(caller context.Context, steps []step, reqs []bucket.
 	reqs, at = reqs[:k], at[:k]
 	ctx, cancel := s.bound(caller)
 	outs = outs[:len(reqs)]
+	sent := monoNow()
 	s.store.TakeBatch(ctx, reqs, outs)
 	cancel()
 	now := time.Now()
@@ -98,7 +99,7 @@ func (s *Service) storeCall(caller context.Context, steps []step, reqs []bucket.
 	for j, i := range at {
 		st := &steps[i]
 		h := st.adoptHealth(&health)
-		switch s.adoptStore(caller, st, outs[j].Result, outs[j].Err) {
+		switch s.adoptStore(caller, st, outs[j].Result, outs[j].Err, sent) {
 		case storeFailed:
 			health[h].health = storeFailed
 			if health[h].failure == nil {

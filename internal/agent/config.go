@@ -72,6 +72,9 @@ type Config struct {
 	// grows its stack again for every call (runtime.morestack), 8.6% of
 	// the agent's CPU in a unary load.
 	GRPCWorkers int // -grpc-workers, RATION_GRPC_WORKERS
+	// LocalDenials is how many buckets' store denials the agent remembers
+	// (Options.LocalDenials); 0: off.
+	LocalDenials int // -local-denials, RATION_LOCAL_DENIALS
 	// RedisTLS verifies and authenticates a rediss:// -redis (CA, client
 	// certificate, server name).
 	RedisTLS bucket.RedisTLS // -redis-tls-ca, -redis-tls-cert, -redis-tls-key, -redis-tls-server-name
@@ -110,6 +113,7 @@ func DefaultConfig() Config {
 		// (Envoy's 20 ms) still cuts it short.
 		FirstGrantTimeout: DefaultFirstGrantTimeout,
 		GRPCWorkers:       DefaultGRPCWorkers,
+		LocalDenials:      DefaultLocalDenials,
 		ReloadInterval:    time.Second,
 		Breaker:           breaker.DefaultConfig(),
 		ShutdownTimeout:   10 * time.Second,
@@ -182,6 +186,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "id", Env: "AGENT_ID", Usage: "agent id, unique per agent: two agents must never share one (default: host name)", Value: &c.AgentID},
 		{Flag: "decision-timeout", Env: "DECISION_TIMEOUT", Usage: "longest a decision waits on the store before the rule's failure policy applies, at most 10s", Value: &c.DecisionTimeout},
 		{Flag: "first-grant-timeout", Env: "FIRST_GRANT_TIMEOUT", Usage: "longest the first decision of a leased quota this agent does not hold yet (a new subject of a \"*\" rule) waits for the coordinators' first grant before the rule's failure policy applies, at most 10s; later decisions of the quota never wait (docs/leases.md)", Value: &c.FirstGrantTimeout},
+		{Flag: "local-denials", Env: "LOCAL_DENIALS", Usage: "how many buckets' denials by the store the agent remembers, to deny a subject's further requests itself while the denial is certain (until the refill could pay for them; docs/failure-policies.md); at most 1048576; 0: every decision goes to the store", Value: &c.LocalDenials},
 		{Flag: "reload-interval", Env: "RELOAD_INTERVAL", Usage: "how often the rules file is checked for changes", Value: &c.ReloadInterval},
 		{Flag: "breaker-threshold", Env: "BREAKER_THRESHOLD", Usage: "consecutive failed store calls (one per decision, or per call of at most 1024 charges of a batch) that open the circuit breaker", Value: &c.Breaker.Threshold},
 		{Flag: "breaker-probe-interval", Env: "BREAKER_PROBE_INTERVAL", Usage: "pause between store probes while the breaker is open", Value: &c.Breaker.ProbeInterval},
@@ -230,6 +235,9 @@ func (c Config) Check() error {
 	}
 	if c.GRPCWorkers < 0 || c.GRPCWorkers > MaxGRPCWorkers {
 		errs = append(errs, fmt.Errorf("-grpc-workers %d: must be in [0, %d]", c.GRPCWorkers, MaxGRPCWorkers))
+	}
+	if c.LocalDenials < 0 || c.LocalDenials > MaxLocalDenials {
+		errs = append(errs, fmt.Errorf("-local-denials %d: must be in [0, %d]", c.LocalDenials, MaxLocalDenials))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("-shutdown-timeout %v: must be positive", c.ShutdownTimeout))

@@ -156,6 +156,7 @@ func NewCore(ctx context.Context, cfg Config, o CoreOptions) (*Core, error) {
 	svc, err := New(Options{
 		Rules: StaticRules{Set: set}, Store: store, Leases: leases, Registry: o.Registry, Logger: c.logger,
 		DecisionTimeout: cfg.DecisionTimeout, FirstGrantTimeout: cfg.FirstGrant(), Breaker: cfg.Breaker, Region: region.ID(cfg.Region),
+		LocalDenials: cfg.LocalDenials,
 	})
 	if err != nil {
 		return nil, err

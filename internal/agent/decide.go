@@ -121,9 +121,12 @@ const (
 	// failure policy, episode or emergency allowance is touched, and the
 	// answer (which no one reads) is "unavailable".
 	pathGone
+	// pathCached: the store's last denial of the bucket, still certain
+	// (denials.go): denied without a store call.
+	pathCached
 )
 
-var pathNames = [...]string{"none", "store", "leased", "fallback", "gone"}
+var pathNames = [...]string{"none", "store", "leased", "fallback", "gone", "cached"}
 
 func (p path) String() string { return pathNames[p] }
 
@@ -748,22 +751,35 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 	defer cancel()
 	for i := range steps {
 		if st := &steps[i]; st.path == pathRedis {
+			sent := monoNow()
 			res, err := s.store.Take(ctx, st.req)
-			s.storeResult(caller, st, res, err, time.Now())
+			s.storeResult(caller, st, res, err, time.Now(), sent)
 			return
 		}
 	}
 }
 
 // route gives each store step its node; a step whose node's breaker is
-// open falls to its rule's policy without waiting. It returns how many
+// open falls to its rule's policy without waiting. A step the store's last
+// denial of its bucket still decides (denials.go) is denied here, whatever
+// its node's state: the quota is spent either way. It returns how many
 // steps still go to the store.
 func (s *Service) route(ctx context.Context, steps []step) int {
 	n := 0
+	var now int64
 	for i := range steps {
 		st := &steps[i]
 		if st.path != pathRedis {
 			continue
+		}
+		if s.denials != nil {
+			if now == 0 {
+				now = monoNow()
+			}
+			if res, ok := s.denials.certain(st, now); ok {
+				st.path, st.res, st.allowed, st.reason = pathCached, res, false, ReasonOverLimit
+				continue
+			}
 		}
 		st.node = s.nodes.of(ctx, st.req.Key)
 		if !st.node.br.Allow() {
@@ -813,8 +829,8 @@ func noCancel() {}
 // context: a store call cut short because the caller hung up (or its own
 // deadline passed first) says nothing about the store, so it neither
 // counts against its node's circuit breaker nor starts its outage.
-func (s *Service) storeResult(caller context.Context, st *step, res bucket.Result, err error, now time.Time) {
-	switch s.adoptStore(caller, st, res, err) {
+func (s *Service) storeResult(caller context.Context, st *step, res bucket.Result, err error, now time.Time, sent int64) {
+	switch s.adoptStore(caller, st, res, err, sent) {
 	case storeFailed:
 		s.nodes.failure(st.node, now, err)
 	case storeAnswered:
@@ -831,10 +847,11 @@ const (
 	storeFailed                      // the store did not answer in time, or failed
 )
 
-// adoptStore makes the store's answer (res, or err) st's, and says what it
-// tells of the store; storeResult and chargeStoreBatch count that once per
-// store call.
-func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result, err error) storeHealth {
+// adoptStore makes the store's answer (res, or err) to the call sent at
+// sent (monoNow) st's, and says what it tells of the store; storeResult and
+// chargeStoreBatch count that once per store call. A denial is remembered
+// (denials.go).
+func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result, err error, sent int64) storeHealth {
 	if err != nil && caller.Err() != nil {
 		s.metrics.storeErrors.WithLabelValues("caller_gone").Inc()
 		st.path = pathFallback // pathGone in charge's last loop: the caller is gone
@@ -854,6 +871,9 @@ func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result
 	}
 	st.res, st.allowed = res, res.Allowed
 	st.reason = verdict(res.Allowed)
+	if !res.Allowed {
+		s.denials.record(st, res, sent)
+	}
 	// A replayed admission was charged by the first attempt; refunding it
 	// (with its id) is still right if this attempt ends denied.
 	st.charged = res.Allowed
@@ -971,6 +991,9 @@ func (s *Service) refund(ctx context.Context, steps []step, out []Response) {
 		}
 		switch st.path {
 		case pathRedis:
+			// Tokens go back: a remembered denial of the bucket may no
+			// longer hold.
+			s.denials.forget(st.req.Key)
 			if ctxRefund == nil {
 				ctxRefund, cancel = s.bound(ctx)
 			}

@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_decisions_total",
-			Help: "Per-rule decisions, by the path that decided (store, leased, fallback; none: a shadow rule's denial of a request it could never admit, such as a cost over its burst, decided without a bucket), result (allowed, denied) and reason.",
+			Help: "Per-rule decisions, by the path that decided (store, leased, fallback; cached: a denial the store's last answer for the bucket still made certain, decided without a script call (-local-denials); none: a shadow rule's denial of a request it could never admit, such as a cost over its burst, decided without a bucket), result (allowed, denied) and reason.",
 		}, []string{"rule", "path", "result", "reason"}),
 		noRule: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_decisions_no_rule_total",

@@ -51,6 +51,10 @@ type Options struct {
 	// RequestRecordTTL is how long one is remembered (0: the Redis
 	// record's bucket.DefaultRequestIDTTL).
 	RequestRecordTTL time.Duration
+	// LocalDenials bounds how many buckets' store denials the agent
+	// remembers to deny their further requests without a store call while
+	// certain (denials.go); 0: none, every decision goes to the store.
+	LocalDenials int
 }
 
 // Service decides requests. It is safe for concurrent use.
@@ -68,6 +72,7 @@ type Service struct {
 	rec      *recorder      // nil unless recording (-record)
 	ids      *requestRecord // nil when Options.RequestRecords < 0
 	hot      *hotKeys       // promoted subjects of mode auto rules (hot.go)
+	denials  *denials       // the store's recent denials; nil: off
 	watch    *watchdog      // nil: decisions are not watched (Core sets it)
 }
 
@@ -108,6 +113,7 @@ func New(o Options) (*Service, error) {
 	}
 	s.hot = newHotKeys(o.Region, hotClock, s.metrics)
 	s.fallback = newFallback(o.Logger, s.metrics)
+	s.denials = newDenials(o.LocalDenials)
 	if o.RequestRecords >= 0 {
 		n, ttl := o.RequestRecords, o.RequestRecordTTL
 		if n == 0 {

@@ -1,0 +1,152 @@
+package agent
+
+import (
+	"hash/maphash"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// A subject over its limit keeps asking: a client in a retry loop, a
+// flood. Each of those requests cost a script call on a mode: redis rule
+// although the store has just answered "denied" and the answer cannot have
+// changed yet. The agent remembers the store's last denial of each bucket
+// (a bounded table) and answers the bucket's further requests itself while
+// their denial is certain.
+//
+// Certain: the store answered at some moment after the call was sent
+// (sent) that the bucket held tokens t (Remaining). From then on, the
+// bucket can hold at most t + r·(now - sent), capped at its burst: it
+// refills at r and nothing else adds to it but a refund. A request of cost
+// c > that ceiling is denied by the store, whatever else happened; one of
+// c <= the ceiling goes to the store. So a local denial never outlives
+// the refill: the first request that the refill could admit is sent. The
+// ceiling is computed from the send, not the answer (the store's moment
+// lies between), and with slack added, so it errs towards asking.
+//
+// What it can cost: a refund by another agent (its multi-rule request
+// denied by another rule, its admitted tokens given back) adds tokens
+// this agent does not see. Until the local denial lapses ((c - t)/r
+// after the send at most), requests that those tokens would have paid for
+// are denied here; nothing is ever admitted that the store would deny. The
+// agent's own refunds forget the bucket's denial. A Redis failover that
+// loses the bucket (it comes back full) is seen at the same lapse.
+//
+// Not remembered: shadow rules (their denials are counted, not enforced,
+// and must reach the store to be counted there too), mode auto rules (the
+// store counts their traffic to promote a hot subject), requests with a
+// request id (a retry must get the recorded answer), rate 0 buckets
+// (nothing refills: the denial would never lapse by itself).
+type denials struct {
+	slots []atomic.Pointer[denial]
+	mask  uint64
+	seed  maphash.Seed
+}
+
+// denial is the store's denial of one bucket.
+type denial struct {
+	key    string
+	limit  bucket.Limit
+	tokens float64 // what the store said the bucket held after it
+	sent   int64   // monoNow when the call that got it was sent
+}
+
+// denialSlack is added to the time since the send: the store's clock
+// counts whole microseconds, and its reading can run a little ahead of the
+// agent's between two calls.
+const denialSlack = time.Millisecond
+
+// DefaultLocalDenials is how many buckets' denials an agent remembers
+// (-local-denials): 8192 entries of about 100 bytes and their keys.
+const DefaultLocalDenials = 8192
+
+// MaxLocalDenials bounds -local-denials.
+const MaxLocalDenials = 1 << 20
+
+// newDenials remembers up to n denials (rounded up to a power of two);
+// nil (every decision goes to the store) for n <= 0.
+func newDenials(n int) *denials {
+	if n <= 0 {
+		return nil
+	}
+	size := 1
+	for size < n {
+		size <<= 1
+	}
+	return &denials{slots: make([]atomic.Pointer[denial], size), mask: uint64(size - 1), seed: maphash.MakeSeed()}
+}
+
+// cacheable says whether st's denial may be remembered and answered
+// locally.
+func cacheable(st *step) bool {
+	return st.rule.Mode == rules.ModeRedis && !st.rule.Shadow && st.req.Hot == nil &&
+		st.req.RequestID == "" && st.req.Limit.Rate > 0
+}
+
+func (d *denials) slot(key string) *atomic.Pointer[denial] {
+	return &d.slots[maphash.String(d.seed, key)&d.mask]
+}
+
+// record remembers the store's denial res of st's request, sent at sent.
+func (d *denials) record(st *step, res bucket.Result, sent int64) {
+	if d == nil || res.Allowed || res.Replayed || !cacheable(st) {
+		return
+	}
+	d.slot(st.req.Key).Store(&denial{key: st.req.Key, limit: st.req.Limit, tokens: res.Remaining, sent: sent})
+}
+
+// forget drops what is remembered of key: this agent gave tokens back.
+func (d *denials) forget(key string) {
+	if d == nil {
+		return
+	}
+	p := d.slot(key)
+	if e := p.Load(); e != nil && e.key == key {
+		p.CompareAndSwap(e, nil)
+	}
+}
+
+// certain answers st's request as the store would, when its denial is
+// certain at now; ok false sends it to the store.
+func (d *denials) certain(st *step, now int64) (res bucket.Result, ok bool) {
+	if d == nil || !cacheable(st) {
+		return bucket.Result{}, false
+	}
+	e := d.slot(st.req.Key).Load()
+	if e == nil || e.key != st.req.Key || e.limit != st.req.Limit {
+		return bucket.Result{}, false
+	}
+	return deniedUntilRefill(e.tokens, e.limit, st.req.Cost, time.Duration(now-e.sent)+denialSlack)
+}
+
+// deniedUntilRefill is the store's answer to a request of cost on a bucket
+// of limit that held tokens elapsed ago, when it is certainly a denial: the
+// most the bucket can hold now (tokens refilled over elapsed, capped at
+// the burst) is less than cost. The answer's remaining, retry and reset
+// are that ceiling's, so its Retry-After is never longer than the
+// store's.
+func deniedUntilRefill(tokens float64, limit bucket.Limit, cost float64, elapsed time.Duration) (bucket.Result, bool) {
+	if elapsed < 0 || limit.Rate <= 0 {
+		return bucket.Result{}, false
+	}
+	ceiling := math.Min(limit.Burst, tokens+limit.Rate*elapsed.Seconds())
+	if !(cost > ceiling) {
+		return bucket.Result{}, false
+	}
+	return bucket.Result{
+		Remaining:  ceiling,
+		RetryAfter: seconds((cost - ceiling) / limit.Rate),
+		Reset:      seconds((limit.Burst - ceiling) / limit.Rate),
+	}, true
+}
+
+// seconds is s as a Duration, rounded down.
+func seconds(s float64) time.Duration {
+	if s >= float64(math.MaxInt64)/1e9 {
+		return math.MaxInt64
+	}
+	return time.Duration(s * 1e9)
+}

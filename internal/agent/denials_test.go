@@ -1,0 +1,96 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/ration-dev/ration/internal/bucket"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// A local denial never outlives the refill: whenever deniedUntilRefill
+// denies a request, the store's own arithmetic (bucket.Take, the model the
+// Lua script is checked against) denies it too, on the same bucket at any
+// moment the store could be deciding it; its Retry-After is never longer
+// than the store's. And it does deny what the store certainly denies
+// (the slack aside), or the cache would save nothing.
+func TestDeniedUntilRefillNeverOutlivesRefill(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		l := bucket.Limit{
+			Burst: rapid.Float64Range(0.001, 1e6).Draw(rt, "burst"),
+			Rate:  rapid.Float64Range(0.001, 1e6).Draw(rt, "rate"),
+		}
+		tokens := rapid.Float64Range(0, 1).Draw(rt, "fill") * l.Burst
+		cost := rapid.Float64Range(0, 1.5).Draw(rt, "cost") * l.Burst
+		// The store decided at its clock's t0 (after the send); this
+		// request reaches it elapsed later, at the earliest. Its clock
+		// counts whole microseconds.
+		t0 := int64(1_700_000_000_000_000) + rapid.Int64Range(0, 1e6).Draw(rt, "t0")
+		elapsed := time.Duration(rapid.Int64Range(0, int64(10*time.Second)).Draw(rt, "elapsed"))
+		res, denied := deniedUntilRefill(tokens, l, cost, elapsed+denialSlack)
+		st := bucket.State{Tokens: tokens, Last: t0}
+		// Every clock reading the store could take for this request: from
+		// elapsed after t0 (rounded down to its microsecond) on.
+		at := t0 + int64(elapsed/time.Microsecond)
+		_, model := bucket.Take(st, true, l, cost, at)
+		if denied {
+			if model.Allowed {
+				rt.Fatalf("denied locally %v after a denial with %g of %+v left, cost %g; the store admits (%+v)", elapsed, tokens, l, cost, model)
+			}
+			if res.RetryAfter > model.RetryAfter {
+				rt.Fatalf("local Retry-After %v, the store's %v: longer", res.RetryAfter, model.RetryAfter)
+			}
+			return
+		}
+		// Not denied locally: the store could admit it within the slack.
+		_, late := bucket.Take(st, true, l, cost, at+int64(denialSlack/time.Microsecond)+1)
+		if !late.Allowed && cost <= l.Burst {
+			rt.Fatalf("sent to the store although certainly denied: %g of %+v left %v ago, cost %g", tokens, l, elapsed, cost)
+		}
+	})
+}
+
+// The table: what is remembered and what is not, and when it is used.
+func TestDenialsRememberOnlyWhatIsCertain(t *testing.T) {
+	d := newDenials(4)
+	rule := &rules.Rule{Name: "r", Mode: rules.ModeRedis}
+	st := &step{rule: rule, req: bucket.Request{Key: "k", Limit: bucket.Limit{Burst: 10, Rate: 1}, Cost: 1}}
+	d.record(st, bucket.Result{Allowed: false, Remaining: 0.5}, 1000)
+	if _, ok := d.certain(st, 1000); !ok {
+		t.Fatal("a denial with 0.5 of 1 token left, asked again at once: want it certain")
+	}
+	if _, ok := d.certain(st, 1000+int64(600*time.Millisecond)); ok {
+		t.Fatal("asked 0.6s later at 1 token/s: the bucket may hold 1.1, want it sent")
+	}
+	other := *st
+	other.req.Limit.Burst = 20 // the rule was reloaded with another limit
+	if _, ok := d.certain(&other, 1000); ok {
+		t.Fatal("a denial under another limit: want it sent")
+	}
+	d.forget("k")
+	if _, ok := d.certain(st, 1000); ok {
+		t.Fatal("after this agent's refund of the bucket: want it sent")
+	}
+	for _, c := range []struct {
+		name string
+		edit func(*step)
+	}{
+		{"request id", func(s *step) { s.req.RequestID = "r1" }},
+		{"rate 0", func(s *step) { s.req.Limit.Rate = 0 }},
+		{"hot (mode auto)", func(s *step) { s.req.Hot = &bucket.Hot{} }},
+		{"mode auto", func(s *step) { s.rule = &rules.Rule{Name: "a", Mode: rules.ModeAuto} }},
+		{"shadow", func(s *step) { s.rule = &rules.Rule{Name: "s", Shadow: true} }},
+	} {
+		s := *st
+		c.edit(&s)
+		d.record(&s, bucket.Result{Allowed: false, Remaining: 0}, 1000)
+		if _, ok := d.certain(&s, 1000); ok {
+			t.Errorf("%s: a denial remembered, want none", c.name)
+		}
+	}
+	if newDenials(0) != nil {
+		t.Error("newDenials(0): want none (off)")
+	}
+}
