@@ -285,15 +285,15 @@ func OpenRedisTLS(spec string, timeout time.Duration, tlsOpts RedisTLS) (redis.U
 		return nil, specError(spec, err)
 	}
 	o := &redis.UniversalOptions{
-		Addrs:                 a.addrs,
-		MasterName:            a.master,
-		Username:              a.user,
-		Password:              a.password,
-		DB:                    a.db,
-		DialTimeout:           timeout,
-		ReadTimeout:           timeout,
-		WriteTimeout:          timeout,
-		PoolTimeout:           timeout,
+		Addrs:        a.addrs,
+		MasterName:   a.master,
+		Username:     a.user,
+		Password:     a.password,
+		DB:           a.db,
+		DialTimeout:  timeout,
+		ReadTimeout:  timeout,
+		WriteTimeout: timeout,
+		PoolTimeout:  timeout,
 		// One dial per attempt: go-redis's default dial retries wait 100ms
 		// between tries, longer than a decision's whole timeout (50ms by
 		// default), so against a dead node they only made every decision
