@@ -132,3 +132,25 @@ func TestFloodFromManyCallers(t *testing.T) {
 		t.Errorf("%d script calls for 3200 requests, want at most %d", calls, max)
 	}
 }
+
+// A retry of an admitted request (same request id) is answered from
+// Redis's record, admitted, even while the agent holds a denial of its
+// bucket: requests with an id are never denied locally.
+func TestRetryWithIDNotDeniedLocally(t *testing.T) {
+	r := harness.StartRedis(t)
+	a := startAgentOn(t, r.Addr, floodRule)
+	ctx := context.Background()
+	d := map[string]string{"user": "flood"}
+	first := agent.Request{Descriptors: d, RequestID: "order-1"}
+	if resp, err := a.srv.Service.Decide(ctx, first); err != nil || !resp.Allowed {
+		t.Fatalf("first attempt = %+v, %v; want admitted", resp, err)
+	}
+	for i := range 10 { // the rest of the burst, then denials
+		if _, err := a.srv.Service.Decide(ctx, agent.Request{Descriptors: d}); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if resp, err := a.srv.Service.Decide(ctx, first); err != nil || !resp.Allowed {
+		t.Fatalf("retry of the admitted order-1 = %+v, %v; want admitted (Redis's record)", resp, err)
+	}
+}
