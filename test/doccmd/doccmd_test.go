@@ -1,5 +1,6 @@
-// Package doccmd runs the shell commands of README.md and docs/ as they
-// are written. It holds no code: TestDocCommands is the whole of it.
+// Package doccmd runs the shell commands of README.md, deploy/README.md
+// and docs/ as they are written. It holds no code: TestDocCommands is the
+// whole of it.
 package doccmd
 
 import (
@@ -18,8 +19,8 @@ import (
 )
 
 // A fence of shell commands (```sh, ```bash, ```shell, ```console) in
-// README.md or docs/ must say, on the line before it, what this test does
-// with it:
+// README.md, deploy/README.md or docs/ must say, on the line before it,
+// what this test does with it:
 //
 //	<!-- doccmd: run[; OPTION]... -->    run as written (below)
 //	<!-- doccmd: skip: REASON -->         not run, for the reason given
@@ -61,7 +62,7 @@ var only = flag.String("only", "", "check only the documents (paths from the rep
 // docs are the documents whose commands are checked.
 func docs(t *testing.T, root string) []string {
 	t.Helper()
-	files := []string{filepath.Join(root, "README.md")}
+	files := []string{filepath.Join(root, "README.md"), filepath.Join(root, "deploy", "README.md")}
 	for _, g := range []string{"docs/*.md", "docs/integrations/*.md"} {
 		m, err := filepath.Glob(filepath.Join(root, g))
 		if err != nil {
