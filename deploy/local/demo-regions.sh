@@ -166,6 +166,9 @@ if [[ $mode == check ]]; then
   exit 0
 fi
 
+# The guide's commands run as written in a test (cmd/coordinator,
+# TestDemoRegionsGuide): a command line is an indented line whose first
+# word is one of the tools it knows; keep new ones that way.
 cat <<GUIDE
 
 Ration, two regions on loopback, mutual TLS on every coordinator link
