@@ -152,6 +152,23 @@ func TestMembersCommands(t *testing.T) {
 	})
 	out, _ = members("list", "-addr", follower)
 	t.Logf("members list after node%d was killed:\n%s", dead, out)
+
+	// The leader killed too (the follower back first, for a majority):
+	// the new leader's list shows the old leader unreachable, not as the
+	// healthy voter it last knew (its last contact "never" when the new
+	// leader restarted after it died).
+	c.Restart(dead)
+	waitMembers(t, follower, func(out string) bool {
+		return regexp.MustCompile(fmt.Sprintf(`(?m)^node%d\s.*\sreachable\s`, dead)).MatchString(out)
+	})
+	c.Kill(li)
+	nl, _ := c.Leader(t)
+	oldLeader := regexp.MustCompile(fmt.Sprintf(`(?m)^node%d\s.*\sUNREACHABLE\s`, li))
+	waitMembers(t, c.Node(nl).AdminAddr(), func(out string) bool {
+		return oldLeader.MatchString(out) && regexp.MustCompile(fmt.Sprintf(`(?m)^node%d\s.*\sself\s`, nl)).MatchString(out)
+	})
+	out, _ = members("list", "-addr", c.Node(nl).AdminAddr())
+	t.Logf("the new leader's members list after the leader node%d was killed:\n%s", li, out)
 }
 
 // members -h lists every action's flags (what the runbook test reads), and
