@@ -153,20 +153,19 @@ func TestMembersCommands(t *testing.T) {
 	out, _ = members("list", "-addr", follower)
 	t.Logf("members list after node%d was killed:\n%s", dead, out)
 
-	// The leader killed too (the follower back first, for a majority):
-	// the new leader's list shows the old leader unreachable, not as the
-	// healthy voter it last knew (its last contact "never" when the new
-	// leader restarted after it died).
-	c.Restart(dead)
-	waitMembers(t, follower, func(out string) bool {
-		return regexp.MustCompile(fmt.Sprintf(`(?m)^node%d\s.*\sreachable\s`, dead)).MatchString(out)
-	})
+	// The leader killed too, then the dead follower restarted (a majority
+	// again): the new leader's list shows the old leader unreachable, not
+	// as the healthy voter it last knew, and so does the restarted node's,
+	// which never reached it (last contact never).
 	c.Kill(li)
+	c.Restart(dead)
 	nl, _ := c.Leader(t)
 	oldLeader := regexp.MustCompile(fmt.Sprintf(`(?m)^node%d\s.*\sUNREACHABLE\s`, li))
-	waitMembers(t, c.Node(nl).AdminAddr(), func(out string) bool {
-		return oldLeader.MatchString(out) && regexp.MustCompile(fmt.Sprintf(`(?m)^node%d\s.*\sself\s`, nl)).MatchString(out)
-	})
+	for _, i := range []int{nl, dead} {
+		waitMembers(t, c.Node(i).AdminAddr(), func(out string) bool {
+			return oldLeader.MatchString(out) && regexp.MustCompile(fmt.Sprintf(`(?m)^node%d\s.*\sself\s`, i)).MatchString(out)
+		})
+	}
 	out, _ = members("list", "-addr", c.Node(nl).AdminAddr())
 	t.Logf("the new leader's members list after the leader node%d was killed:\n%s", li, out)
 }
