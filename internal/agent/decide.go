@@ -849,8 +849,8 @@ const (
 
 // adoptStore makes the store's answer (res, or err) to the call sent at
 // sent (monoNow) st's, and says what it tells of the store; storeResult and
-// chargeStoreBatch count that once per store call. A denial is remembered
-// (denials.go).
+// chargeStoreBatch count that once per store call. An answer that leaves the bucket short of the
+// request's cost is remembered (denials.go).
 func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result, err error, sent int64) storeHealth {
 	if err != nil && caller.Err() != nil {
 		s.metrics.storeErrors.WithLabelValues("caller_gone").Inc()
@@ -871,9 +871,7 @@ func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result
 	}
 	st.res, st.allowed = res, res.Allowed
 	st.reason = verdict(res.Allowed)
-	if !res.Allowed {
-		s.denials.record(st, res, sent)
-	}
+	s.denials.record(st, res, sent)
 	// A replayed admission was charged by the first attempt; refunding it
 	// (with its id) is still right if this attempt ends denied.
 	st.charged = res.Allowed

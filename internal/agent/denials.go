@@ -13,9 +13,10 @@ import (
 // A subject over its limit keeps asking: a client in a retry loop, a
 // flood. Each of those requests cost a script call on a mode: redis rule
 // although the store has just answered "denied" and the answer cannot have
-// changed yet. The agent remembers the store's last denial of each bucket
-// (a bounded table) and answers the bucket's further requests itself while
-// their denial is certain.
+// changed yet. The agent remembers the store's last answer for each bucket
+// that left it short of the request's cost (a denial, or the admission that
+// took its last whole tokens; a bounded table) and denies the bucket's
+// further requests itself while their denial is certain.
 //
 // Certain: the store answered at some moment after the call was sent
 // (sent) that the bucket held tokens t (Remaining). From then on, the
@@ -54,10 +55,17 @@ type denial struct {
 	sent   int64   // monoNow when the call that got it was sent
 }
 
-// denialSlack is added to the time since the send: the store's clock
-// counts whole microseconds, and its reading can run a little ahead of the
-// agent's between two calls.
-const denialSlack = time.Millisecond
+// denialSlack is added to the time since the send, with a 1/2000th of
+// it: the store's clock counts whole microseconds, and it may run faster
+// than the agent's (NTP slews a clock by up to 500 ppm). A slack of a whole
+// millisecond left a bucket one token short denied locally for ever less
+// of each refill interval, and a flood sent five calls per interval.
+const denialSlack = 100 * time.Microsecond
+
+// slackened is elapsed as the store's clock may have counted it, at most.
+func slackened(elapsed time.Duration) time.Duration {
+	return elapsed + elapsed/2000 + denialSlack
+}
 
 // DefaultLocalDenials is how many buckets' denials an agent remembers
 // (-local-denials): 8192 entries of about 100 bytes and their keys.
@@ -90,9 +98,12 @@ func (d *denials) slot(key string) *atomic.Pointer[denial] {
 	return &d.slots[maphash.String(d.seed, key)&d.mask]
 }
 
-// record remembers the store's denial res of st's request, sent at sent.
+// record remembers the store's answer res to st's request, sent at sent,
+// when it leaves the bucket short of that request's cost: a denial, or an
+// admission that took the last whole tokens (after which, in a flood, the
+// next requests would all have gone to the store to be denied).
 func (d *denials) record(st *step, res bucket.Result, sent int64) {
-	if d == nil || res.Allowed || res.Replayed || !cacheable(st) {
+	if d == nil || res.Replayed || res.Remaining >= st.req.Cost || !cacheable(st) {
 		return
 	}
 	d.slot(st.req.Key).Store(&denial{key: st.req.Key, limit: st.req.Limit, tokens: res.Remaining, sent: sent})
@@ -119,20 +130,20 @@ func (d *denials) certain(st *step, now int64) (res bucket.Result, ok bool) {
 	if e == nil || e.key != st.req.Key || e.limit != st.req.Limit {
 		return bucket.Result{}, false
 	}
-	return deniedUntilRefill(e.tokens, e.limit, st.req.Cost, time.Duration(now-e.sent)+denialSlack)
+	return deniedUntilRefill(e.tokens, e.limit, st.req.Cost, time.Duration(now-e.sent))
 }
 
 // deniedUntilRefill is the store's answer to a request of cost on a bucket
 // of limit that held tokens elapsed ago, when it is certainly a denial: the
-// most the bucket can hold now (tokens refilled over elapsed, capped at
-// the burst) is less than cost. The answer's remaining, retry and reset
+// most the bucket can hold now (tokens refilled over elapsed, slackened,
+// capped at the burst) is less than cost. The answer's remaining, retry and reset
 // are that ceiling's, so its Retry-After is never longer than the
 // store's.
 func deniedUntilRefill(tokens float64, limit bucket.Limit, cost float64, elapsed time.Duration) (bucket.Result, bool) {
 	if elapsed < 0 || limit.Rate <= 0 {
 		return bucket.Result{}, false
 	}
-	ceiling := math.Min(limit.Burst, tokens+limit.Rate*elapsed.Seconds())
+	ceiling := math.Min(limit.Burst, tokens+limit.Rate*slackened(elapsed).Seconds())
 	if !(cost > ceiling) {
 		return bucket.Result{}, false
 	}

@@ -29,7 +29,7 @@ func TestDeniedUntilRefillNeverOutlivesRefill(t *testing.T) {
 		// counts whole microseconds.
 		t0 := int64(1_700_000_000_000_000) + rapid.Int64Range(0, 1e6).Draw(rt, "t0")
 		elapsed := time.Duration(rapid.Int64Range(0, int64(10*time.Second)).Draw(rt, "elapsed"))
-		res, denied := deniedUntilRefill(tokens, l, cost, elapsed+denialSlack)
+		res, denied := deniedUntilRefill(tokens, l, cost, elapsed)
 		st := bucket.State{Tokens: tokens, Last: t0}
 		// Every clock reading the store could take for this request: from
 		// elapsed after t0 (rounded down to its microsecond) on.
@@ -45,7 +45,7 @@ func TestDeniedUntilRefillNeverOutlivesRefill(t *testing.T) {
 			return
 		}
 		// Not denied locally: the store could admit it within the slack.
-		_, late := bucket.Take(st, true, l, cost, at+int64(denialSlack/time.Microsecond)+1)
+		_, late := bucket.Take(st, true, l, cost, t0+int64(slackened(elapsed)/time.Microsecond)+1)
 		if !late.Allowed && cost <= l.Burst {
 			rt.Fatalf("sent to the store although certainly denied: %g of %+v left %v ago, cost %g", tokens, l, elapsed, cost)
 		}
@@ -63,6 +63,9 @@ func TestDenialsRememberOnlyWhatIsCertain(t *testing.T) {
 	}
 	if _, ok := d.certain(st, 1000+int64(600*time.Millisecond)); ok {
 		t.Fatal("asked 0.6s later at 1 token/s: the bucket may hold 1.1, want it sent")
+	}
+	if _, ok := d.certain(st, 1000+int64(490*time.Millisecond)); !ok {
+		t.Fatal("asked 0.49s later at 1 token/s: the bucket holds at most 0.99 (slack aside), want it certain")
 	}
 	other := *st
 	other.req.Limit.Burst = 20 // the rule was reloaded with another limit
