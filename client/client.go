@@ -36,6 +36,18 @@ type Options struct {
 	// BatchTimeout bounds every AllowBatch call in the same way, whatever
 	// its size. 0 means DefaultBatchTimeout.
 	BatchTimeout time.Duration
+	// CoalesceDelay bounds how long Allow may hold a call to send it
+	// together with other callers' (coalescing: see Client.Allow). 0 means
+	// DefaultCoalesceDelay; negative turns coalescing off, so that every
+	// Allow is a unary call of its own.
+	CoalesceDelay time.Duration
+	// CoalesceMaxItems bounds the calls sent together in one message. 0
+	// means DefaultCoalesceMaxItems; at most MaxBatch.
+	CoalesceMaxItems int
+	// CoalesceInFlight is how many of the Client's calls may be on the
+	// wire before the next one waits to be sent with others. 0 means
+	// DefaultCoalesceInFlight.
+	CoalesceInFlight int
 	// DialOptions are added after the defaults (plaintext transport: the
 	// agent is a sidecar on loopback); a later WithTransportCredentials
 	// replaces the default one.
@@ -115,6 +127,7 @@ type Client struct {
 	rl           rationv1.RateLimiterClient
 	timeout      time.Duration
 	batchTimeout time.Duration
+	co           *coalescer // nil when coalescing is off
 }
 
 // New returns a client of the agent at target (host:port, or any gRPC
@@ -127,6 +140,12 @@ func New(target string, opts Options) (*Client, error) {
 	if opts.BatchTimeout < 0 {
 		return nil, fmt.Errorf("ration: Options.BatchTimeout %v is negative", opts.BatchTimeout)
 	}
+	if opts.CoalesceMaxItems < 0 || opts.CoalesceMaxItems > MaxBatch {
+		return nil, fmt.Errorf("ration: Options.CoalesceMaxItems %d: want 0 to %d", opts.CoalesceMaxItems, MaxBatch)
+	}
+	if opts.CoalesceInFlight < 0 {
+		return nil, fmt.Errorf("ration: Options.CoalesceInFlight %d is negative", opts.CoalesceInFlight)
+	}
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
@@ -138,20 +157,66 @@ func New(target string, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ration: agent %s: %w", target, err)
 	}
-	return &Client{conn: conn, rl: rationv1.NewRateLimiterClient(conn), timeout: opts.Timeout, batchTimeout: opts.BatchTimeout}, nil
+	c := &Client{conn: conn, rl: rationv1.NewRateLimiterClient(conn), timeout: opts.Timeout, batchTimeout: opts.BatchTimeout}
+	if opts.CoalesceDelay >= 0 {
+		if opts.CoalesceDelay == 0 {
+			opts.CoalesceDelay = DefaultCoalesceDelay
+		}
+		if opts.CoalesceMaxItems == 0 {
+			opts.CoalesceMaxItems = DefaultCoalesceMaxItems
+		}
+		if opts.CoalesceInFlight == 0 {
+			opts.CoalesceInFlight = DefaultCoalesceInFlight
+		}
+		c.co = newCoalescer(c.rl, opts)
+	}
+	return c, nil
 }
 
-// Close releases the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close releases the connection. Allow calls still waiting fail with
+// ErrUnavailable ("client closed"), as does every later call; Close
+// returns once the calls on the wire have ended.
+func (c *Client) Close() error {
+	if c.co != nil {
+		return c.co.close(c.conn.Close)
+	}
+	return c.conn.Close()
+}
 
 // Allow decides one request. Errors wrap ErrInvalid or ErrUnavailable, or
 // are the caller's context error.
+//
+// Concurrent calls coalesce (unless Options.CoalesceDelay is negative):
+// while Options.CoalesceInFlight of the Client's calls are on the wire, a
+// new call waits, at most Options.CoalesceDelay, to go out in one
+// AllowBatch call with the others waiting, which the agent decides in one
+// round trip to its store. Each caller still gets its own decision or
+// error, within its own deadline: an invalid request fails alone with
+// ErrInvalid, and a batch that fails as a whole fails each of its callers
+// with ErrUnavailable. A caller whose context ends while its call waits
+// returns at once, and its request is never sent (nothing is charged);
+// once sent, the request is decided and charged as a unary call whose
+// caller gave up after sending it may be, and the caller returns at once
+// without the answer. A call with outgoing gRPC metadata in its context,
+// or a string that is not UTF-8, is always sent alone.
 func (c *Client) Allow(ctx context.Context, req Request) (Decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	resp, err := c.rl.Allow(ctx, toProto(req))
+	var resp *rationv1.AllowResponse
+	var err error
+	if c.co != nil && coalescable(ctx, &req) {
+		resp, err = c.co.allow(ctx, toProto(req))
+		if err == nil && resp.GetReason() == rationv1.Reason_REASON_INVALID {
+			return Decision{}, fmt.Errorf("%w: %s", ErrInvalid, resp.GetError())
+		}
+	} else {
+		resp, err = c.rl.Allow(ctx, toProto(req))
+		if err != nil {
+			err = callError(ctx, err)
+		}
+	}
 	if err != nil {
-		return Decision{}, callError(ctx, err)
+		return Decision{}, err
 	}
 	return fromProto(resp), nil
 }
