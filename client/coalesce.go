@@ -18,8 +18,8 @@ import (
 // round trip to its store and answers in one message.
 //
 // A call is sent at once, on its own as a unary Allow, when fewer than
-// CoalesceInFlight calls of the Client are on the wire: a lone caller pays
-// nothing. Otherwise it waits in a queue, oldest first, until a call on the
+// CoalesceInFlight calls of the Client are on the wire (by default: none):
+// a lone caller pays nothing. Otherwise it waits in a queue, oldest first, until a call on the
 // wire returns (the queue then goes out as one batch), the queue holds
 // CoalesceMaxItems calls, or the oldest has waited CoalesceDelay; whichever
 // comes first. The delay is a Go timer: on an otherwise idle process it
@@ -32,7 +32,7 @@ const (
 	// DefaultCoalesceMaxItems is Options.CoalesceMaxItems when zero.
 	DefaultCoalesceMaxItems = 128
 	// DefaultCoalesceInFlight is Options.CoalesceInFlight when zero.
-	DefaultCoalesceInFlight = 2
+	DefaultCoalesceInFlight = 1
 	// MaxBatch is the most requests the agent takes in one AllowBatch.
 	MaxBatch = 10000
 )

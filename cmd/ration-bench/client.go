@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/ration-dev/ration/client"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -98,8 +99,10 @@ type dialer struct {
 	health []healthpb.HealthClient
 	limit  []rationv1.RateLimiterClient
 	envoy  []rlsv3.RateLimitServiceClient
-	http   *http.Client
-	notes  []string
+	// clients are the Go client's (-mode client), one per connection.
+	clients []*client.Client
+	http    *http.Client
+	notes   []string
 	// tls names what the preflight connection negotiated ("" in
 	// plaintext), for the report.
 	tls string
@@ -152,6 +155,14 @@ func dial(ctx context.Context, cfg Config) (*dialer, error) {
 		d.health = append(d.health, healthpb.NewHealthClient(cc))
 		d.limit = append(d.limit, rationv1.NewRateLimiterClient(cc))
 		d.envoy = append(d.envoy, rlsv3.NewRateLimitServiceClient(cc))
+		if cfg.Mode == modeClient {
+			c, err := newGoClient(target, cfg, creds)
+			if err != nil {
+				d.close()
+				return nil, err
+			}
+			d.clients = append(d.clients, c)
+		}
 	}
 	for i, target := range cfg.Targets {
 		if err := d.preflightGRPC(ctx, target, d.health[i%len(d.health)]); err != nil {
@@ -215,6 +226,9 @@ func (d *dialer) preflightHTTP(ctx context.Context, target string) error {
 }
 
 func (d *dialer) close() {
+	for _, c := range d.clients {
+		_ = c.Close()
+	}
 	for _, cc := range d.conns {
 		_ = cc.Close()
 	}
@@ -238,6 +252,8 @@ func (d *dialer) caller(w int) caller {
 		return &emptyCaller{client: d.health[w%len(d.health)], timeout: timeout}
 	case modeEnvoy:
 		return &envoyCaller{client: d.envoy[w%len(d.envoy)], gen: gen, timeout: timeout}
+	case modeClient:
+		return &goClientCaller{client: d.clients[w%len(d.clients)], gen: gen}
 	default:
 		return &allowCaller{client: d.limit[w%len(d.limit)], gen: gen, timeout: timeout}
 	}
@@ -259,6 +275,11 @@ func endpoint(c Config) string {
 		return "grpc.health.v1.Health/Check"
 	case modeEnvoy:
 		return "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	case modeClient:
+		if c.Coalesce < 0 {
+			return "client.Allow (unary Allow)"
+		}
+		return "client.Allow (coalescing into AllowBatch)"
 	default:
 		return "ration.v1.RateLimiter/Allow"
 	}

@@ -25,9 +25,10 @@ const (
 	modeHTTP   = "http"   // GET /v1/check (or POST /v1/allow with -rule/-mix)
 	modeEmpty  = "empty"  // grpc.health.v1 Health/Check: the floor of any unary call
 	modeEnvoy  = "envoy"  // envoy.service.ratelimit.v3 ShouldRateLimit: one descriptor per call
+	modeClient = "client" // the Go client's Client.Allow, every worker on one Client (coalescing per -coalesce)
 )
 
-var modes = []string{modeAllow, modeBatch, modeStream, modeHTTP, modeEmpty, modeEnvoy}
+var modes = []string{modeAllow, modeBatch, modeStream, modeHTTP, modeEmpty, modeEnvoy, modeClient}
 
 // Key distributions.
 const (
@@ -68,6 +69,11 @@ type Config struct {
 	Requests int64         // measured decisions cap; 0 = until -duration
 	Warmup   time.Duration // not counted
 	Timeout  time.Duration // per call (per message for streams)
+	// Coalesce is the Go client's Options.CoalesceDelay (-mode client):
+	// 0 its default, negative off (every Allow a unary call).
+	Coalesce time.Duration
+	// CoalesceInFlight is its Options.CoalesceInFlight (0: its default).
+	CoalesceInFlight int
 
 	PIDs       []int
 	JSON       bool
@@ -194,6 +200,8 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.Int64Var(&cfg.Requests, "requests", 0, "stop after this many measured decisions (0: no count cap)")
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "load before measuring, not counted")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "deadline of each call (each message on a stream)")
+	fs.DurationVar(&cfg.Coalesce, "coalesce", 0, "-mode client: the Go client's CoalesceDelay (0: its default; negative: off, every Allow a unary call)")
+	fs.IntVar(&cfg.CoalesceInFlight, "coalesce-in-flight", 0, "-mode client: the Go client's CoalesceInFlight (0: its default)")
 	fs.StringVar(&pids, "pids", "", "comma list of process ids whose CPU time (utime+stime from /proc) is reported per decision")
 	fs.BoolVar(&cfg.JSON, "json", false, "print the report as JSON on stdout (instead of text)")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write this tool's own CPU profile to the file (is the load generator the bottleneck?)")
@@ -232,6 +240,9 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	}
 	if set["batch"] && cfg.Mode != modeBatch {
 		errs = append(errs, fmt.Errorf("-batch %d: only -mode batch sends batches (mode is %q)", cfg.Batch, cfg.Mode))
+	}
+	if (set["coalesce"] || set["coalesce-in-flight"]) && cfg.Mode != modeClient {
+		errs = append(errs, fmt.Errorf("-coalesce and -coalesce-in-flight are for -mode client (mode is %q)", cfg.Mode))
 	}
 	if set["max-outstanding"] && cfg.Rate == 0 {
 		errs = append(errs, errors.New("-max-outstanding applies to the open loop: set -rate too"))
@@ -437,7 +448,10 @@ func parsePIDs(s string) ([]int, error) {
 // checked before the run.
 func (c Config) connCount() int {
 	n := c.Conns
-	if n == 0 {
+	switch {
+	case n == 0 && c.Mode == modeClient:
+		n = 1 // one Client shared by every worker, as a service shares one
+	case n == 0:
 		n = 4
 	}
 	return max(1, len(c.Targets), min(n, c.workers()))
