@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,6 +31,23 @@ type fakeAgent struct {
 	// arrives after that many answers (an agent restarting).
 	endAfter atomic.Int64
 	streams  atomic.Int64 // AllowStream calls opened
+	unaries  atomic.Int64 // Allow calls answered or failed
+	batches  atomic.Int64 // AllowBatch calls answered or failed
+	seen     sync.Map     // subject -> *atomic.Int64: requests received (Allow and AllowBatch)
+}
+
+// received counts a request of subject.
+func (f *fakeAgent) received(subject string) {
+	n, _ := f.seen.LoadOrStore(subject, new(atomic.Int64))
+	n.(*atomic.Int64).Add(1)
+}
+
+// receivedOf is how many requests of subject reached the agent.
+func (f *fakeAgent) receivedOf(subject string) int64 {
+	if n, ok := f.seen.Load(subject); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 func startFake(t *testing.T) (*fakeAgent, string) {
@@ -71,6 +89,8 @@ func answer(r *rationv1.AllowRequest) *rationv1.AllowResponse {
 }
 
 func (f *fakeAgent) Allow(ctx context.Context, r *rationv1.AllowRequest) (*rationv1.AllowResponse, error) {
+	f.unaries.Add(1)
+	f.received(r.GetSubject())
 	if err := sleepCtx(ctx, time.Duration(f.delay.Load())); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -81,6 +101,10 @@ func (f *fakeAgent) Allow(ctx context.Context, r *rationv1.AllowRequest) (*ratio
 }
 
 func (f *fakeAgent) AllowBatch(ctx context.Context, r *rationv1.AllowBatchRequest) (*rationv1.AllowBatchResponse, error) {
+	f.batches.Add(1)
+	for _, req := range r.GetRequests() {
+		f.received(req.GetSubject())
+	}
 	if err := sleepCtx(ctx, time.Duration(f.batchDelay.Load())); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
