@@ -8,7 +8,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
@@ -286,6 +288,10 @@ func (c *coalescer) batchError(ctx context.Context, err error) error {
 		return errClientClosed
 	case ctx.Err() != nil:
 		return deadlineError(ctx)
+	case status.Code(err) == codes.DeadlineExceeded:
+		// The batch lives until its latest caller's deadline: this
+		// caller's has passed too, a moment before its own timer fires.
+		return fmt.Errorf("%w: %w", ErrUnavailable, context.DeadlineExceeded)
 	default:
 		return fmt.Errorf("%w: coalesced call: %w", ErrUnavailable, err)
 	}
