@@ -61,6 +61,7 @@ func TestParseFlagsBad(t *testing.T) {
 		{"-duration 0", []string{"never end"}},
 		{"-zipf-s 1", []string{"-zipf-s"}},
 		{"-batch 5", []string{"only -mode batch"}},
+		{"-coalesce 1ms", []string{"for -mode client"}},
 		{"-mode batch -batch 10001", []string{"-batch 10001"}},
 		{"-rule a -mix b:1", []string{"-rule", "-mix"}},
 		{"-mix a:0,b", []string{`"a:0"`, `"b"`}},

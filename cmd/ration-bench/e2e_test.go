@@ -62,6 +62,8 @@ func TestRunAgainstAgent(t *testing.T) {
 		{"stream", "-mode stream -target " + g + "," + g + " " + short, 0},
 		{"http check", "-mode http -http-target " + h + " " + short, 0},
 		{"envoy", "-mode envoy -target " + g + " " + short, 0},
+		{"go client coalescing", "-mode client -target " + g + " " + short, 0},
+		{"go client unary", "-mode client -coalesce -1ns -target " + g + " " + short, 0},
 		{"http allow", "-mode http -rule per-user -http-target " + h + " " + short, 0},
 		{"open loop", "-mode allow -rate 2000 -max-outstanding 16 -target " + g + " -duration 300ms -warmup 100ms -keys 50 -json", 0},
 		{"open loop batch capped", "-mode batch -batch 10 -rate 5000 -max-outstanding 4 -target " + g + " -duration 2s -requests 205 -json", 205},
