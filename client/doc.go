@@ -26,9 +26,13 @@
 //	}, client.MiddlewareOptions{})
 //	http.Handle("/search", limit(searchHandler))
 //
-// Three ways to ask: Allow (one request, one unary call), AllowBatch (up to
-// 10,000 independent requests in one call) and a Stream (AllowStream: one
-// long-lived HTTP/2 stream carrying every decision, for hot paths).
+// Three ways to ask: Allow (one request), AllowBatch (up to 10,000
+// independent requests in one call) and a Stream (AllowStream: one
+// long-lived HTTP/2 stream carrying every decision). Concurrent Allow
+// calls on one Client coalesce: while one is on the wire, the next ones
+// wait (at most Options.CoalesceDelay, 200µs by default) to go out together
+// in one AllowBatch call, which the agent decides in one round trip to its
+// store, each caller still getting its own decision, error and deadline.
 // Middleware takes any Allower: a Client, a Stream, or in tests the fake of
 // package clienttest, which decides in memory.
 //
