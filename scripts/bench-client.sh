@@ -6,10 +6,12 @@
 # loop at RATE decisions/s (default: 3/4 of the unary rate measured) so the
 # latencies compare at the same offered load. Prints a markdown table of
 # the medians over the rounds: decisions/s, p50, p99, and the agent's and
-# redis-server's CPU per decision (from /proc).
+# redis-server's CPU per decision (from /proc). CO sets -coalesce for the
+# coalescing runs (default 0: the client's default delay).
 #
 #   scripts/bench-client.sh            # ROUNDS=5 DURATION=5s CONC=64
 #   ROUNDS=3 DURATION=3s KEEP=/tmp/runs scripts/bench-client.sh   # KEEP: copy every run's JSON there
+#   LEASED=1 scripts/bench-client.sh   # and closed-loop rows on a leased rule (one key), with a coordinator
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
@@ -52,9 +54,32 @@ rules:
     burst: 1000000
     rate: 1000000
     on_failure: fail_closed
+  # Leased (LEASED=1): decided in the agent's memory from a slice leased
+  # from a one-node coordinator group, far above what is asked here.
+  - name: leased
+    match: {leased: "*"}
+    burst: 1000000000
+    rate: 1000000000
+    mode: leased
+    on_failure: fail_closed
+    lease: {period: 10s}
 YAML
+coord_flags=()
+if [ -n "${LEASED:-}" ]; then
+  "$GO" build -o "$work/coordinator" ./cmd/coordinator
+  $pin_server "$work/coordinator" -dev -rules "$work/rules.yaml" -raft 127.0.0.1:0 -grpc 127.0.0.1:0 -http 127.0.0.1:0 \
+    -admin 127.0.0.1:0 2>"$work/coordinator.log" &
+  procs+=("$!")
+  for _ in $(seq 100); do
+    grep -q 'leader ready' "$work/coordinator.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  COORD=$(sed -n 's/.*coordinator started.* grpc_addr=\([^ ]*\).*/\1/p' "$work/coordinator.log" | head -1)
+  [ -n "$COORD" ] || { cat "$work/coordinator.log" >&2; die "coordinator not ready"; }
+  coord_flags=(-coordinators "$COORD")
+fi
 $pin_server "$work/gateway-agent" -rules "$work/rules.yaml" -redis "127.0.0.1:$redis_port" -insecure \
-  -grpc 127.0.0.1:0 -http 127.0.0.1:0 -id bench-client 2>"$work/agent.log" &
+  "${coord_flags[@]}" -grpc 127.0.0.1:0 -http 127.0.0.1:0 -id bench-client 2>"$work/agent.log" &
 apid=$!
 procs+=("$apid")
 for _ in $(seq 100); do
@@ -87,6 +112,13 @@ for i in $(seq "$ROUNDS"); do
   run "unary-c$i" -1ns -concurrency "$CONC"
   run "coalesce-c$i" "${CO:-0}" -concurrency "$CONC"
 done
+if [ -n "${LEASED:-}" ]; then
+  for i in $(seq "$ROUNDS"); do
+    say "leased, closed loop, round $i of $ROUNDS"
+    run "unary-l$i" -1ns -concurrency "$CONC" -descriptor-key leased -key-prefix u -dist hot
+    run "coalesce-l$i" "${CO:-0}" -concurrency "$CONC" -descriptor-key leased -key-prefix u -dist hot
+  done
+fi
 if [ -z "$RATE" ]; then
   RATE=$(jq -s 'map(.decisions_per_s) | sort | .[length/2|floor] * 0.75 | floor' "$work"/unary-c*.json)
 fi
@@ -102,3 +134,7 @@ row "unary, closed loop" "$work"/unary-c*.json
 row "coalescing, closed loop" "$work"/coalesce-c*.json
 row "unary, open loop $RATE/s" "$work"/unary-o*.json
 row "coalescing, open loop $RATE/s" "$work"/coalesce-o*.json
+if [ -n "${LEASED:-}" ]; then
+  row "leased (1 key), unary, closed loop" "$work"/unary-l*.json
+  row "leased (1 key), coalescing, closed loop" "$work"/coalesce-l*.json
+fi
