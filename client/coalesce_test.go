@@ -57,7 +57,7 @@ func TestCoalesceOwnAnswers(t *testing.T) {
 // held up, and one caller's deadline is not another's.
 func TestCoalesceCallerGivesUp(t *testing.T) {
 	f, addr := startFake(t)
-	c := newClient(t, addr, holdFirst(f, 300*time.Millisecond))
+	c := newClient(t, addr, holdFirst(f, time.Second))
 	first := make(chan error, 1)
 	go func() {
 		_, err := c.Allow(context.Background(), req("first"))

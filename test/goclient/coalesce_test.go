@@ -102,7 +102,7 @@ func TestCoalesceCancelledNotCharged(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := decided(t, srv)
-	p.Delay(harness.Downstream, time.Second, 0) // answers are held a second
+	p.Delay(harness.Downstream, 2*time.Second, 0) // answers are held two seconds
 	first := make(chan error, 1)
 	go func() {
 		_, err := c.Allow(ctx, user("first"))
