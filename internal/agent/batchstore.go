@@ -90,7 +90,7 @@ func (s *Service) storeCall(caller context.Context, steps []step, reqs []bucket.
 	reqs, at = reqs[:k], at[:k]
 	ctx, cancel := s.bound(caller)
 	outs = outs[:len(reqs)]
-	sent := monoNow()
+	sent := sinceStart()
 	s.store.TakeBatch(ctx, reqs, outs)
 	cancel()
 	now := time.Now()

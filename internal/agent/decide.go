@@ -164,6 +164,9 @@ type step struct {
 	// node: the store node that decides the step's key (set when it goes
 	// to the store): its breaker, its outage episode.
 	node *storeNode
+	// probe: the lapsed local denial this step asks the store about for
+	// every request of its bucket (denials.go); released once answered.
+	probe *denial
 }
 
 // item is one request of a batch while it is being decided.
@@ -739,7 +742,11 @@ func (s *Service) prepareLeases(steps []step) {
 }
 
 func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
-	if n = s.route(ctx, steps); n == 0 {
+	n = s.route(ctx, steps)
+	if s.denials != nil {
+		defer probed(steps)
+	}
+	if n == 0 {
 		return
 	}
 	if n > 1 {
@@ -751,7 +758,10 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 	defer cancel()
 	for i := range steps {
 		if st := &steps[i]; st.path == pathRedis {
-			sent := monoNow()
+			var sent int64
+			if s.denials != nil {
+				sent = sinceStart()
+			}
 			res, err := s.store.Take(ctx, st.req)
 			s.storeResult(caller, st, res, err, time.Now(), sent)
 			return
@@ -766,20 +776,13 @@ func (s *Service) chargeStore(ctx context.Context, steps []step, n int) {
 // steps still go to the store.
 func (s *Service) route(ctx context.Context, steps []step) int {
 	n := 0
-	var now int64
 	for i := range steps {
 		st := &steps[i]
 		if st.path != pathRedis {
 			continue
 		}
-		if s.denials != nil {
-			if now == 0 {
-				now = monoNow()
-			}
-			if res, ok := s.denials.certain(st, now); ok {
-				st.path, st.res, st.allowed, st.reason = pathCached, res, false, ReasonOverLimit
-				continue
-			}
+		if s.denials != nil && s.denials.denyLocally(ctx, st, steps[:i]) {
+			continue
 		}
 		st.node = s.nodes.of(ctx, st.req.Key)
 		if !st.node.br.Allow() {
@@ -848,7 +851,7 @@ const (
 )
 
 // adoptStore makes the store's answer (res, or err) to the call sent at
-// sent (monoNow) st's, and says what it tells of the store; storeResult and
+// sent (sinceStart) st's, and says what it tells of the store; storeResult and
 // chargeStoreBatch count that once per store call. An answer that leaves the bucket short of the
 // request's cost is remembered (denials.go).
 func (s *Service) adoptStore(caller context.Context, st *step, res bucket.Result, err error, sent int64) storeHealth {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"hash/maphash"
 	"math"
 	"sync/atomic"
@@ -52,7 +53,15 @@ type denial struct {
 	key    string
 	limit  bucket.Limit
 	tokens float64 // what the store said the bucket held after it
-	sent   int64   // monoNow when the call that got it was sent
+	sent   int64   // sinceStart when the call that got it was sent
+	// Once the denial lapses, one request asks the store again (the
+	// probe); the others that arrive meanwhile wait for its answer, which
+	// may be a new denial, rather than each asking the store: in a flood
+	// from many callers, the lapse otherwise sent every request that
+	// arrived within a round trip to Redis. done is closed when the
+	// probe's answer is in.
+	probing atomic.Bool
+	done    chan struct{}
 }
 
 // denialSlack is added to the time since the send, with a 1/2000th of
@@ -87,6 +96,14 @@ func newDenials(n int) *denials {
 	return &denials{slots: make([]atomic.Pointer[denial], size), mask: uint64(size - 1), seed: maphash.MakeSeed()}
 }
 
+// start anchors sinceStart.
+var start = time.Now()
+
+// sinceStart is the monotonic clock in nanoseconds since the process
+// started: Go's own reading (no system call, unlike monoNow's
+// CLOCK_MONOTONIC, which the admission log needs to compare processes).
+func sinceStart() int64 { return int64(time.Since(start)) }
+
 // cacheable says whether st's denial may be remembered and answered
 // locally.
 func cacheable(st *step) bool {
@@ -106,7 +123,7 @@ func (d *denials) record(st *step, res bucket.Result, sent int64) {
 	if d == nil || res.Replayed || res.Remaining >= st.req.Cost || !cacheable(st) {
 		return
 	}
-	d.slot(st.req.Key).Store(&denial{key: st.req.Key, limit: st.req.Limit, tokens: res.Remaining, sent: sent})
+	d.slot(st.req.Key).Store(&denial{key: st.req.Key, limit: st.req.Limit, tokens: res.Remaining, sent: sent, done: make(chan struct{})})
 }
 
 // forget drops what is remembered of key: this agent gave tokens back.
@@ -123,14 +140,75 @@ func (d *denials) forget(key string) {
 // certain answers st's request as the store would, when its denial is
 // certain at now; ok false sends it to the store.
 func (d *denials) certain(st *step, now int64) (res bucket.Result, ok bool) {
+	if e := d.lookup(st); e != nil {
+		return deniedUntilRefill(e.tokens, e.limit, st.req.Cost, time.Duration(now-e.sent))
+	}
+	return bucket.Result{}, false
+}
+
+// lookup is what is remembered of st's bucket under st's limit, or nil.
+func (d *denials) lookup(st *step) *denial {
 	if d == nil || !cacheable(st) {
-		return bucket.Result{}, false
+		return nil
 	}
 	e := d.slot(st.req.Key).Load()
 	if e == nil || e.key != st.req.Key || e.limit != st.req.Limit {
-		return bucket.Result{}, false
+		return nil
 	}
-	return deniedUntilRefill(e.tokens, e.limit, st.req.Cost, time.Duration(now-e.sent))
+	return e
+}
+
+// denyLocally decides st without the store when the remembered answer
+// makes its denial certain, and says so. When that answer has lapsed, st
+// either becomes the one request that asks the store again (st.probe, to
+// be released by probed once answered) or waits for that request's answer
+// (at most its decision timeout: the store call is bounded) and looks
+// again; ctx is st's caller's. A probe this same call claimed is never
+// waited for (a batch of one key): that step goes to the store.
+func (d *denials) denyLocally(ctx context.Context, st *step, steps []step) bool {
+	for waited := false; ; waited = true {
+		e := d.lookup(st)
+		if e == nil {
+			return false
+		}
+		if res, ok := deniedUntilRefill(e.tokens, e.limit, st.req.Cost, time.Duration(sinceStart()-e.sent)); ok {
+			st.path, st.res, st.allowed, st.reason = pathCached, res, false, ReasonOverLimit
+			return true
+		}
+		if e.probing.CompareAndSwap(false, true) {
+			st.probe = e
+			return false
+		}
+		if waited || claimed(steps, e) {
+			return false
+		}
+		select {
+		case <-e.done:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// claimed says whether one of steps is the probe of e.
+func claimed(steps []step, e *denial) bool {
+	for i := range steps {
+		if steps[i].probe == e {
+			return true
+		}
+	}
+	return false
+}
+
+// probed releases the probes steps claimed: their answers are in (or they
+// never went to the store), and the requests waiting for them look again.
+func probed(steps []step) {
+	for i := range steps {
+		if e := steps[i].probe; e != nil {
+			steps[i].probe = nil
+			close(e.done)
+		}
+	}
 }
 
 // deniedUntilRefill is the store's answer to a request of cost on a bucket

@@ -1,7 +1,10 @@
 package agent
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"pgregory.net/rapid"
@@ -96,4 +99,45 @@ func TestDenialsRememberOnlyWhatIsCertain(t *testing.T) {
 	if newDenials(0) != nil {
 		t.Error("newDenials(0): want none (off)")
 	}
+}
+
+// Once a denial lapses, one request asks the store again and the others
+// wait for its answer: when it is a new denial, they are denied locally
+// without asking. (In a flood from 64 callers, a lapse otherwise sent every
+// request that arrived within a round trip to Redis.)
+func TestLapsedDenialAskedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDenials(4)
+		rule := &rules.Rule{Name: "r", Mode: rules.ModeRedis}
+		req := bucket.Request{Key: "k", Limit: bucket.Limit{Burst: 10, Rate: 1}, Cost: 1}
+		// Denied with nothing left 10s ago: lapsed (10 tokens refilled).
+		d.record(&step{rule: rule, req: req}, bucket.Result{Remaining: 0}, sinceStart()-int64(10*time.Second))
+		probe := step{rule: rule, req: req, path: pathRedis}
+		if d.denyLocally(context.Background(), &probe, nil) || probe.probe == nil {
+			t.Fatal("the first request after the lapse: want it sent to the store as the probe")
+		}
+		const waiters = 8
+		var returned, denied atomic.Int32
+		for range waiters {
+			go func() {
+				st := step{rule: rule, req: req, path: pathRedis}
+				if d.denyLocally(context.Background(), &st, nil) {
+					denied.Add(1)
+				}
+				returned.Add(1)
+			}()
+		}
+		synctest.Wait()
+		if n := returned.Load(); n != 0 {
+			t.Fatalf("%d of %d requests went on before the probe's answer, want them waiting for it", n, waiters)
+		}
+		// The store denies the probe again (still short): the waiters are
+		// denied locally.
+		d.record(&probe, bucket.Result{Remaining: 0.2}, sinceStart())
+		probed([]step{probe})
+		synctest.Wait()
+		if returned.Load() != waiters || denied.Load() != waiters {
+			t.Fatalf("after the probe's denial: %d returned, %d denied locally; want all %d denied", returned.Load(), denied.Load(), waiters)
+		}
+	})
 }
