@@ -134,6 +134,8 @@ Usage:
   ration-bench [flags]
   ration-bench plan [flags]     size Redis shards, agent cores and coordinator
                                 nodes from measured costs (plan -h; docs/capacity.md)
+  ration-bench protoset FILE    write the agent's services as a FileDescriptorSet,
+                                for a generic gRPC load tool (ghz --protoset FILE)
 
 Examples:
   ration-bench -mode empty                                   # the floor: gRPC health check

@@ -76,6 +76,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "plan" {
 		return runPlan(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "protoset" {
+		return runProtoset(args[1:], stdout, stderr)
+	}
 	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, errVersion) {
 		buildinfo.Print(stdout, "ration-bench")
