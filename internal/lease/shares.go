@@ -16,7 +16,8 @@ type Share struct {
 }
 
 // Shares returns the quota's live leases (not expired at the state's clock)
-// with their fair shares, in the state's order, and what the quota has
+// with their fair shares (of the own part alone, for a funded quota handing
+// over, see handover.go), in the state's order, and what the quota has
 // free: its capacity and rate less every reservation (negative while it is
 // over-committed, after its capacity fell), and the pool's tokens (as of
 // its last refill). ok is false for an unknown quota.
@@ -40,6 +41,10 @@ func (s *State) Shares(quota string) (shares []Share, freeCap, freeRate, pool fl
 			continue
 		}
 		tg := t.ofAt(i, l)
+		if q.handingOver(s.now, l.period(q)) {
+			// Its renewal is answered out of the own part (handover.go).
+			tg = q.handOverShare(tg)
+		}
 		shares = append(shares, Share{
 			Holder: l.Holder, Cap: l.Cap, Rate: l.Rate, ResCap: l.ResCap, ResRate: l.ResRate,
 			TargetCap: tg.cap, TargetRate: tg.rate, Demand: l.Demand,

@@ -688,6 +688,11 @@ func (s *State) resize(q *quota, l *lease, unused float64, confirmed bool, t tar
 	}
 	credited := q.credit(back)
 
+	period := l.period(q)
+	handOver := q.handingOver(now, period)
+	if handOver {
+		t = q.handOverTarget(t, l)
+	}
 	otherCap, otherRate := q.reservedExcept(l)
 	newCap := max(0, min(t.cap, q.cfg.Burst-otherCap))
 	newRate := max(0, min(t.rate, q.cfg.Rate-otherRate))
@@ -712,12 +717,9 @@ func (s *State) resize(q *quota, l *lease, unused float64, confirmed bool, t tar
 	q.pool = min(q.pool, max(0, q.cfg.Burst-resCap))
 
 	// A sublease never outlives its parent: while funded, no term ends
-	// after the funding's end (refill dropped it if that has passed).
-	period := q.cfg.LeasePeriod
-	if l.Bounds != nil && l.Bounds.Period > 0 {
-		period = l.Bounds.Period
-	}
-	if q.fund.Active(now) {
+	// after the funding's end (refill dropped it if that has passed),
+	// except a hand-over answer, which the own part backs (handover.go).
+	if q.fund.Active(now) && !handOver {
 		period = min(period, q.fund.NotAfter-now)
 	}
 	l.Term = max(l.Term, period)
