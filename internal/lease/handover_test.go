@@ -3,6 +3,8 @@ package lease
 import (
 	"fmt"
 	"testing"
+
+	"pgregory.net/rapid"
 )
 
 // handOver is a region cut off from the global group, on the state
@@ -149,4 +151,88 @@ func TestHandOverKeepsALease(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestHandOverWithinOwnPart: whatever order holders are granted, renewed
+// and confirm their answers in around a funding's end, the answers that
+// reach past it (and that their holders may still spend under: the one
+// each adopted last, whose sizes it confirms, and the answer to its
+// latest command) sum to at most the own part, in cap and in rate.
+func TestHandOverWithinOwnPart(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		s := New()
+		const t0 = 1000 * sec
+		period := rapid.Int64Range(sec/2, 4*sec).Draw(rt, "period")
+		own := Share2{rapid.Float64Range(0.1, 50).Draw(rt, "own burst"), rapid.Float64Range(0, 50).Draw(rt, "own rate")}
+		if own.Rate < MinRate {
+			own.Rate = 0
+		}
+		notAfter := t0 + period
+		cfg := ConfigureQuota{Now: t0, Quota: "g", Burst: own.Burst, Rate: own.Rate,
+			LeasePeriod: period, SafetyMargin: rapid.Int64Range(0, period/2).Draw(rt, "margin"), Funded: true}
+		apply := func(c Command) Result {
+			r, err := s.Apply(c)
+			if err != nil {
+				rt.Fatalf("Apply(%+v) = %v", c, err)
+			}
+			if err := s.CheckInvariants(); err != nil {
+				rt.Fatalf("after %+v: %v", c, err)
+			}
+			return r
+		}
+		apply(cfg)
+		fb, fr := rapid.Float64Range(0, 500).Draw(rt, "fund burst"), rapid.Float64Range(0, 500).Draw(rt, "fund rate")
+		if fr < MinRate {
+			fr = 0
+		}
+		apply(Fund{Now: t0, Quota: "g", Burst: fb, Rate: fr, Deposit: fb, NotAfter: notAfter})
+		// A holder may spend under the answer it adopted last, and, once it
+		// arrives, the answer to the latest command it sent (Holding never
+		// adopts an answer to an older one).
+		type holder struct {
+			seq               uint64
+			id                uint64
+			adopted, awaiting *Lease
+		}
+		holders := make([]holder, rapid.IntRange(1, 5).Draw(rt, "holders"))
+		now := notAfter - period/2
+		for range rapid.IntRange(1, 40).Draw(rt, "steps") {
+			now += rapid.Int64Range(0, period/8).Draw(rt, "dt")
+			i := rapid.IntRange(0, len(holders)-1).Draw(rt, "holder")
+			h := &holders[i]
+			name := fmt.Sprintf("h%d", i)
+			h.seq++
+			demand := rapid.Float64Range(0, 100).Draw(rt, "demand")
+			if h.awaiting != nil && rapid.Bool().Draw(rt, "adopt") {
+				h.adopted = h.awaiting
+			}
+			if h.id == 0 {
+				h.awaiting = apply(Grant{Now: now, Holder: name, Seq: h.seq, Quota: "g", Demand: demand, Config: ptrTo(cfg.Config())}).Lease
+			} else {
+				it := RenewItem{LeaseID: h.id, Quota: "g", Demand: demand}
+				if h.adopted != nil {
+					it.ConfirmedCap, it.ConfirmedRate = h.adopted.Cap, h.adopted.Rate
+				}
+				h.awaiting = apply(Renew{Now: now, Holder: name, Seq: h.seq, Items: []RenewItem{it}}).Items[0].Lease
+			}
+			if h.awaiting == nil {
+				h.id, h.adopted = 0, nil
+				continue
+			}
+			h.id = h.awaiting.ID
+			var sumCap, sumRate float64
+			for _, h := range holders {
+				var c, r float64
+				for _, a := range []*Lease{h.adopted, h.awaiting} {
+					if a != nil && a.Expiry > notAfter {
+						c, r = max(c, a.Cap), max(r, a.Rate)
+					}
+				}
+				sumCap, sumRate = sumCap+c, sumRate+r
+			}
+			if sumCap > own.Burst*(1+1e-9) || sumRate > own.Rate*(1+1e-9)+1e-12 {
+				rt.Fatalf("answers reaching past the funding's end sum to (%v, %v), above the own part %+v", sumCap, sumRate, own)
+			}
+		}
+	})
 }
