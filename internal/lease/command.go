@@ -179,7 +179,9 @@ func (f Funding) Active(now int64) bool { return (f.Burst > 0 || f.Rate > 0) && 
 // (the tokens L's answer moved into the holder's bucket) goes into the pool,
 // within its room, and no lease term granted while the funding is active
 // ends after NotAfter, the end of L's validity on the clock that stamps this
-// state's commands: a sublease never outlives its parent. At NotAfter the
+// state's commands: a sublease never outlives its parent (except a
+// hand-over answer, sized out of the own part alone, in the last quarter
+// period before NotAfter: handover.go). At NotAfter the
 // funding drops by itself (deterministically, at the first command at or
 // after it), and the quota is back to its own part; a LeaderElected drops it
 // too, since NotAfter was measured on the old leader's clock. Lowering works

@@ -132,7 +132,9 @@
 // share, possibly 0); Fund adds an upstream lease's cap and rate until its
 // NotAfter, deposits the lease's tokens into the pool within its room, and
 // bounds every lease term granted meanwhile by NotAfter: a sublease never
-// outlives its parent. The funding drops by itself at NotAfter (the pool
+// outlives its parent. In the last quarter period before NotAfter a quota
+// with an own part hands over to it: terms are full, sizes come out of the
+// own part alone (handover.go, with the argument). The funding drops by itself at NotAfter (the pool
 // refills under it only up to then, and gives up what no longer fits) and
 // on LeaderElected (NotAfter was on the old leader's clock). Since the pool
 // and the subleases together refill at most at (own + upstream) rate, up to
