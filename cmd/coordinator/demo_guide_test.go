@@ -146,11 +146,14 @@ func TestDemoRegionsGuide(t *testing.T) {
 				ps = append(ps, strconv.Itoa(p))
 			}
 			stopped = pids
+			logs := agentLogs(t, dir)
 			sh("cut the global group", "kill -STOP "+strings.Join(ps, " "))
 			// The regions go on deciding from their slices, then their
 			// safe shares, with no moment between the two without a
 			// lease: every answer is the rule's (200 or 429), never the
-			// fail_closed rule's failure policy (503).
+			// fail_closed rule's failure policy (503). The curl samples
+			// one agent; the loads drive all four, whose logs name every
+			// activation of a failure policy.
 			var codes []string
 			for range 20 {
 				codes = append(codes, strings.TrimSpace(sh("curl during the cut", curlCmd(t, cmds))))
@@ -160,6 +163,11 @@ func TestDemoRegionsGuide(t *testing.T) {
 			for i, code := range codes {
 				if code != "200" && code != "429" {
 					t.Errorf("answer %d of the cut: %s, want 200 or 429: %v", i, code, codes)
+				}
+			}
+			for _, l := range logs.since(t) {
+				if strings.Contains(l[1], "failure policy activated") && strings.Contains(l[1], "global-api") {
+					t.Errorf("agent %s during the cut: %s", l[0], l[1])
 				}
 			}
 			sh("heal", "kill -CONT "+strings.Join(ps, " "))
@@ -277,4 +285,43 @@ func globalPIDs(t *testing.T, dir string) []int {
 		t.Fatalf("found %d global coordinators of the demo, want 3: %v", len(pids), pids)
 	}
 	return pids
+}
+
+// logMarks are the agents' log files and their sizes at one moment.
+type logMarks struct {
+	dir  string
+	size map[string]int
+}
+
+// agentLogs marks where each agent's log ends now.
+func agentLogs(t *testing.T, dir string) logMarks {
+	t.Helper()
+	m := logMarks{dir: dir, size: map[string]int{}}
+	for _, id := range []string{"eu-a1", "eu-a2", "us-a1", "us-a2"} {
+		b, err := os.ReadFile(filepath.Join(dir, "logs", id+".log"))
+		if err != nil {
+			t.Fatalf("agent log: %v", err)
+		}
+		m.size[id] = len(b)
+	}
+	return m
+}
+
+// since returns each line an agent logged after the marks, with the
+// agent's id.
+func (m logMarks) since(t *testing.T) [][2]string {
+	t.Helper()
+	var out [][2]string
+	for _, id := range []string{"eu-a1", "eu-a2", "us-a1", "us-a2"} {
+		b, err := os.ReadFile(filepath.Join(m.dir, "logs", id+".log"))
+		if err != nil {
+			t.Fatalf("agent log: %v", err)
+		}
+		for _, line := range strings.Split(string(b[min(m.size[id], len(b)):]), "\n") {
+			if line != "" {
+				out = append(out, [2]string{id, line})
+			}
+		}
+	}
+	return out
 }
