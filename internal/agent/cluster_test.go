@@ -230,3 +230,78 @@ rules:
 		t.Errorf("/metrics after the failover: want the promoted master's breaker closed and no breaker open")
 	}
 }
+
+// A slot no master serves (unassigned, as after a resharding gone wrong):
+// go-redis sends its commands to a random master, each of which answers
+// "not served". Its failures count against the store node "unserved",
+// not against the healthy masters it happened to go to: their breakers
+// stay closed while the unowned slot's opens, an emergency allowance on it
+// runs from one outage that does not restart, and once a master serves the
+// slot again the prober sees it and Redis decides the slot again.
+func TestClusterUnservedSlotHasItsOwnBreaker(t *testing.T) {
+	cl := harness.StartCluster(t, harness.WithConfig("cluster-require-full-coverage no"))
+	a := startAgentOn(t, "redis-cluster://"+strings.Join(cl.Addrs, ","), `
+rules:
+  - name: c
+    match: {c: "*"}
+    burst: 1000
+    rate: 1000
+    on_failure: fail_closed
+`, func(cfg *agent.Config) {
+		cfg.Breaker = breaker.Config{Threshold: 3, ProbeInterval: 100 * time.Millisecond}
+	})
+	ctx := context.Background()
+	healthy, lost := subjectOn(t, cl, "c", 0), subjectOn(t, cl, "c", 1)
+	decide := func(subject string) agent.Response {
+		t.Helper()
+		resp, err := a.srv.Service.Decide(ctx, agent.Request{Rule: "c", Subject: subject})
+		if err != nil {
+			t.Fatalf("Decide(%s): %v", subject, err)
+		}
+		return resp
+	}
+	if resp := decide(lost); resp.Reason != agent.ReasonOK {
+		t.Fatalf("before: %+v, want ok from Redis", resp)
+	}
+	slot := bucket.KeySlot(bucket.Key("c", lost))
+	owner := cl.Nodes[1].Client()
+	if err := owner.Do(ctx, "CLUSTER", "DELSLOTS", slot).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the unowned slot's breaker open", func() bool {
+		if resp := decide(lost); resp.Allowed || agent.CheckStatus(resp) != 503 {
+			t.Fatalf("a decision on the unowned slot = %+v, want 503 (fail_closed)", resp)
+		}
+		return metricText(t, a.srv, `ration_breaker_node_open{node="unserved"} 1`)
+	})
+	for i := range 30 {
+		if resp := decide(healthy); resp.Reason != agent.ReasonOK {
+			t.Fatalf("check %d of a healthy master's subject = %+v, want ok from Redis", i, resp)
+		}
+		decide(lost)
+	}
+	for _, addr := range cl.Addrs {
+		if metricText(t, a.srv, `ration_breaker_node_open{node="`+addr+`"} 1`) {
+			t.Errorf("the breaker of healthy master %s opened on the unowned slot's failures", addr)
+		}
+	}
+	if err := owner.Do(ctx, "CLUSTER", "ADDSLOTS", slot).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Redis deciding the slot again", func() bool { return decide(lost).Reason == agent.ReasonOK })
+	if !metricText(t, a.srv, `ration_breaker_node_open{node="unserved"} 0`) {
+		t.Error("the unserved node's breaker still open once the slot is served")
+	}
+}
+
+// metricText says whether the agent's /metrics holds line.
+func metricText(t *testing.T, srv *agent.Server, line string) bool {
+	t.Helper()
+	resp, err := http.Get("http://" + srv.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return strings.Contains(string(b), line)
+}

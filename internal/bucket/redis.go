@@ -94,6 +94,9 @@ type RedisStore struct {
 	warmMu      sync.Mutex
 	// owners: each slot's last known master (a Cluster's; nil otherwise).
 	owners *slotOwners
+	// unserved: the slots a master answered "not served" for (no master
+	// owns them), until a topology read shows an owner (a Cluster's).
+	unserved *slotFlags
 	// nodeAP: a Cluster's decisions are pipelined per master (doNode).
 	nodeAP bool
 	// nodeAPs caches each master client's pipeliner (go-redis takes a
@@ -158,6 +161,7 @@ func NewRedisStore(c redis.UniversalClient, opts RedisOptions) *RedisStore {
 	}
 	if _, ok := c.(*redis.ClusterClient); ok {
 		s.owners = new(slotOwners)
+		s.unserved = new(slotFlags)
 	}
 	if !opts.DisableAutoPipeline && s.owners != nil {
 		// A Cluster's decisions go through each master's own pipeliner
@@ -205,6 +209,7 @@ func (s *RedisStore) take(ctx context.Context, req Request) (takeReply, error) {
 		err = s.doKey(wctx, req.Key, cmd)
 	}
 	if err != nil {
+		s.markUnserved(req.Key, err)
 		return takeReply{}, s.fail(opTake, err)
 	}
 	return parseTake(cmd, req)
@@ -339,6 +344,7 @@ func (s *RedisStore) takeBatch(ctx context.Context, reqs []Request, answer func(
 	for k, p := range parts {
 		cmd := cmds[k]
 		if err := cmd.Err(); err != nil {
+			s.markUnserved(reqs[p.first].Key, err)
 			err = s.fail(opTake, err)
 			for i := p.first; i < p.first+p.n; i++ {
 				answer(i, takeReply{}, err)

@@ -16,9 +16,38 @@ import (
 // breaker, its metrics' node label, its line on /readyz.
 const PrimaryNode = "primary"
 
+// UnservedNode names, for the breakers, the slots of a Redis Cluster that no
+// master serves (unassigned: a master answered "CLUSTERDOWN Hash slot not
+// served" for them). go-redis sends such a slot's commands to a random
+// master, so counted against the master it went to, its failures would be
+// spread over healthy masters (their breakers opening on another's slots,
+// or their outage episodes flapping between failures and successes, which
+// restarted an emergency allowance's max_duration each time). They count
+// here instead, until a topology read shows an owner again.
+const UnservedNode = "unserved"
+
 // ErrUnknownNode: the node named is not a master of the Cluster's current
 // topology (a failover or a resharding took its slots away).
 var ErrUnknownNode = errors.New("bucket: not a master of the cluster")
+
+// slotFlags marks slots of a Cluster.
+type slotFlags [clusterSlots]atomic.Bool
+
+// slotNotServed is a master's answer for a slot no master owns.
+const slotNotServed = "CLUSTERDOWN Hash slot not served"
+
+// markUnserved flags key's slot when err says no master serves it.
+func (s *RedisStore) markUnserved(key string, err error) {
+	var rerr redis.Error
+	if s.unserved == nil || !errors.As(err, &rerr) {
+		return
+	}
+	// Redis 7 keeps the code first in a script's error; older versions
+	// quote it as "-CLUSTERDOWN ..." inside "ERR Error running script".
+	if msg := rerr.Error(); strings.HasPrefix(msg, slotNotServed) || strings.Contains(msg, "-"+slotNotServed) {
+		s.unserved[KeySlot(key)].Store(true)
+	}
+}
 
 // clusterSlots is the number of hash slots of a Redis Cluster.
 const clusterSlots = 16384
@@ -45,7 +74,11 @@ func (s *RedisStore) NodeOf(ctx context.Context, key string) string {
 	if !ok {
 		return PrimaryNode
 	}
-	last := &s.owners[KeySlot(key)] // owners is made with a Cluster client
+	slot := KeySlot(key)
+	if s.unserved[slot].Load() { // made with owners, with a Cluster client
+		return UnservedNode
+	}
+	last := &s.owners[slot]
 	n, err := cc.MasterForKey(ctx, key)
 	if err != nil {
 		if p := last.Load(); p != nil {
@@ -73,6 +106,9 @@ func (s *RedisStore) PingNode(ctx context.Context, node string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	if node == UnservedNode {
+		return s.pingUnserved(ctx, cc)
+	}
 	var found atomic.Bool
 	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 		if c.Options().Addr != node {
@@ -97,6 +133,40 @@ func (s *RedisStore) PingNode(ctx context.Context, node string) error {
 		return s.fail("ping "+node, err)
 	case !found.Load():
 		return fmt.Errorf("%w: %s", ErrUnknownNode, node)
+	}
+	return nil
+}
+
+// pingUnserved reads the Cluster's slots again (go-redis's routing too)
+// and clears each flagged slot a master now serves; it fails while any
+// flagged slot is still served by none.
+func (s *RedisStore) pingUnserved(ctx context.Context, cc *redis.ClusterClient) error {
+	cc.ReloadState(ctx)
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return s.fail("cluster slots", err)
+	}
+	var owned slotFlags
+	for _, sl := range slots {
+		if len(sl.Nodes) == 0 {
+			continue
+		}
+		for i := max(sl.Start, 0); i <= min(sl.End, clusterSlots-1); i++ {
+			owned[i].Store(true)
+		}
+	}
+	left := 0
+	for i := range s.unserved {
+		switch {
+		case !s.unserved[i].Load():
+		case owned[i].Load():
+			s.unserved[i].Store(false)
+		default:
+			left++
+		}
+	}
+	if left > 0 {
+		return fmt.Errorf("%w: %d slots served by no master", ErrUnavailable, left)
 	}
 	return nil
 }
