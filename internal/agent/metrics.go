@@ -78,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		breakerNodeOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ration_breaker_node_open",
-			Help: "1 while the circuit breaker of one node of the store is open (its decisions follow their rules' failure policies at once), else 0; node is a Redis Cluster master's address, or primary for a single or Sentinel-managed primary.",
+			Help: "1 while the circuit breaker of one node of the store is open (its decisions follow their rules' failure policies at once), else 0; node is a Redis Cluster master's address (unserved: the slots no master serves), or primary for a single or Sentinel-managed primary.",
 		}, []string{"node"}),
 		fallbackNodeActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ration_fallback_node_active",
