@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		demoted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_agent_lease_own_released_total",
-			Help: "Subjects' own leases given back because their copy of the rule's default lease (lease.default_share) paid for every decision for a minute.",
+			Help: "Subjects' own leases given back because their copy of the rule's default lease (lease.default_share) paid for every decision for a lease period (at most a minute).",
 		}),
 	}
 	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas, m.nudges, m.demoted)

@@ -51,7 +51,7 @@ type pick struct {
 	grants, renews []*quota
 	idle           []*quota
 	// demote: subjects whose copy of the default lease has paid for every
-	// decision for IdleAfter: their own leases go back.
+	// decision for a while (demoteAfter): their own leases go back.
 	demote []*quota
 }
 
@@ -93,7 +93,7 @@ func (l *Leases) look(qs []*quota, full bool, now, next int64) (pick, int64) {
 		case !q.own:
 			// A subject spending only its copy of the default lease:
 			// nothing to ask the coordinator.
-		case q.def != nil && !q.invalid && q.h.Lease.ID != 0 && now-q.ownUsed > l.o.IdleAfter.Microseconds():
+		case q.def != nil && !q.invalid && q.h.Lease.ID != 0 && now-q.ownUsed > l.demoteAfter(q):
 			p.demote = append(p.demote, q)
 		case q.invalid:
 		case q.failed != "" && now-q.failedAt < failedRetry.Microseconds():
@@ -233,7 +233,7 @@ func (l *Leases) round(ctx context.Context) {
 }
 
 // demote gives back the own leases of subjects whose copies of the default
-// lease have paid for all their decisions for IdleAfter: the subject goes
+// lease have paid for all their decisions for demoteAfter: the subject goes
 // back to its copy alone, and asks for its own lease again when the copy
 // next runs dry (a new grant, waited for like any first one). A subject
 // that needed its own lease again meanwhile keeps asking: its released
@@ -245,7 +245,7 @@ func (l *Leases) demote(ctx context.Context, qs []*quota, now int64) {
 	n := 0
 	for _, q := range qs {
 		q.mu.Lock()
-		if now-q.ownUsed > l.o.IdleAfter.Microseconds() {
+		if now-q.ownUsed > l.demoteAfter(q) {
 			n++
 			q.own = false
 			q.h = lease.Holding{Quota: q.id, Validity: l.validity}
@@ -257,6 +257,27 @@ func (l *Leases) demote(ctx context.Context, qs []*quota, now int64) {
 		q.mu.Unlock()
 	}
 	l.m.demoted.Add(float64(n))
+}
+
+// demoteAfter is how long a subject's copy of the default lease must have
+// paid for every decision before its own lease goes back: one term of the
+// copy's lease (the rule's lease.period), at most IdleAfter. Every agent
+// that restarts starts its copies nearly empty (the pool of the default
+// quota only gets back what the least spent copy of the old process gave
+// back), so every subject active there needs its own lease for its first
+// seconds; kept for IdleAfter (a minute) after the copies refilled, a
+// rolling restart left every active subject with leases of its own (and
+// their renewals and nudges) for over a minute. A subject whose demand
+// stays above its copy's refill keeps its own lease (its copy never pays
+// for a whole term); one that goes back and forth costs at most a release
+// and a grant per term, what keeping the lease would cost in renewals.
+// q.mu held.
+func (l *Leases) demoteAfter(q *quota) int64 {
+	d := l.o.IdleAfter.Microseconds()
+	if q.cp != nil && q.cp.Lease.Term > 0 {
+		d = min(d, q.cp.Lease.Term)
+	}
+	return d
 }
 
 // split takes the next request's quotas: grants first, then renewals, up

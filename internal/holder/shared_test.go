@@ -290,22 +290,40 @@ func TestDefaultShareOneColdStart(t *testing.T) {
 }
 
 // A subject's own lease goes back once its copy of the default lease has
-// paid for every decision for IdleAfter, and comes back (a new grant,
-// waited for) when the copy next runs dry.
+// paid for every decision for one term of the copy's lease (the rule's
+// lease.period), or for IdleAfter if that is shorter, and comes back (a
+// new grant, waited for) when the copy next runs dry. With a period of 1s
+// and IdleAfter an hour, it goes back within seconds: an agent restarted
+// in a rollout starts its copies nearly empty, and every subject active
+// there gets a lease of its own until they refill; kept for IdleAfter
+// they stayed at the coordinators (with their renewals) for over a minute.
 func TestDefaultShareOwnLeaseGivenBack(t *testing.T) {
-	const yaml = `
+	for _, tc := range []struct {
+		name, lease string
+		idleAfter   time.Duration
+	}{
+		{"idle after 300ms, period 10s", "{default_share: 0.5}", 300 * time.Millisecond},
+		{"idle after an hour, period 1s", "{period: 1s, default_share: 0.5}", time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			yaml := `
 rules:
   - name: r
     match: {user: "*"}
     burst: 4
     rate: 4
     mode: leased
-    lease: {default_share: 0.5}
-`
+    lease: ` + tc.lease + "\n"
+			testOwnLeaseGivenBack(t, yaml, tc.idleAfter)
+		})
+	}
+}
+
+func testOwnLeaseGivenBack(t *testing.T, yaml string, idleAfter time.Duration) {
 	c := harness.StartCoordinators(t, 1, yaml)
 	r := rule(t, yaml, "r")
 	reg := prometheus.NewRegistry()
-	h, _ := runHolder(t, c, holder.Options{Holder: "a", IdleAfter: 300 * time.Millisecond, Registry: reg})
+	h, _ := runHolder(t, c, holder.Options{Holder: "a", IdleAfter: idleAfter, Registry: reg})
 	ctx := context.Background()
 	_, leader := c.Leader(t)
 	ownLeases := func() int {
@@ -349,9 +367,13 @@ rules:
 		}
 	}
 	burst("first burst")
-	// Within the copy (it refills 2/s, from empty) for well past IdleAfter.
+	if n := ownLeases(); n != 1 {
+		t.Fatalf("after the first burst the coordinator holds %d own leases of r|user=x, want 1", n)
+	}
+	// Within the copy (it refills 2/s, from empty) for well past IdleAfter
+	// or the lease period, whichever is shorter.
 	time.Sleep(time.Second)
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for released() == 0 && time.Now().Before(deadline) {
 		if res, fromCopy, ok := spendShared(h, ctx, r, "user=x", 1, h.Now()); !ok || !res.Allowed || !fromCopy {
 			t.Fatalf("a decision within the copy's refill: ok %v, allowed %v, from the copy %v", ok, res.Allowed, fromCopy)
@@ -359,7 +381,7 @@ rules:
 		time.Sleep(600 * time.Millisecond)
 	}
 	if n := released(); n != 1 {
-		t.Fatalf("ration_agent_lease_own_released_total = %v 5s after the copy alone sufficed (idle after 300ms), want 1", n)
+		t.Fatalf("ration_agent_lease_own_released_total = %v 10s after the copy alone sufficed, want 1", n)
 	}
 	for range 3 {
 		if n := ownLeases(); n != 0 {
