@@ -55,6 +55,10 @@ type quota struct {
 	// that wait for several new quotas (a batch) wait out one cold start
 	// in all, not one per quota.
 	coldUntil int64
+	// grantedAt is when the current lease's first grant was adopted (a
+	// readiness check gives a lease granted empty up to ColdStart from
+	// then to fill: see Fetched).
+	grantedAt int64
 
 	// With lease.default_share (see shared.go). own: this quota's own
 	// lease is asked for (always, without a default share; for a subject

@@ -32,7 +32,22 @@ func (l *Leases) Prefetch(r *rules.Rule) bool {
 }
 
 // Fetched is "" once what Prefetch started for r is held (a lease valid
-// now), else why not yet: no answer yet, or the coordinator's refusal.
+// now that can pay one token), else why not yet: no answer yet, the
+// coordinator's refusal, or a lease granted empty.
+//
+// A lease is granted empty when the other agents hold the whole quota:
+// an agent that starts while another holds all of a default lease (it was
+// alone) gets a lease of size 0 until the leader has nudged the other to
+// give its excess back and then this one to take it, a round trip or
+// two. Ready on the empty lease, the agent's first subjects found their
+// copies empty, each took a lease of its own (all of that quota, the
+// agents that came after it then having to wait for theirs), and
+// tenants far under their budget were refused while those shares moved.
+// So readiness waits for the lease to hold a token, for at most
+// ColdStart after its grant: a lease that stays empty that long is one
+// whose pool was spent (a rollout restarts agents whose copies spent it,
+// and the pool gets back only what their most spent copy had left), and
+// it only refills at its rate, which waiting does not speed up.
 func (l *Leases) Fetched(r *rules.Rule) string {
 	subject := ""
 	if r.Lease.DefaultShare > 0 {
@@ -48,8 +63,10 @@ func (l *Leases) Fetched(r *rules.Rule) string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	switch {
-	case q.h.Valid(now):
+	case q.h.Valid(now) && (q.h.Available(now) >= 1 || now-q.grantedAt >= l.o.ColdStart.Microseconds()):
 		return ""
+	case q.h.Valid(now):
+		return fmt.Sprintf("rule %s: lease granted empty (the other agents hold its quota), waiting for a share of it", r.Name)
 	case q.failed != "":
 		return fmt.Sprintf("rule %s: coordinator refused the lease: %s", r.Name, q.failed)
 	default:

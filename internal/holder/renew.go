@@ -429,10 +429,13 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 	switch e := g.GetError(); {
 	case e == "":
 		q.failed = ""
-		oldCap, oldRate := q.h.Lease.Cap, q.h.Lease.Rate
+		oldCap, oldRate, oldID := q.h.Lease.Cap, q.h.Lease.Rate, q.h.Lease.ID
 		nl := lease.Lease{ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs}
 		if !q.h.Adopt(now, seq, nl) {
 			return
+		}
+		if q.h.Lease.ID != oldID {
+			q.grantedAt = now
 		}
 		if q.isDefault {
 			q.mirror(func(c *lease.Holding) { c.Adopt(now, seq, nl) })
