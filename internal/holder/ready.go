@@ -108,6 +108,9 @@ func (l *Leases) Cause(r *rules.Rule, subject string) string {
 		return "coordinator refused the lease: " + q.failed
 	case !q.answered():
 		return fmt.Sprintf("first grant not answered within the first-grant timeout (%v)", l.o.ColdStart)
+	case q.h.Valid(l.Now()):
+		// Answered since the decision gave up on it.
+		return fmt.Sprintf("a lease arrived only after the decision: a first grant slower than the first-grant timeout (%v), or a renewal answered after its lease expired", l.o.ColdStart)
 	case q.h.Lease.ID == 0:
 		return "lease lost (expired or refused on renewal), asked for again"
 	default:

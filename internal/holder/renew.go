@@ -480,6 +480,21 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 	case strings.HasPrefix(e, itemErrLeaseExpired), strings.HasPrefix(e, itemErrRetryGrant):
 		q.drop()
 		l.m.expired.Inc()
+		if !q.answered() {
+			// A first grant whose answer was lost: its request was sent
+			// again after an attempt timed out (a Raft entry of a thousand
+			// grants on a loaded coordinator), and a retry is answered only
+			// its last command. The lease exists; it is asked for again at
+			// the next round, and the quota's first decisions keep waiting
+			// for it within their cold start. Marked answered, they fell to
+			// the failure policy at once, a whole request's worth (1,000
+			// fresh subjects) on a healthy coordinator.
+			ready = false
+			l.mu.Lock()
+			l.early = append(l.early, q)
+			l.mu.Unlock()
+			l.kick()
+		}
 	case strings.HasPrefix(e, itemErrInvalid):
 		// Refused alone, and would be again: stop asking for it; its
 		// decisions take the rule's failure policy.
