@@ -1,10 +1,12 @@
 package holder
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -57,12 +59,14 @@ type pick struct {
 
 // look sorts qs at now into new quotas (grants), quotas due at their renew
 // point, quotas that may renew early, and idle ones. When anything is at
-// its renew point, every other quota looked at renews with it: one renewal
-// per agent per period, not per quota. It returns the earliest time a
-// quota it left alone wants looking at again (at most next).
+// its renew point, the quotas not due yet fill the rest of the round's
+// last request, the soonest due first (piggyback): one renewal per agent
+// per period, not per quota, for up to MaxItems quotas. It returns the
+// earliest time a quota it left alone wants looking at again (at most
+// next).
 func (l *Leases) look(qs []*quota, full bool, now, next int64) (pick, int64) {
 	var p pick
-	var rest []*quota
+	var rest []restQuota
 	anyDue := false
 	// Fresh and flagged quotas may repeat (a quota flagged twice); a full
 	// scan's snapshot holds each once and may hold 100,000 of them, so it
@@ -133,16 +137,44 @@ func (l *Leases) look(qs []*quota, full bool, now, next int64) (pick, int64) {
 			case now >= at:
 				p.renews = append(p.renews, q)
 			default:
-				rest = append(rest, q)
+				rest = append(rest, restQuota{q, renewAt})
 				next = min(next, renewAt, at)
 			}
 		}
 		q.mu.Unlock()
 	}
 	if anyDue {
-		p.renews = append(p.renews, rest...)
+		p.renews = l.piggyback(p.renews, rest, len(p.grants)+len(p.renews))
 	}
 	return p, next
+}
+
+// restQuota is a quota a look found not due yet, and its renew point.
+type restQuota struct {
+	q       *quota
+	renewAt int64
+}
+
+// piggyback appends to renews the quotas of rest that fit in the last
+// request of a round of n items (MaxItems each), the soonest due first.
+// With up to MaxItems quotas that is all of them, as every renewal then
+// costs one request whatever it carries. Past that, renewing every quota
+// whenever any was due renewed each of them once per round, not once per
+// period: with 100,000 quotas and fresh ones added all the time, some
+// quota was always due, every round sent all of them (100 requests, one
+// after another), and a round outlasted the time between a renew point
+// and expiry on a loaded coordinator, so leases expired before their
+// renewals were sent and their decisions fell to the failure policy.
+func (l *Leases) piggyback(renews []*quota, rest []restQuota, n int) []*quota {
+	room := (l.maxItems - n%l.maxItems) % l.maxItems
+	if room < len(rest) {
+		slices.SortStableFunc(rest, func(a, b restQuota) int { return cmp.Compare(a.renewAt, b.renewAt) })
+		rest = rest[:room]
+	}
+	for _, r := range rest {
+		renews = append(renews, r.q)
+	}
+	return renews
 }
 
 // rescan is the time between two scans of every quota: rescan, and longer
