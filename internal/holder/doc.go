@@ -14,5 +14,6 @@
 // Ref, Refund, Prepare), set.go (the set of quotas: adding, looking up,
 // flagging, forgetting), renew.go (one round of the loop: what is due,
 // the Renew and Release requests and adopting their answers) and
-// shared.go (lease.default_share: the default lease and its copies).
+// shared.go (lease.default_share: the default lease and its copies, and
+// giving back the own leases of subjects whose copies suffice again).
 package holder

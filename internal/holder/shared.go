@@ -2,6 +2,7 @@ package holder
 
 import (
 	"context"
+	"sync"
 
 	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/lease"
@@ -175,4 +176,52 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		l.flag(q)
 	}
 	return res, src, ok
+}
+
+// demote gives back the own leases of subjects whose copies of the default
+// lease have paid for all their decisions for demoteAfter: the subject goes
+// back to its copy alone, and asks for its own lease again when the copy
+// next runs dry (a new grant, waited for like any first one). A subject
+// that needed its own lease again meanwhile keeps asking: its released
+// lease is renewed, refused as expired, and granted afresh.
+func (l *Leases) demote(ctx context.Context, qs []*quota, now int64) {
+	rctx, cancel := l.callCtx(ctx)
+	l.release(rctx, qs)
+	cancel()
+	n := 0
+	for _, q := range qs {
+		q.mu.Lock()
+		if now-q.ownUsed > l.demoteAfter(q) {
+			n++
+			q.own = false
+			q.h = lease.Holding{Quota: q.id, Validity: l.validity}
+			q.nudged, q.confirm, q.dry, q.failed = false, false, false, ""
+			// Its next first decision waits for the next grant.
+			q.ready, q.readyOnce = make(chan struct{}), sync.Once{}
+			q.got.Store(false)
+		}
+		q.mu.Unlock()
+	}
+	l.m.demoted.Add(float64(n))
+}
+
+// demoteAfter is how long a subject's copy of the default lease must have
+// paid for every decision before its own lease goes back: one term of the
+// copy's lease (the rule's lease.period), at most IdleAfter. Every agent
+// that restarts starts its copies nearly empty (the pool of the default
+// quota only gets back what the least spent copy of the old process gave
+// back), so every subject active there needs its own lease for its first
+// seconds; kept for IdleAfter (a minute) after the copies refilled, a
+// rolling restart left every active subject with leases of its own (and
+// their renewals and nudges) for over a minute. A subject whose demand
+// stays above its copy's refill keeps its own lease (its copy never pays
+// for a whole term); one that goes back and forth costs at most a release
+// and a grant per term, what keeping the lease would cost in renewals.
+// q.mu held.
+func (l *Leases) demoteAfter(q *quota) int64 {
+	d := l.o.IdleAfter.Microseconds()
+	if q.cp != nil && q.cp.Lease.Term > 0 {
+		d = min(d, q.cp.Lease.Term)
+	}
+	return d
 }
