@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ration-dev/ration/internal/harness"
 )
 
 // guideTools are the first words of the guide's command lines; the
@@ -54,12 +56,15 @@ func TestDemoRegionsGuide(t *testing.T) {
 	demo := exec.CommandContext(ctx, "bash", script)
 	demo.Cancel = func() error { return demo.Process.Signal(syscall.SIGTERM) }
 	demo.WaitDelay = 10 * time.Second
-	demo.Env = append(os.Environ(), "BASE_PORT="+strconv.Itoa(20000+rand.IntN(400)*50), "DEMO_DIR="+dir)
+	// The script's processes bind fixed ports (BASE_PORT..+60): below
+	// the kernel's ephemeral range (32768 up on Linux), where no other
+	// test's listener on port 0 or outgoing connection can land first.
+	demo.Env = append(os.Environ(), "BASE_PORT="+strconv.Itoa(20000+rand.IntN(250)*50), "DEMO_DIR="+dir)
 	stdout, err := demo.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr bytes.Buffer
+	var stderr harness.LogBuffer // written by the process's copier while the test reads it
 	demo.Stderr = &stderr
 	if err := demo.Start(); err != nil {
 		t.Fatal(err)
