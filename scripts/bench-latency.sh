@@ -7,10 +7,11 @@
 # driven open loop (latency from the intended send time) at 25, 50 and 75 %
 # of THAT capacity, each run next to the empty call (gRPC health check) at
 # the same absolute rate, so every row has its floor at the same offered
-# load. ROUNDS rounds, the kind and its empty reference alternating which
-# goes first. Prints markdown tables: the capacities, then the medians
-# over the rounds of p50, p99 and p99.9, the empty call's, and the
-# difference (what the call adds over the floor).
+# load. ROUNDS rounds (each measures the capacities again), the kind and
+# its empty reference alternating which goes first. Prints markdown
+# tables: the capacities, then the medians over the rounds of p50, p99 and
+# p99.9, the empty call's, and the difference (what the call adds over the
+# floor), with the rounds that fell behind their schedule (saturated).
 #
 # One redis-server, one one-node coordinator (-dev) and one gateway-agent
 # of its own, pinned to CPU 0 (taskset -c 0); ration-bench pinned to CPU 1.
@@ -22,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-3s}         # each open-loop run, measured
-CAP_DURATION=${CAP_DURATION:-3s} # each capacity run, measured
+CAP_DURATION=${CAP_DURATION:-2s} # each capacity run, measured
 WARMUP=${WARMUP:-1s}
 CONC=${CONC:-64}
 LOADS=${LOADS:-25 50 75} # percent of the kind's capacity
@@ -120,67 +121,73 @@ bench() {
   $pin_load "$work/ration-bench" -warmup "$WARMUP" -timeout 2s -pids "$apid,$rpid" -json "$@" >"$work/$out.json"
 }
 
-declare -A cap
-for k in "${kinds[@]}"; do
-  name=$(field "$k" 0)
-  say "capacity: $name, closed loop, $CONC callers"
-  # shellcheck disable=SC2046 # the kind's flags: words
-  bench "cap-$name" $(field "$k" 2) -concurrency "$CONC" -duration "$CAP_DURATION"
-  cap[$name]=$(jq '.decisions_per_s | floor' "$work/cap-$name.json")
-  say "  $name: ${cap[$name]}/s"
-done
-
+# openloop OUT FLAGS...: one open-loop run of DURATION at $rate.
+openloop() {
+  local out=$1
+  shift
+  bench "$out" "$@" -rate "$rate" -max-outstanding "$MAX_OUT" -duration "$DURATION"
+}
+# Each round measures each kind's capacity again just before its open-loop
+# runs: on a shared machine what the agent can do moves with the other
+# work, and a capacity from minutes earlier can put "75 %" past saturation.
 for i in $(seq "$ROUNDS"); do
   for k in "${kinds[@]}"; do
     name=$(field "$k" 0)
+    # shellcheck disable=SC2046 # the kind's flags: words
+    bench "cap-$name-r$i" $(field "$k" 2) -concurrency "$CONC" -duration "$CAP_DURATION"
+    cap=$(jq '.decisions_per_s | floor' "$work/cap-$name-r$i.json")
     for pct in $LOADS; do
-      rate=$((cap[$name] * pct / 100))
-      say "round $i of $ROUNDS: $name at $pct% ($rate/s)"
+      rate=$((cap * pct / 100))
+      say "round $i of $ROUNDS: $name, capacity $cap/s, at $pct% ($rate/s)"
       # shellcheck disable=SC2046 # the kinds' flags: words
       if [ "$name" = empty ]; then
-        bench "o-$name-$pct-r$i" $(field "$k" 2) -rate "$rate" -max-outstanding "$MAX_OUT" -duration "$DURATION"
+        openloop "o-$name-$pct-r$i" $(field "$k" 2)
       elif [ $((i % 2)) = 1 ]; then
-        bench "o-$name-$pct-r$i" $(field "$k" 2) -rate "$rate" -max-outstanding "$MAX_OUT" -duration "$DURATION"
-        bench "e-$name-$pct-r$i" $(field "${kinds[0]}" 2) -rate "$rate" -max-outstanding "$MAX_OUT" -duration "$DURATION"
+        openloop "o-$name-$pct-r$i" $(field "$k" 2)
+        openloop "e-$name-$pct-r$i" $(field "${kinds[0]}" 2)
       else
-        bench "e-$name-$pct-r$i" $(field "${kinds[0]}" 2) -rate "$rate" -max-outstanding "$MAX_OUT" -duration "$DURATION"
-        bench "o-$name-$pct-r$i" $(field "$k" 2) -rate "$rate" -max-outstanding "$MAX_OUT" -duration "$DURATION"
+        openloop "e-$name-$pct-r$i" $(field "${kinds[0]}" 2)
+        openloop "o-$name-$pct-r$i" $(field "$k" 2)
       fi
     done
   done
 done
 
-fmt='def med: sort | if length % 2 == 1 then .[length/2|floor] else (.[length/2-1] + .[length/2]) / 2 end;
-  def n: if . >= 1000 then (. | floor | tostring | [scan("\\d")] | reverse | [_nwise(3)] | map(reverse | add) | reverse | join(",")) else (. * 10 | round / 10 | tostring) end;'
+jqdefs='def med: sort | if length % 2 == 1 then .[length/2|floor] else (.[length/2-1] + .[length/2]) / 2 end;
+  def n: if . >= 1000 then (. | floor | tostring | [scan("\\d")] | reverse | [_nwise(3)] | map(reverse | add) | reverse | join(",")) else (. * 10 | round / 10 | tostring) end;
+  def q(f): map(.latency_us | f) | med;
+  def kept: .latency_us.count > 0 and .open_loop.unsent <= 0.01 * .rate * .duration_s;'
 
-echo "Capacities (closed loop, $CONC callers, $CAP_DURATION measured after $WARMUP):"
+echo "Capacities (closed loop, $CONC callers, $CAP_DURATION measured after $WARMUP; median of $ROUNDS round(s), and the range):"
 echo
-echo "| call | decisions/s | p50 µs | p99 µs | agent CPU µs/decision | errors |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+echo "| call | decisions/s | range | p50 µs | p99 µs | agent CPU µs/decision | errors |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 for k in "${kinds[@]}"; do
   name=$(field "$k" 0)
-  jq -r --arg what "$(field "$k" 1)" "$fmt"'
-    "| \($what) | \(.decisions_per_s|n) | \(.latency_us.p50|n) | \(.latency_us.p99|n) | \(.cpu[0].us_per_decision|n) | \(.errors) |"' \
-    "$work/cap-$name.json"
+  jq -rs --arg what "$(field "$k" 1)" "$jqdefs"'
+    "| \($what) | \(map(.decisions_per_s)|med|n) | \(map(.decisions_per_s)|min|n)-\(map(.decisions_per_s)|max|n) | \(q(.p50)|n) | \(q(.p99)|n) | \(map(.cpu[0].us_per_decision)|med|n) | \(map(.errors)|add) |"' \
+    "$work"/cap-"$name"-r*.json
 done
 echo
-echo "Open loop, medians of $ROUNDS round(s) of $DURATION (after $WARMUP), µs; \"added\" is the call's minus the empty call's at the same rate:"
+echo "Open loop, $DURATION (after $WARMUP) per run, µs: medians over the rounds where both the call's run and the empty"
+echo "call's run at the same rate kept up (\"rounds\": those kept of $ROUNDS; a run that fell behind, more than 1 % of"
+echo "the calls due never started, measured a stall, not the call). \"added\": the call's minus the empty call's."
 echo
-echo "| call | load | rate/s | p50 | p99 | p99.9 | empty p50 | empty p99 | empty p99.9 | added p50 | added p99 | added p99.9 | unsent + errors |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| call | load | rate/s | p50 | p99 | p99.9 | empty p50 | empty p99 | empty p99.9 | added p50 | added p99 | added p99.9 | rounds | errors |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for k in "${kinds[@]}"; do
   name=$(field "$k" 0)
   for pct in $LOADS; do
     o=("$work"/o-"$name"-"$pct"-r*.json)
     if [ "$name" = empty ]; then e=("${o[@]}"); else e=("$work"/e-"$name"-"$pct"-r*.json); fi
     jq -rn --arg what "$(field "$k" 1)" --arg pct "$pct" --arg self "$([ "$name" = empty ] && echo 1)" \
-      --slurpfile o <(cat "${o[@]}") --slurpfile e <(cat "${e[@]}") "$fmt"'
-      def q(f): map(.latency_us | f) | med;
-      ($o | q(.p50)) as $a50 | ($o | q(.p99)) as $a99 | ($o | q(.p99_9)) as $a999 |
-      ($e | q(.p50)) as $b50 | ($e | q(.p99)) as $b99 | ($e | q(.p99_9)) as $b999 |
-      def d(x): if $self == "1" then "-" else (x | if . < 0 then "-" + (-. | n) else n end) end;
-      "| \($what) | \($pct)% | \($o[0].rate|n) | \($a50|n) | \($a99|n) | \($a999|n) | \($b50|n) | \($b99|n) | \($b999|n) | \(d($a50-$b50)) | \(d($a99-$b99)) | \(d($a999-$b999)) | \($o | map(.open_loop.unsent + .errors) | add) |"'
+      --slurpfile o <(cat "${o[@]}") --slurpfile e <(cat "${e[@]}") "$jqdefs"'
+      [range(0; $o | length) | select(($o[.] | kept) and ($e[.] | kept))] as $idx |
+      [$idx[] | $o[.]] as $O | [$idx[] | $e[.]] as $E |
+      def d(x): if $self == "1" or ($idx | length) == 0 then "-" else (x | if . < 0 then "-" + (-. | n) else n end) end;
+      def v(x): if ($idx | length) == 0 then "-" else (x | n) end;
+      "| \($what) | \($pct)% | \($o | map(.rate) | med | n) | \(v($O | q(.p50))) | \(v($O | q(.p99))) | \(v($O | q(.p99_9))) | \(v($E | q(.p50))) | \(v($E | q(.p99))) | \(v($E | q(.p99_9))) | \(d(($O | q(.p50)) - ($E | q(.p50)))) | \(d(($O | q(.p99)) - ($E | q(.p99)))) | \(d(($O | q(.p99_9)) - ($E | q(.p99_9)))) | \($idx | length) of \($o | length) | \($o + $e | map(.errors) | add) |"'
   done
 done
 echo
-echo "Measured at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- cmd internal || echo ' (with uncommitted changes)'), $started-$(date -u +%H:%M) UTC, load average $load_start at the start, $(loadavg) at the end."
+echo "Measured at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- cmd internal scripts || echo ' (with uncommitted changes)'), $started-$(date -u +%H:%M) UTC, load average $load_start at the start, $(loadavg) at the end."
