@@ -16,7 +16,7 @@
 # One redis-server, one one-node coordinator (-dev) and one gateway-agent
 # of its own, pinned to CPU 0 (taskset -c 0); ration-bench pinned to CPU 1.
 #
-#   scripts/bench-latency.sh                   # ROUNDS=3 DURATION=3s: about 6 minutes
+#   scripts/bench-latency.sh                   # ROUNDS=3 DURATION=3s: about 7 minutes (ROUNDS=2: under 5)
 #   ROUNDS=1 DURATION=2s CAP_DURATION=2s scripts/bench-latency.sh   # a quick look
 #   KEEP=/tmp/runs scripts/bench-latency.sh    # KEEP: copy every run's JSON there
 set -euo pipefail
