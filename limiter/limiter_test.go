@@ -92,9 +92,11 @@ rules:
 	if n, err := redis.Client().Exists(context.Background(), "ration:{per-user|user=alice}").Result(); err != nil || n != 1 {
 		t.Errorf("Redis key ration:{per-user|user=alice}: exists %d, %v; want 1", n, err)
 	}
-	got := (counter(t, reg, "ration_decisions_total", map[string]string{"rule": "per-user", "path": "store", "result": "denied"}))
+	// Request 6 is denied without asking Redis: its answer to request 5
+	// left the bucket no whole token, and none can have refilled since.
+	got := counter(t, reg, "ration_decisions_total", map[string]string{"rule": "per-user", "path": "cached", "result": "denied"})
 	if got != 1 {
-		t.Errorf("ration_decisions_total{rule=per-user,path=store,result=denied} = %v, want 1", got)
+		t.Errorf("ration_decisions_total{rule=per-user,path=cached,result=denied} = %v, want 1", got)
 	}
 }
 
@@ -235,14 +237,16 @@ func TestCloseReleasesLeases(t *testing.T) {
 
 // With Redis down, each rule's failure policy decides: fail_open admits,
 // fail_closed answers 503, emergency spends its local allowance and then
-// answers 503.
+// answers 503. A subject whose denial is certain (its bucket cannot have
+// refilled since Redis last answered for it) stays denied, 429, whatever
+// the policy: its quota is known to be spent.
 func TestFailurePoliciesWhenRedisIsDown(t *testing.T) {
 	redis := harness.StartRedis(t)
 	l := open(t, limiter.Config{
 		RulesFile: writeRules(t, `
 rules:
   - name: open
-    match: {policy: open}
+    match: {open: "*"}
     burst: 1
     rate: 0.01
     on_failure: fail_open
@@ -261,16 +265,20 @@ rules:
 		Redis: redis.Addr,
 	})
 	req := func(p string) limiter.Request { return limiter.Request{Descriptors: map[string]string{"policy": p}} }
+	open := func(s string) limiter.Request { return limiter.Request{Descriptors: map[string]string{"open": s}} }
 	// Up: Redis decides (open's burst of 1 is spent by the second).
-	if d := allow(t, l, req("open")); !d.Allowed || d.Reason != limiter.ReasonOK {
+	if d := allow(t, l, open("spent")); !d.Allowed || d.Reason != limiter.ReasonOK {
 		t.Fatalf("open, Redis up: %+v, want admitted ok", d)
 	}
-	if d := allow(t, l, req("open")); d.Allowed {
+	if d := allow(t, l, open("spent")); d.Allowed {
 		t.Fatalf("open, Redis up, second: %+v, want denied (burst 1)", d)
 	}
 	redis.Kill()
+	if d := allow(t, l, open("spent")); d.Allowed || d.Reason != limiter.ReasonOverLimit || d.Status() != http.StatusTooManyRequests {
+		t.Fatalf("fail_open, Redis down, the spent subject: %+v, want denied over_limit (429): it cannot have refilled", d)
+	}
 	for i := range 5 {
-		if d := allow(t, l, req("open")); !d.Allowed || d.Reason != limiter.ReasonUnavailable || d.Status() != http.StatusOK {
+		if d := allow(t, l, open("fresh")); !d.Allowed || d.Reason != limiter.ReasonUnavailable || d.Status() != http.StatusOK {
 			t.Fatalf("fail_open, Redis down, %d: %+v, want admitted, reason unavailable", i, d)
 		}
 		if d := allow(t, l, req("closed")); d.Allowed || d.Reason != limiter.ReasonUnavailable || d.Status() != http.StatusServiceUnavailable {
