@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,28 +37,14 @@ var guideTools = map[string]bool{"ration-bench": true, "coordinator": true, "rat
 // api=x0 of global-api, and no other; the tunings show both; and
 // ration-check finds every admission within B + r*T.
 func TestDemoRegionsGuide(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs 11 processes for over a minute; skipped under -short")
-	}
-	for _, bin := range []string{"bash", "redis-server", "curl", "go"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("%s not installed", bin)
-		}
-	}
-	script, err := filepath.Abs("../../deploy/local/demo-regions.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
+	script := demoScript(t, "builds and runs 11 processes for over a minute; skipped under -short")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
 	demo := exec.CommandContext(ctx, "bash", script)
 	demo.Cancel = func() error { return demo.Process.Signal(syscall.SIGTERM) }
 	demo.WaitDelay = 10 * time.Second
-	// The script's processes bind fixed ports (BASE_PORT..+60): below
-	// the kernel's ephemeral range (32768 up on Linux), where no other
-	// test's listener on port 0 or outgoing connection can land first.
-	demo.Env = append(os.Environ(), "BASE_PORT="+strconv.Itoa(20000+rand.IntN(250)*50), "DEMO_DIR="+dir)
+	demo.Env = demoEnv(dir)
 	stdout, err := demo.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

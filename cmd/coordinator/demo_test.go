@@ -20,18 +20,7 @@ import (
 // admission against B + r*T. It builds the binaries, so it is skipped
 // under -short.
 func TestDemoRegionsScript(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs 11 processes; skipped under -short")
-	}
-	for _, bin := range []string{"bash", "redis-server", "curl", "go"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("%s not installed", bin)
-		}
-	}
-	script, err := filepath.Abs("../../deploy/local/demo-regions.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
+	script := demoScript(t, "builds and runs 11 processes; skipped under -short")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", script, "--check", "8")
@@ -39,7 +28,7 @@ func TestDemoRegionsScript(t *testing.T) {
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	dir := t.TempDir()
-	cmd.Env = append(os.Environ(), "BASE_PORT="+strconv.Itoa(20000+rand.IntN(400)*50), "DEMO_DIR="+dir)
+	cmd.Env = demoEnv(dir)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
@@ -64,4 +53,31 @@ func TestDemoRegionsScript(t *testing.T) {
 			t.Errorf("%s: a process of the demo ran in plaintext", filepath.Base(f))
 		}
 	}
+}
+
+// demoScript is deploy/local/demo-regions.sh's path, the test skipped
+// (saying why) under -short or when a tool the script needs is missing.
+func demoScript(t *testing.T, short string) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(short)
+	}
+	for _, bin := range []string{"bash", "redis-server", "curl", "go"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s not installed", bin)
+		}
+	}
+	script, err := filepath.Abs("../../deploy/local/demo-regions.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return script
+}
+
+// demoEnv is the script's environment: its logs and binaries in dir, and
+// its fixed ports (BASE_PORT..+60) below the kernel's ephemeral range
+// (32768 up on Linux), where no other test's listener on port 0 or
+// outgoing connection can land first.
+func demoEnv(dir string) []string {
+	return append(os.Environ(), "BASE_PORT="+strconv.Itoa(20000+rand.IntN(250)*50), "DEMO_DIR="+dir)
 }
