@@ -217,16 +217,10 @@ rules:
 	if code != http.StatusOK || strings.Contains(body, old) || !strings.Contains(body, "store node "+promoted+": ok") {
 		t.Errorf("/readyz after the failover = %d %q, want 200 with %s ok and no line for the retired %s", code, body, promoted, old)
 	}
-	resp, err := http.Get("http://" + a.srv.HTTPAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	m, _ := io.ReadAll(resp.Body)
-	if strings.Contains(string(m), `node="`+old+`"`) {
+	if metricText(t, a.srv, `node="`+old+`"`) {
 		t.Errorf("/metrics still has series of the retired master %s", old)
 	}
-	if !strings.Contains(string(m), `ration_breaker_node_open{node="`+promoted+`"} 0`) || !strings.Contains(string(m), "ration_breaker_open 0") {
+	if !metricText(t, a.srv, `ration_breaker_node_open{node="`+promoted+`"} 0`) || !metricText(t, a.srv, "ration_breaker_open 0") {
 		t.Errorf("/metrics after the failover: want the promoted master's breaker closed and no breaker open")
 	}
 }

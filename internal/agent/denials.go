@@ -137,15 +137,6 @@ func (d *denials) forget(key string) {
 	}
 }
 
-// certain answers st's request as the store would, when its denial is
-// certain at now; ok false sends it to the store.
-func (d *denials) certain(st *step, now int64) (res bucket.Result, ok bool) {
-	if e := d.lookup(st); e != nil {
-		return deniedUntilRefill(e.tokens, e.limit, st.req.Cost, time.Duration(now-e.sent))
-	}
-	return bucket.Result{}, false
-}
-
 // lookup is what is remembered of st's bucket under st's limit, or nil.
 func (d *denials) lookup(st *step) *denial {
 	if d == nil || !cacheable(st) {

@@ -141,3 +141,13 @@ func TestLapsedDenialAskedOnce(t *testing.T) {
 		}
 	})
 }
+
+// certain answers st's request as the store would, when its denial is
+// certain at now (sinceStart); ok false sends it to the store: what
+// denyLocally decides, at a chosen time.
+func (d *denials) certain(st *step, now int64) (res bucket.Result, ok bool) {
+	if e := d.lookup(st); e != nil {
+		return deniedUntilRefill(e.tokens, e.limit, st.req.Cost, time.Duration(now-e.sent))
+	}
+	return bucket.Result{}, false
+}
