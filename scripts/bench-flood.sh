@@ -44,15 +44,9 @@ rules:
     burst: 1000000000
     rate: 1000000000
 YAML
-"$work/coordinator" -dev -rules "$work/rules.yaml" -raft 127.0.0.1:0 -grpc 127.0.0.1:0 -http 127.0.0.1:0 \
-  -admin 127.0.0.1:0 -data-dir "$work/raft" 2>"$work/coordinator.log" &
-procs+=("$!")
-for _ in $(seq 100); do
-  grep -q 'leader ready' "$work/coordinator.log" 2>/dev/null && break
-  sleep 0.1
-done
-COORD=$(sed -n 's/.*coordinator started.* grpc_addr=\([^ ]*\).*/\1/p' "$work/coordinator.log" | head -1)
-[ -n "$COORD" ] || { cat "$work/coordinator.log" >&2; die "coordinator not ready"; }
+# shellcheck source=scripts/lib/servers.sh
+. scripts/lib/servers.sh
+start_coordinator "$work/rules.yaml"
 
 # shellcheck source=scripts/lib/redis.sh
 . scripts/lib/redis.sh
@@ -62,18 +56,8 @@ hz=$(getconf CLK_TCK)
 
 for ld in 8192 0; do
   start_redis
-  "$work/gateway-agent" -rules "$work/rules.yaml" -redis "127.0.0.1:$redis_port" -coordinators "$COORD" -insecure \
-    -grpc 127.0.0.1:0 -http 127.0.0.1:0 -id "flood-$ld" -local-denials "$ld" 2>"$work/agent-$ld.log" &
-  apid=$!
-  procs+=("$apid")
-  for _ in $(seq 100); do
-    grep -q 'gateway-agent started' "$work/agent-$ld.log" 2>/dev/null && break
-    sleep 0.1
-  done
-  GRPC=$(sed -n 's/.*gateway-agent started.* grpc=\([^ ]*\).*/\1/p' "$work/agent-$ld.log" | head -1)
-  HTTP=$(sed -n 's/.*gateway-agent started.* http=\([^ ]*\).*/\1/p' "$work/agent-$ld.log" | head -1)
-  [ -n "$GRPC" ] || { cat "$work/agent-$ld.log" >&2; die "no gRPC address in the agent's log"; }
-  for _ in $(seq 100); do curl -sf -o /dev/null "http://$HTTP/readyz" && break; sleep 0.1; done
+  start_agent "agent-$ld.log" -- -rules "$work/rules.yaml" -redis "127.0.0.1:$redis_port" -coordinators "$COORD" -insecure \
+    -id "flood-$ld" -local-denials "$ld"
   say "-local-denials $ld: agent $apid on $GRPC, redis-server $rpid, $(git rev-parse --short HEAD)"
   c0=$(calls)
   "$work/ration-bench" -target "$GRPC" -mode allow -rule flood -dist hot -keys 1 -rate "$RATE" -max-outstanding 64 \

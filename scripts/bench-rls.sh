@@ -49,18 +49,9 @@ rules:
     rate: 1000000
     on_failure: fail_closed
 YAML
-$pin_server "$work/gateway-agent" -rules "$work/rules.yaml" -redis "127.0.0.1:$redis_port" \
-  -grpc 127.0.0.1:0 -http 127.0.0.1:0 -id bench-rls 2>"$work/agent.log" &
-apid=$!
-procs+=("$apid")
-for _ in $(seq 100); do
-  grep -q 'gateway-agent started' "$work/agent.log" 2>/dev/null && break
-  sleep 0.1
-done
-GRPC=$(sed -n 's/.*gateway-agent started.* grpc=\([^ ]*\).*/\1/p' "$work/agent.log" | head -1)
-HTTP=$(sed -n 's/.*gateway-agent started.* http=\([^ ]*\).*/\1/p' "$work/agent.log" | head -1)
-[ -n "$GRPC" ] || { cat "$work/agent.log" >&2; die "no gRPC address in the agent's log"; }
-for _ in $(seq 100); do curl -sf -o /dev/null "http://$HTTP/readyz" && break; sleep 0.1; done
+# shellcheck source=scripts/lib/servers.sh
+. scripts/lib/servers.sh
+AGENT_PREFIX=$pin_server start_agent agent.log -- -rules "$work/rules.yaml" -redis "127.0.0.1:$redis_port" -id bench-rls
 say "gateway-agent pid $apid on $GRPC, redis-server pid $rpid, $(git rev-parse --short HEAD)"
 
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
