@@ -93,6 +93,14 @@ func appendPolicyItem(b []byte, it PolicyItem) []byte {
 	return appendBytes(b, it.PartitionKey)
 }
 
+// AppendPolicy appends q's RateLimit-Policy list member to b: what
+// PolicyValue returns, without the allocation.
+func AppendPolicy(b []byte, q Quota) []byte { return appendPolicyItem(b, q.PolicyItem()) }
+
+// AppendRateLimit appends q's RateLimit list member to b: what Value
+// returns, without the allocation.
+func AppendRateLimit(b []byte, q Quota) []byte { return appendLimitItem(b, q.LimitItem()) }
+
 // FormatRateLimit serializes a RateLimit list.
 func FormatRateLimit(items ...LimitItem) string {
 	b := make([]byte, 0, 48*len(items))
@@ -148,7 +156,7 @@ func Fields(retryAfter time.Duration, qs ...Quota) []Field {
 			if i > 0 {
 				b = append(b, ", "...)
 			}
-			b = appendPolicyItem(b, q.PolicyItem())
+			b = AppendPolicy(b, q)
 		}
 		names[n], ends[n] = NamePolicy, len(b)
 		n++
@@ -156,7 +164,7 @@ func Fields(retryAfter time.Duration, qs ...Quota) []Field {
 			if i > 0 {
 				b = append(b, ", "...)
 			}
-			b = appendLimitItem(b, q.LimitItem())
+			b = AppendRateLimit(b, q)
 		}
 		names[n], ends[n] = NameRateLimit, len(b)
 		n++

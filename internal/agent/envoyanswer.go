@@ -2,6 +2,7 @@ package agent
 
 import (
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -42,16 +43,23 @@ func statusOf(o Response) rlsStatus {
 		return st
 	}
 	st.hasLimit, st.name = true, o.Rule
-	st.perUnit = uint32(min(floorInt(o.Limit), math.MaxUint32))
-	if w := quotaOf(o).Window(); w > 0 {
-		st.window = uint32(min(w, math.MaxUint32))
-	}
+	st.perUnit, st.window = limitOf(o.Limit, o.Rate)
 	if o.Reason != ReasonUnavailable { // else no bucket was read
 		st.hasReset = true
 		st.remaining = uint32(min(floorInt(o.Remaining), math.MaxUint32))
 		st.reset = o.Reset
 	}
 	return st
+}
+
+// limitOf is current_limit's requests_per_unit and unit_multiplier (0:
+// none) for a bucket of burst limit and refill rate.
+func limitOf(limit, rate float64) (perUnit, window uint32) {
+	perUnit = uint32(min(floorInt(limit), math.MaxUint32))
+	if w := (header.Quota{Limit: limit, Rate: rate}).Window(); w > 0 {
+		window = uint32(min(w, math.MaxUint32))
+	}
+	return perUnit, window
 }
 
 // envoyVerdict finds the first descriptor over limit and the first denied
@@ -80,12 +88,36 @@ func envoyVerdict(out []Response) (overLimit int, err error) {
 
 // rlsAnswer is ShouldRateLimit's answer as the codec writes it: the
 // fields of toEnvoy's RateLimitResponse, written as proto.Marshal writes
-// them (fields in number order, zero values left out).
+// them (fields in number order, zero values left out). What a rule's shape
+// fixes (current_limit, the RateLimit-Policy member) comes encoded from
+// rlsShapes; plan formats the rest once, so that size and append only copy.
 type rlsAnswer struct {
-	out    []Response
-	one    [1]Response
-	over   bool
-	fields []header.Field
+	out   []Response
+	one   [1]Response
+	sts   []rlsOut
+	stOne [1]rlsOut
+	over  bool
+	// hdrs are the response_headers_to_add: values in text, or a
+	// shape's policy member.
+	hdrs    [3]rlsHeader
+	nhdrs   int
+	text    []byte
+	textBuf [96]byte
+}
+
+// rlsOut is one DescriptorStatus as rlsAnswer writes it.
+type rlsOut struct {
+	code      rlsv3.RateLimitResponse_Code
+	shape     *rlsShape // nil: no current_limit
+	hasReset  bool
+	remaining uint32
+	secs      int64
+	nanos     int32
+}
+
+type rlsHeader struct {
+	name  string
+	value []byte
 }
 
 var rlsAnswers sync.Pool // of *rlsAnswer
@@ -95,9 +127,9 @@ func newRLSAnswer(n int) *rlsAnswer {
 	if a == nil {
 		a = new(rlsAnswer)
 	}
-	a.out = a.one[:]
+	a.out, a.sts = a.one[:], a.stOne[:]
 	if n > 1 {
-		a.out = make([]Response, n)
+		a.out, a.sts = make([]Response, n), make([]rlsOut, n)
 	}
 	return a
 }
@@ -107,21 +139,77 @@ func (a *rlsAnswer) release() {
 	rlsAnswers.Put(a)
 }
 
-// plan settles the overall code and the header fields once out is
-// decided, or the call's error.
+// plan settles the overall code, each descriptor's status and the header
+// fields once out is decided, or the call's error.
 func (a *rlsAnswer) plan() error {
 	overLimit, err := envoyVerdict(a.out)
 	if err != nil {
 		return err
+	}
+	for i, o := range a.out {
+		a.sts[i] = outOf(o)
 	}
 	var retryAfter time.Duration
 	if overLimit >= 0 {
 		a.over = true
 		retryAfter = envoyRetryAfter(a.out)
 	}
-	var qbuf [4]header.Quota
-	a.fields = header.Fields(retryAfter, envoyQuotas(a.out, qbuf[:0])...)
+	a.headers(retryAfter)
 	return nil
+}
+
+// outOf is statusOf(o) with the shape's part taken from the cache.
+func outOf(o Response) rlsOut {
+	st := statusOf(o)
+	out := rlsOut{code: st.code, hasReset: st.hasReset, remaining: st.remaining}
+	if st.hasLimit {
+		out.shape = shapeOf(o.Rule, o.Limit, o.Rate)
+	}
+	if st.hasReset {
+		out.secs, out.nanos = resetParts(st.reset)
+	}
+	return out
+}
+
+// headers sets hdrs to what header.Fields returns for the deciding rules'
+// quotas (envoyQuotas) and retryAfter, the same text, with each policy
+// member copied from its shape rather than formatted.
+func (a *rlsAnswer) headers(retryAfter time.Duration) {
+	var qbuf [4]header.Quota
+	qs := envoyQuotas(a.out, qbuf[:0])
+	a.text = a.textBuf[:0]
+	add := func(name string, from int) {
+		a.hdrs[a.nhdrs] = rlsHeader{name: name, value: a.text[from:len(a.text):len(a.text)]}
+		a.nhdrs++
+	}
+	if len(qs) == 1 {
+		a.hdrs[0] = rlsHeader{name: header.NamePolicy, value: shapeOf(qs[0].Policy, qs[0].Limit, qs[0].Rate).policy}
+		a.nhdrs = 1
+	} else if len(qs) > 1 {
+		from := len(a.text)
+		for i, q := range qs {
+			if i > 0 {
+				a.text = append(a.text, ", "...)
+			}
+			a.text = append(a.text, shapeOf(q.Policy, q.Limit, q.Rate).policy...)
+		}
+		add(header.NamePolicy, from)
+	}
+	if len(qs) > 0 {
+		from := len(a.text)
+		for i, q := range qs {
+			if i > 0 {
+				a.text = append(a.text, ", "...)
+			}
+			a.text = header.AppendRateLimit(a.text, q)
+		}
+		add(header.NameRateLimit, from)
+	}
+	if retryAfter > 0 {
+		from := len(a.text)
+		a.text = strconv.AppendInt(a.text, header.Seconds(retryAfter), 10)
+		add(header.NameRetryAfter, from)
+	}
 }
 
 // The field numbers of RateLimitResponse and the messages in it.
@@ -141,87 +229,74 @@ const (
 	rlsHeaderValue    = 2
 )
 
-func (a *rlsAnswer) append(b []byte) []byte {
-	code := rlsv3.RateLimitResponse_OK
+func (a *rlsAnswer) code() rlsv3.RateLimitResponse_Code {
 	if a.over {
-		code = rlsv3.RateLimitResponse_OVER_LIMIT
+		return rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	b = appendVarintField(b, rlsOverallCode, uint64(code))
-	for _, o := range a.out {
-		st := statusOf(o)
+	return rlsv3.RateLimitResponse_OK
+}
+
+func (a *rlsAnswer) append(b []byte) []byte {
+	b = appendVarintField(b, rlsOverallCode, uint64(a.code()))
+	for i := range a.sts {
+		st := &a.sts[i]
 		b = protowire.AppendTag(b, rlsStatuses, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(st.size()))
 		b = st.append(b)
 	}
-	for _, f := range a.fields {
+	for _, h := range a.hdrs[:a.nhdrs] {
 		b = protowire.AppendTag(b, rlsHeadersToAdd, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(headerSize(f)))
-		b = appendStringField(b, rlsHeaderKey, f.Name)
-		b = appendStringField(b, rlsHeaderValue, f.Value)
+		b = protowire.AppendVarint(b, uint64(h.size()))
+		b = appendStringField(b, rlsHeaderKey, h.name)
+		if len(h.value) > 0 {
+			b = protowire.AppendBytes(protowire.AppendTag(b, rlsHeaderValue, protowire.BytesType), h.value)
+		}
 	}
 	return b
 }
 
 func (a *rlsAnswer) size() int {
-	code := rlsv3.RateLimitResponse_OK
-	if a.over {
-		code = rlsv3.RateLimitResponse_OVER_LIMIT
+	n := varintFieldSize(rlsOverallCode, uint64(a.code()))
+	for i := range a.sts {
+		n += nestedSize(rlsStatuses, a.sts[i].size())
 	}
-	n := varintFieldSize(rlsOverallCode, uint64(code))
-	for _, o := range a.out {
-		n += nestedSize(rlsStatuses, statusOf(o).size())
-	}
-	for _, f := range a.fields {
-		n += nestedSize(rlsHeadersToAdd, headerSize(f))
+	for _, h := range a.hdrs[:a.nhdrs] {
+		n += nestedSize(rlsHeadersToAdd, h.size())
 	}
 	return n
 }
 
-func (st rlsStatus) append(b []byte) []byte {
+func (h rlsHeader) size() int {
+	n := stringFieldSize(rlsHeaderKey, h.name)
+	if len(h.value) > 0 {
+		n += protowire.SizeTag(rlsHeaderValue) + protowire.SizeBytes(len(h.value))
+	}
+	return n
+}
+
+func (st *rlsOut) append(b []byte) []byte {
 	b = appendVarintField(b, rlsStatusCode, uint64(st.code))
-	if st.hasLimit {
-		b = protowire.AppendTag(b, rlsCurrentLimit, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(st.limitSize()))
-		b = appendVarintField(b, rlsPerUnit, uint64(st.perUnit))
-		if st.window > 0 {
-			b = appendVarintField(b, rlsUnit, uint64(rlsv3.RateLimitResponse_RateLimit_SECOND))
-		}
-		b = appendStringField(b, rlsName, st.name)
-		if st.window > 0 {
-			b = protowire.AppendTag(b, rlsUnitMultiplier, protowire.BytesType)
-			b = protowire.AppendVarint(b, uint64(varintFieldSize(1, uint64(st.window))))
-			b = appendVarintField(b, 1, uint64(st.window))
-		}
+	if st.shape != nil {
+		b = append(b, st.shape.limit...)
 	}
 	if st.hasReset {
 		b = appendVarintField(b, rlsLimitRemaining, uint64(st.remaining))
-		secs, nanos := resetParts(st.reset)
 		b = protowire.AppendTag(b, rlsUntilReset, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(varintFieldSize(1, uint64(secs))+varintFieldSize(2, uint64(nanos))))
-		b = appendVarintField(b, 1, uint64(secs))
-		b = appendVarintField(b, 2, uint64(nanos))
+		b = protowire.AppendVarint(b, uint64(varintFieldSize(1, uint64(st.secs))+varintFieldSize(2, uint64(st.nanos))))
+		b = appendVarintField(b, 1, uint64(st.secs))
+		b = appendVarintField(b, 2, uint64(st.nanos))
 	}
 	return b
 }
 
-func (st rlsStatus) size() int {
+func (st *rlsOut) size() int {
 	n := varintFieldSize(rlsStatusCode, uint64(st.code))
-	if st.hasLimit {
-		n += nestedSize(rlsCurrentLimit, st.limitSize())
+	if st.shape != nil {
+		n += len(st.shape.limit)
 	}
 	if st.hasReset {
 		n += varintFieldSize(rlsLimitRemaining, uint64(st.remaining))
-		secs, nanos := resetParts(st.reset)
-		n += nestedSize(rlsUntilReset, varintFieldSize(1, uint64(secs))+varintFieldSize(2, uint64(nanos)))
-	}
-	return n
-}
-
-func (st rlsStatus) limitSize() int {
-	n := varintFieldSize(rlsPerUnit, uint64(st.perUnit)) + stringFieldSize(rlsName, st.name)
-	if st.window > 0 {
-		n += varintFieldSize(rlsUnit, uint64(rlsv3.RateLimitResponse_RateLimit_SECOND))
-		n += nestedSize(rlsUnitMultiplier, varintFieldSize(1, uint64(st.window)))
+		n += nestedSize(rlsUntilReset, varintFieldSize(1, uint64(st.secs))+varintFieldSize(2, uint64(st.nanos)))
 	}
 	return n
 }
@@ -231,10 +306,6 @@ func (st rlsStatus) limitSize() int {
 // bytes), an int32 as its sign extension.
 func resetParts(d time.Duration) (secs int64, nanos int32) {
 	return int64(d / time.Second), int32(d % time.Second)
-}
-
-func headerSize(f header.Field) int {
-	return stringFieldSize(rlsHeaderKey, f.Name) + stringFieldSize(rlsHeaderValue, f.Value)
 }
 
 // appendVarintField writes a proto3 scalar: nothing for its zero value.
