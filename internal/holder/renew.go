@@ -263,8 +263,14 @@ func (l *Leases) round(ctx context.Context) {
 	}
 }
 
-// split takes the next request's quotas: grants first, then renewals, up
-// to MaxItems items and about MaxRequestBytes.
+// split takes the next request's quotas, up to MaxItems items and about
+// MaxRequestBytes. While both wait, renewals take up to half of the items
+// first, grants the room left, renewals what grants leave: a flood of new
+// subjects (a grant each, a caller waiting on each) must not hold the
+// renewals of leases in use back until those leases expire and their
+// decisions fall to the failure policy; nor may a round of many renewals
+// keep a first decision waiting past its first-grant timeout. Within a
+// request the grants still come first on the wire (send).
 func (l *Leases) split(grants, renews []*quota) (g, r, restG, restR []*quota) {
 	n, size := 0, 64
 	fits := func(q *quota) bool {
@@ -275,18 +281,22 @@ func (l *Leases) split(grants, renews []*quota) (g, r, restG, restR []*quota) {
 		n, size = n+1, size+sz
 		return true
 	}
+	first := len(renews)
+	if len(grants) > 0 {
+		first = min(first, max(1, l.maxItems/2))
+	}
+	j := 0
+	for j < first && fits(renews[j]) {
+		j++
+	}
 	i := 0
 	for i < len(grants) && fits(grants[i]) {
 		i++
 	}
-	g, restG = grants[:i], grants[i:]
-	j := 0
-	if len(restG) == 0 {
-		for j < len(renews) && fits(renews[j]) {
-			j++
-		}
+	for j < len(renews) && fits(renews[j]) {
+		j++
 	}
-	return g, renews[:j], restG, renews[j:]
+	return grants[:i], renews[:j], grants[i:], renews[j:]
 }
 
 // send sends one Renew for grants and renews and adopts its answers. It
@@ -389,7 +399,9 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 	if d := l.down.Swap(0); d != 0 {
 		l.o.Logger.Info("lease renewals succeeding again", "failed_for", time.Since(time.Unix(0, d)).Round(time.Millisecond))
 	}
-	for i, q := range append(grants, renews...) {
+	// A new slice: appending to grants, a part of the round's list, would
+	// write the renewals over the grants still to be sent.
+	for i, q := range slices.Concat(grants, renews) {
 		l.adopt(q, seqs[i], resp.Grants[i], recv)
 		q.mu.Lock()
 		if q.h.Lease.ID != 0 {
