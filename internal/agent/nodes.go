@@ -260,6 +260,9 @@ func (s *Service) probe(ctx context.Context, lastTopo *time.Time) {
 			continue
 		}
 		err := s.probeNode(ctx, n)
+		if err == nil {
+			err = s.warmNode(ctx, n)
+		}
 		switch {
 		case err == nil:
 			ns.success(n, time.Now())
@@ -276,7 +279,53 @@ func (s *Service) probe(ctx context.Context, lastTopo *time.Time) {
 			ns.topo.Store(&t)
 		}
 		cancel()
+		// A node is down: a failover may be promoting a replica, which
+		// is warmed as soon as the topology names it, before (or while)
+		// decisions go to it.
+		if w, ok := s.store.(nodeWarmer); ok && anyOpen {
+			wctx, cancel := context.WithTimeout(ctx, s.warmTimeout())
+			if err := w.WarmNew(wctx); err != nil {
+				ns.logger.Debug("warming new masters failed", "err", err)
+			}
+			cancel()
+		}
 	}
+}
+
+// nodeWarmer is the optional part of Store that warms a node before
+// decisions go to it (bucket.RedisStore): a connection made and the
+// scripts loaded by a decision would be paid inside its timeout.
+type nodeWarmer interface {
+	// WarmNode warms one node (bucket.PrimaryNode, or a Cluster master).
+	WarmNode(ctx context.Context, node string) error
+	// WarmNew warms the masters a topology change brought in.
+	WarmNew(ctx context.Context) error
+}
+
+// warmTimeout bounds a warm-up: a TLS handshake and a script load, not a
+// decision.
+func (s *Service) warmTimeout() time.Duration {
+	return max(bucket.DefaultWarmTimeout, s.cfg.DecisionTimeout)
+}
+
+// warmNode warms a node whose breaker is open and which has just answered
+// a probe, before its breaker closes: a restarted primary, the new primary
+// of a Sentinel failover, a Cluster master back at its address hold no
+// scripts and none of the agent's connections, and the first decisions
+// after the breaker closes would make them inside their own timeout. A
+// warm-up that fails keeps the breaker open, as a failed probe does.
+func (s *Service) warmNode(ctx context.Context, n *storeNode) error {
+	w, ok := s.store.(nodeWarmer)
+	if !ok || n.name == unknownNode || n.name == bucket.UnservedNode {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.warmTimeout())
+	defer cancel()
+	if err := w.WarmNode(ctx, n.name); err != nil {
+		return fmt.Errorf("warm-up after the outage: %w", err)
+	}
+	s.logger.Info("store node warmed before its breaker closes (scripts loaded, connections open)", "node", n.name, "cause", "it answered a probe after an outage")
+	return nil
 }
 
 func (s *Service) probeNode(ctx context.Context, n *storeNode) error {

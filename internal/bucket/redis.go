@@ -100,8 +100,10 @@ type RedisStore struct {
 	// nodeAP: a Cluster's decisions are pipelined per master (doNode).
 	nodeAP bool
 	// nodeAPs caches each master client's pipeliner (go-redis takes a
-	// lock to hand it out).
-	nodeAPs sync.Map // *redis.Client -> *redis.AutoPipeliner
+	// lock to hand it out) and whether it is warm (redis_rewarm.go).
+	nodeAPs sync.Map // *redis.Client -> *nodeConn
+	// warmups counts the new masters warmed after a topology change.
+	warmups atomic.Int64
 }
 
 //go:embed redis.lua
@@ -305,6 +307,8 @@ type batchPart struct {
 func (s *RedisStore) takeBatch(ctx context.Context, reqs []Request, answer func(i int, r takeReply, err error)) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	ctx, wcancel := s.awaitWarmKeys(ctx, reqs)
+	defer wcancel()
 	_, cluster := s.c.(*redis.ClusterClient)
 	parts := make([]batchPart, 0, 1+len(reqs)/maxBatchKeys)
 	plain := func(r *Request) bool { return !cluster && r.RequestID == "" && r.Hot == nil }
@@ -524,11 +528,14 @@ func (s *RedisStore) doNode(ctx context.Context, key string, cmd redis.Cmder) er
 	if err != nil {
 		return s.c.Process(ctx, cmd)
 	}
-	ap, err := s.nodePipeliner(n)
+	nc, err := s.nodeConn(n)
 	if err != nil {
 		return s.c.Process(ctx, cmd)
 	}
-	err = ap.Submit(ctx, cmd).WaitContext(ctx)
+	// A master never used (a topology change) is warmed first.
+	ctx, cancel := s.awaitWarm(ctx, nc, n)
+	defer cancel()
+	err = nc.ap.Submit(ctx, cmd).WaitContext(ctx)
 	if err == nil {
 		return nil
 	}
@@ -539,19 +546,6 @@ func (s *RedisStore) doNode(ctx context.Context, key string, cmd redis.Cmder) er
 	}
 	cmd.SetErr(nil)
 	return s.c.Process(ctx, cmd)
-}
-
-// nodePipeliner is master n's automatic pipeliner, made at its first use.
-func (s *RedisStore) nodePipeliner(n *redis.Client) (*redis.AutoPipeliner, error) {
-	if v, ok := s.nodeAPs.Load(n); ok {
-		return v.(*redis.AutoPipeliner), nil
-	}
-	ap, err := n.AsyncAutoPipeline()
-	if err != nil {
-		return nil, err
-	}
-	s.nodeAPs.Store(n, ap)
-	return ap, nil
 }
 
 // cmd builds one script call. sha selects EVALSHA (else EVAL, which also

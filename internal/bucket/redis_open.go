@@ -176,8 +176,16 @@ func (d *redisTLSDialer) dial(ctx context.Context, network, addr string) (net.Co
 		}
 		name = host
 	}
-	ctx, cancel := context.WithTimeout(ctx, d.timeout)
-	defer cancel()
+	// go-redis's pool bounds each dial by its client's DialTimeout (and
+	// the command's deadline), so the bound here is for a dial without
+	// one: a second one would cap the patient clients of a warm-up
+	// (loadScriptsOn, DialTimeout the warm-up budget) at the decision
+	// timeout, too short for a TLS handshake over a slow link.
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.timeout)
+		defer cancel()
+	}
 	// The keep-alives of go-redis's own dialer, which this replaces: a
 	// silently dead server is noticed within a minute.
 	nd := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 5 * time.Second, Count: 3}}

@@ -54,11 +54,16 @@ func (s *RedisStore) Warm(ctx context.Context, conns int) error {
 		// (doNode): each gets its connection now, or the first decisions
 		// of every master would wait for a dial.
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			ap, err := s.nodePipeliner(n)
+			nc, err := s.nodeConn(n)
 			if err != nil {
 				return err
 			}
-			return ap.Submit(ctx, redis.NewStatusCmd(ctx, "ping")).WaitContext(ctx)
+			if err := nc.ap.Submit(ctx, redis.NewStatusCmd(ctx, "ping")).WaitContext(ctx); err != nil {
+				return err
+			}
+			// Warm: no decision on it need wait for a warm-up of its own.
+			s.endWarm(nc)
+			return nil
 		})
 		if err != nil {
 			return s.fail("warm", err)
@@ -73,30 +78,34 @@ func (s *RedisStore) Warm(ctx context.Context, conns int) error {
 // (go-redis takes the earlier of that and the context's deadline), too
 // short to send 15 kB of scripts over a slow or just-failed-over link.
 func (s *RedisStore) loadScripts(ctx context.Context) error {
-	load := func(ctx context.Context, c redis.Cmdable) error {
-		for _, src := range []string{scriptSrc, hotSrc} {
-			if err := c.ScriptLoad(ctx, src).Err(); err != nil {
-				return fmt.Errorf("SCRIPT LOAD: %w", err)
-			}
-		}
-		return nil
-	}
-	patient := func(ctx context.Context, o *redis.Options) error {
-		po := *o
-		po.ReadTimeout, po.WriteTimeout, po.DialTimeout = s.warmTimeout, s.warmTimeout, s.warmTimeout
-		po.PoolSize, po.MinIdleConns, po.MaxIdleConns = 1, 0, 0
-		c := redis.NewClient(&po)
-		defer c.Close()
-		return load(ctx, c)
-	}
 	switch c := s.c.(type) {
 	case *redis.Client: // a single server, or a Sentinel-managed primary
-		return patient(ctx, c.Options())
+		return s.loadScriptsOn(ctx, c.Options())
 	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return patient(ctx, n.Options()) })
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return s.loadScriptsOn(ctx, n.Options()) })
 	default:
-		return load(ctx, s.c)
+		return loadScriptsWith(ctx, s.c)
 	}
+}
+
+// loadScriptsOn loads both scripts on the server of o through a client of
+// its own, patient as loadScripts says.
+func (s *RedisStore) loadScriptsOn(ctx context.Context, o *redis.Options) error {
+	po := *o
+	po.ReadTimeout, po.WriteTimeout, po.DialTimeout = s.warmTimeout, s.warmTimeout, s.warmTimeout
+	po.PoolSize, po.MinIdleConns, po.MaxIdleConns = 1, 0, 0
+	c := redis.NewClient(&po)
+	defer c.Close()
+	return loadScriptsWith(ctx, c)
+}
+
+func loadScriptsWith(ctx context.Context, c redis.Cmdable) error {
+	for _, src := range []string{scriptSrc, hotSrc} {
+		if err := c.ScriptLoad(ctx, src).Err(); err != nil {
+			return fmt.Errorf("SCRIPT LOAD: %w", err)
+		}
+	}
+	return nil
 }
 
 // rewarm runs after a call found the scripts gone (NOSCRIPT): the server
