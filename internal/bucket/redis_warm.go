@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // DefaultWarmTimeout is RedisOptions.WarmTimeout's default: a TLS
@@ -92,6 +93,12 @@ func (s *RedisStore) loadScripts(ctx context.Context) error {
 // its own, patient as loadScripts says.
 func (s *RedisStore) loadScriptsOn(ctx context.Context, o *redis.Options) error {
 	po := *o
+	// A config of its own: go-redis writes the node client's (its
+	// maintenance-notifications mode) while it makes a connection, which
+	// a warm-up running beside decisions must not read. A one-off client
+	// needs no maintenance notifications.
+	po.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	po.PushNotificationProcessor = nil
 	po.ReadTimeout, po.WriteTimeout, po.DialTimeout = s.warmTimeout, s.warmTimeout, s.warmTimeout
 	po.PoolSize, po.MinIdleConns, po.MaxIdleConns = 1, 0, 0
 	c := redis.NewClient(&po)
