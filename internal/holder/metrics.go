@@ -13,6 +13,7 @@ type metrics struct {
 	quotas        prometheus.Gauge
 	nudges        prometheus.Counter
 	demoted       prometheus.Counter
+	unreleased    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -50,8 +51,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ration_agent_lease_own_released_total",
 			Help: "Subjects' own leases given back because their copy of the rule's default lease (lease.default_share) paid for every decision for a lease period (at most a minute).",
 		}),
+		unreleased: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_agent_lease_unreleased_total",
+			Help: "Leases left to expire instead of released (idle, or at shutdown) because an Envoy RLQS assignment may still spend tokens lent from them; their unused tokens are forfeit.",
+		}),
 	}
-	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas, m.nudges, m.demoted)
+	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas, m.nudges, m.demoted, m.unreleased)
 	return m
 }
 

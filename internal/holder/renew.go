@@ -554,6 +554,16 @@ func (l *Leases) releaseOnce(ctx context.Context, qs []*quota) {
 			q.mu.Unlock()
 			continue
 		}
+		if q.h.Lent > 0 {
+			// A delegate (an Envoy RLQS assignment) may still spend what
+			// was lent to it: a release would end the lease's reservation
+			// under it. Spending stops here; the lease expires instead,
+			// and its tokens are forfeit.
+			q.h.Balance, q.h.Owed, q.h.ValidUntil = 0, 0, min(q.h.ValidUntil, now)
+			q.mu.Unlock()
+			l.m.unreleased.Inc()
+			continue
+		}
 		seq := req.Seq + uint64(len(req.Items))
 		rel := q.h.Release(now, l.name, seq)
 		if q.isDefault {

@@ -20,6 +20,15 @@ import "math"
 //     tokens twice.
 //   - On a shrink, the excess over the new cap is not spent: it is owed, and
 //     given back at the next renewal or release.
+//   - Tokens lent to a delegate that spends them later (Lend: an Envoy
+//     RLQS assignment) still count in the bucket's level until the holder
+//     knows the delegate can no longer spend them (Repay): the bucket
+//     refills only up to Cap - Lent, a shrink that leaves less than Lent
+//     is not confirmed until the loans are repaid, and a lease with
+//     loans outstanding is never released (it expires instead). Taken
+//     out of the balance, lent tokens would let the bucket refill behind
+//     them, and the delegate spending them later would hold more than
+//     the cap the coordinator reserved.
 //
 // Times are the holder's monotonic clock in microseconds. A Holding is not
 // safe for concurrent use.
@@ -31,6 +40,9 @@ type Holding struct {
 	Balance float64
 	// Owed is what a shrink left above the cap, to give back.
 	Owed float64
+	// Lent is what delegates may still spend of what was lent to them
+	// (Lend, Repay); it counts against the cap like the balance.
+	Lent float64
 	// ValidUntil is when spending stops, on the holder's clock.
 	ValidUntil int64
 	// Validity turns a term into how long after sending the holder may
@@ -70,14 +82,24 @@ func (h *Holding) Renewal(now int64, seq uint64, demand, surrender float64) Rene
 	give += h.Owed
 	h.Owed = 0
 	h.sent(now, seq)
+	confirmed := h.Lease.Cap
+	if h.Lent > h.Lease.Cap {
+		// Loans made under the old, larger cap are still out: confirming
+		// would let the coordinator reserve less than they hold. Not
+		// confirmed, the old cap stays reserved until the old term is
+		// over, and so are the loans made under it.
+		confirmed = h.Lent
+	}
 	return RenewItem{
 		LeaseID: h.Lease.ID, Quota: h.Quota, Unused: give, Demand: demand,
-		ConfirmedCap: h.Lease.Cap, ConfirmedRate: h.Lease.Rate,
+		ConfirmedCap: confirmed, ConfirmedRate: h.Lease.Rate,
 	}
 }
 
 // Release builds a release of this lease and stops spending it. An expired
 // lease's tokens are not reported: they are forfeit.
+// A lease with loans out (Lent > 0) must not be released: its delegates
+// may still spend them, and a release ends every reservation of it.
 func (h *Holding) Release(now int64, holder string, seq uint64) Release {
 	h.refill(now)
 	var unused float64
@@ -104,9 +126,9 @@ func (h *Holding) Adopt(now int64, seq uint64, l Lease) bool {
 	}
 	h.Lease = l
 	h.Balance += l.Balance
-	if h.Balance > l.Cap {
-		h.Owed += h.Balance - l.Cap
-		h.Balance = l.Cap
+	if room := max(0, l.Cap-h.Lent); h.Balance > room {
+		h.Owed += h.Balance - room
+		h.Balance = room
 	}
 	d := l.Term
 	if h.Validity != nil {
@@ -119,7 +141,41 @@ func (h *Holding) Adopt(now int64, seq uint64, l Lease) bool {
 // Drop forgets the lease (after ErrLeaseExpired): nothing may be spent until
 // a new grant is adopted.
 func (h *Holding) Drop() {
-	h.Lease, h.Balance, h.Owed, h.ValidUntil = Lease{}, 0, 0, 0
+	// The coordinator answers "expired" only once the lease's term is over
+	// on every clock: no loan of it can still be spent.
+	h.Lease, h.Balance, h.Owed, h.Lent, h.ValidUntil = Lease{}, 0, 0, 0, 0
+}
+
+// Lend takes amount tokens at now out of the balance for a delegate that
+// may spend them later (only before ValidUntil: the caller bounds that),
+// and counts them in Lent. It reports false, and changes nothing, if the
+// lease is not valid or does not hold them.
+func (h *Holding) Lend(now int64, amount float64) bool {
+	if !h.Valid(now) || !(amount > 0) {
+		return false
+	}
+	h.refill(now)
+	if h.Balance < amount {
+		return false
+	}
+	h.Balance -= amount
+	h.Lent += amount
+	return true
+}
+
+// Repay ends lent tokens of a loan at now: the delegate can no longer
+// spend them. back of them (at most lent) were provably never spent and
+// return to the balance while the lease is valid (within the cap); the
+// rest were spent, or may have been, and are gone.
+func (h *Holding) Repay(now int64, lent, back float64) {
+	if !(lent > 0) {
+		return
+	}
+	h.refill(now)
+	h.Lent = max(0, h.Lent-lent)
+	if back = min(back, lent); back > 0 && h.Valid(now) {
+		h.Balance = min(max(0, h.Lease.Cap-h.Lent), h.Balance+back)
+	}
 }
 
 // Available reports the tokens that may be spent at now: the balance
@@ -150,12 +206,12 @@ func (h *Holding) Spend(now int64, cost float64) bool {
 
 func (h *Holding) sent(now int64, seq uint64) { h.sentSeq, h.sentAt = seq, now }
 
-// refill adds what the adopted rate gave since the last call, up to the cap,
-// and not past the lease's validity.
+// refill adds what the adopted rate gave since the last call, up to the cap
+// less what is lent, and not past the lease's validity.
 func (h *Holding) refill(now int64) {
 	end := min(now, h.ValidUntil)
-	if end > h.at && h.Balance < h.Lease.Cap {
-		h.Balance = min(h.Lease.Cap, h.Balance+h.Lease.Rate*float64(end-h.at)/1e6)
+	if room := h.Lease.Cap - h.Lent; end > h.at && h.Balance < room {
+		h.Balance = min(room, h.Balance+h.Lease.Rate*float64(end-h.at)/1e6)
 	}
 	h.at = max(h.at, now)
 }

@@ -1,0 +1,224 @@
+package rlqs
+
+import (
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// envoyModel is an adversarial Envoy for one bucket: it receives each
+// action as late as delta allows (or earlier, as drawn), starts a full
+// bucket on every assignment, admits everything its assignment allows at
+// the moments it chooses (always before losing it), admits unfunded
+// requests while it has no assignment, and reports whenever it likes,
+// its reports arriving up to delta late.
+type envoyModel struct {
+	inflight []action // sent, not received
+	active   *action
+	level    float64
+	updated  int64
+	unrep    float64 // allowed since the last report sent
+	reports  []report
+}
+
+type action struct {
+	sent, ttl   int64
+	burst, rate float64
+	deny        bool // a DENY_ALL or abandon: nothing admitted
+	recv        int64
+	idx         int // the how-manieth action sent
+
+}
+
+type report struct {
+	sent    int64
+	allowed float64
+}
+
+// spend admits everything the active assignment allows up to at, and
+// returns the tokens admitted.
+func (e *envoyModel) spend(at int64) float64 {
+	a := e.active
+	if a == nil || a.deny {
+		return 0
+	}
+	until := min(at, a.recv+a.ttl)
+	if until > e.updated {
+		e.level = min(a.burst, e.level+a.rate*float64(until-e.updated)/1e6)
+		e.updated = until
+	}
+	n := e.level
+	e.level = 0
+	e.unrep += n
+	return n
+}
+
+// receive applies the first action in flight at at.
+func (e *envoyModel) receive(at int64) (spent float64) {
+	a := e.inflight[0]
+	e.inflight = e.inflight[1:]
+	spent = e.spend(at) // everything the old assignment still allows, first
+	a.recv = at
+	e.active, e.level, e.updated = &a, a.burst, at
+	return spent
+}
+
+func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		const delta, grace = 100_000, 300_000
+		tb := newTab(delta, grace)
+		var e envoyModel
+		var now int64
+		var reserved, back, funded, lentModel float64
+		type snap struct {
+			seq, sent int
+			lent      float64
+		}
+		var snaps []snap
+		type use struct {
+			seq, idx int
+			n        float64
+		}
+		sent := 0
+		var uses []use
+		seq := 0
+		closed := false
+		apply := func(m move) {
+			reserved += m.lend
+			lentModel += m.lend - m.repay
+			back += m.back
+			if m.back > m.repay+1e-9 || m.repay < -1e-9 || m.lend < 0 {
+				rt.Fatalf("bad move %+v", m)
+			}
+		}
+		spend := func(n float64, idx int) {
+			if n > 0 {
+				funded += n
+				uses = append(uses, use{seq, idx, n})
+			}
+		}
+		activeIdx := func() int {
+			if e.active == nil {
+				return -1
+			}
+			return e.active.idx
+		}
+		// deliver forces what must have arrived by now.
+		deliver := func(force bool) {
+			for len(e.inflight) > 0 && (!force || e.inflight[0].sent+delta <= now) {
+				at := max(now, e.inflight[0].sent)
+				if force {
+					at = e.inflight[0].sent + delta
+				}
+				seq++
+				idx := activeIdx()
+				spend(e.receive(at), idx)
+				if !force {
+					return
+				}
+			}
+			// The active assignment expires: spend what it allows first.
+			if a := e.active; a != nil && a.recv+a.ttl <= now {
+				seq++
+				spend(e.spend(a.recv+a.ttl), a.idx)
+				e.active = nil
+			}
+		}
+		deliverReport := func(force bool) {
+			for len(e.reports) > 0 && (!force || e.reports[0].sent+delta <= now) {
+				r := e.reports[0]
+				e.reports = e.reports[1:]
+				if !closed {
+					at := now
+					if force {
+						at = r.sent + delta
+					}
+					apply(tb.report(at, r.allowed))
+				}
+				if !force {
+					return
+				}
+			}
+		}
+		steps := rapid.IntRange(1, 120).Draw(rt, "steps")
+		for i := 0; i < steps; i++ {
+			switch rapid.IntRange(0, 8).Draw(rt, "op") {
+			case 0: // time passes
+				now += rapid.Int64Range(0, 400_000).Draw(rt, "dt")
+				deliver(true)
+				deliverReport(true)
+				apply(tb.settle(now))
+			case 1: // a token bucket assignment
+				if closed {
+					continue
+				}
+				burst := float64(rapid.IntRange(1, 20).Draw(rt, "burst"))
+				rate := float64(rapid.IntRange(1, 20).Draw(rt, "rate"))
+				ttl := int64(rapid.IntRange(1, 3).Draw(rt, "ttl")) * 1_000_000
+				c, l := tb.assign(now, burst, rate, ttl)
+				apply(c)
+				apply(l)
+				e.inflight = append(e.inflight, action{sent: now, ttl: ttl, burst: burst, rate: rate, idx: sent})
+				sent++
+			case 2: // DENY_ALL, ALLOW_ALL or abandon: ends the assignment
+				if closed {
+					continue
+				}
+				apply(tb.cut(now))
+				e.inflight = append(e.inflight, action{sent: now, deny: true, idx: sent})
+				sent++
+			case 3: // Envoy receives early
+				deliver(false)
+			case 4: // Envoy admits what it may now
+				seq++
+				spend(e.spend(now), activeIdx())
+			case 5: // Envoy reports, maybe with unfunded admissions
+				if e.active == nil || e.active.deny {
+					e.unrep += float64(rapid.IntRange(0, 3).Draw(rt, "unfunded"))
+				}
+				e.reports = append(e.reports, report{sent: now, allowed: e.unrep})
+				e.unrep = 0
+			case 6: // a report arrives early
+				deliverReport(false)
+			case 7: // the stream ends
+				if !closed {
+					closed = true
+					apply(tb.close(now))
+				}
+			case 8:
+				apply(tb.settle(now))
+			}
+			seq++
+			snaps = append(snaps, snap{seq, sent, tb.lent})
+			if d := tb.lent - lentModel; d > 1e-6 || d < -1e-6 || tb.lent < -1e-6 {
+				rt.Fatalf("tab lent %v, moves say %v", tb.lent, lentModel)
+			}
+		}
+		// Everything ends: deliveries, expiries, reports, forfeits.
+		now += 10_000_000
+		deliver(true)
+		deliverReport(true)
+		if !closed {
+			apply(tb.close(now))
+		}
+		apply(tb.settle(now))
+		if !tb.empty() || tb.lent > 1e-6 || lentModel > 1e-6 {
+			rt.Fatalf("after the end: %d assignments, %v still lent", len(tb.as), tb.lent)
+		}
+		if back+funded > reserved+1e-6 {
+			rt.Fatalf("gave back %v with %v spent of %v lent: %v tokens minted", back, funded, reserved, back+funded-reserved)
+		}
+		for _, s := range snaps {
+			var later float64
+			for _, u := range uses {
+				// Spent later under an assignment sent by then.
+				if u.seq > s.seq && u.idx < s.sent {
+					later += u.n
+				}
+			}
+			if later > s.lent+1e-6 {
+				rt.Fatalf("at step seq %d %v lent, but Envoy spent %v after", s.seq, s.lent, later)
+			}
+		}
+	})
+}
