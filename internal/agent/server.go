@@ -20,6 +20,7 @@ import (
 	"github.com/ration-dev/ration/examples"
 	"github.com/ration-dev/ration/internal/grpcsafe"
 	"github.com/ration-dev/ration/internal/httpsafe"
+	"github.com/ration-dev/ration/internal/rlqs"
 	"github.com/ration-dev/ration/internal/tlsfiles"
 )
 
@@ -33,14 +34,16 @@ func DevRules() []byte { return examples.Rules() }
 type Server struct {
 	Service  *Service
 	Registry *prometheus.Registry
-	core     *Core
-	cfg      Config
-	logger   *slog.Logger
-	grpc     *grpc.Server
-	health   *health.Server
-	http     *http.Server
-	grpcLn   net.Listener
-	httpLn   net.Listener
+	// RLQS is the Envoy Rate Limit Quota Service on the gRPC listener.
+	RLQS   *rlqs.Server
+	core   *Core
+	cfg    Config
+	logger *slog.Logger
+	grpc   *grpc.Server
+	health *health.Server
+	http   *http.Server
+	grpcLn net.Listener
+	httpLn net.Listener
 
 	metrics   *http.Server // -metrics, nil when unset
 	metricsLn net.Listener
@@ -112,6 +115,8 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	s.grpc = grpc.NewServer(grpcOpts...)
 	s.grpc.RegisterService(serviceDesc(), &grpcServer{svc: svc})
 	registerEnvoy(s.grpc, svc) // envoy.service.ratelimit.v3.RateLimitService (envoy.go)
+	// envoy.service.rate_limit_quota.v3.RateLimitQuotaService (rlqs.go)
+	s.RLQS = registerRLQS(s.grpc, svc, logger, s.Registry)
 	// The standard health service lets gRPC load balancers and probes check
 	// the agent, and its Check is the cheapest unary call there is: the
 	// benchmark floor of any unary decision.

@@ -218,3 +218,16 @@ func (t *tab) next() int64 {
 	}
 	return t.as[0].end + t.delta + t.grace
 }
+
+// lower shrinks the last assignment, not sent yet, to smaller sizes (a
+// bucket funded by several leases gets the smallest of their plans): the
+// difference goes back at once.
+func (t *tab) lower(burst, rate float64, ttl int64) move {
+	a := &t.as[len(t.as)-1]
+	end := min(a.end, a.sent+ttl+t.delta)
+	c := capOf(burst, rate, a.sent, end)
+	d := max(0, a.cap-c)
+	a.burst, a.rate, a.end, a.cap = min(a.burst, burst), min(a.rate, rate), end, a.cap-d
+	t.lent -= d
+	return move{repay: d, back: d}
+}

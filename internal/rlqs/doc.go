@@ -1,0 +1,14 @@
+// Package rlqs serves Envoy's Rate Limit Quota Service
+// (envoy.service.rate_limit_quota.v3, RLQS) on the gateway-agent: Envoy
+// reports each bucket's usage on a stream, and the agent answers with
+// assignments (token buckets, ALLOW_ALL, DENY_ALL, abandon) that Envoy
+// enforces on its own until their TTL ends.
+//
+// A bucket id maps to rules exactly as an RLS descriptor does (its entries,
+// plus "domain" set to the stream's domain). A leased rule's assignment is
+// funded by lending its size from the agent's lease of the rule and subject
+// before it is sent (tab.go has the accounting and its argument); what
+// Envoy reports drives the lease's demand. Files: tab.go (the accounting),
+// server.go (the service, streams and bounds), plan.go (sizing an
+// assignment from a lease and the rules' failure policies), metrics.go.
+package rlqs

@@ -1,0 +1,48 @@
+package rlqs
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	assignments *prometheus.CounterVec
+	lent        prometheus.Counter
+	returned    prometheus.Counter
+	forfeit     prometheus.Counter
+	buckets     prometheus.Gauge
+	streams     prometheus.Gauge
+	refused     *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		assignments: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_rlqs_assignments_total",
+			Help: "Bucket actions sent to Envoy RLQS clients, by kind (token_bucket, allow_all, deny_all, abandon).",
+		}, []string{"kind"}),
+		lent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_rlqs_tokens_reserved_total",
+			Help: "Lease tokens reserved (lent) for RLQS token bucket assignments: each assignment's max_tokens plus its refill over its TTL and the delivery margin.",
+		}),
+		returned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_rlqs_tokens_returned_total",
+			Help: "Reserved tokens given back to their lease because Envoy provably never spent them (a replaced assignment's rest, or a settled one's unused part).",
+		}),
+		forfeit: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_rlqs_tokens_ended_total",
+			Help: "Reserved tokens whose reservation ended without being given back: spent by Envoy, or not provably unspent.",
+		}),
+		buckets: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_rlqs_active_buckets",
+			Help: "RLQS buckets the agent tracks over all streams.",
+		}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_rlqs_streams",
+			Help: "Open RLQS streams.",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_rlqs_refused_total",
+			Help: "RLQS streams ended by the agent, by reason (invalid: a report broke the protocol or a bound; streams: too many streams; buckets: too many buckets on one stream).",
+		}, []string{"reason"}),
+	}
+	reg.MustRegister(m.assignments, m.lent, m.returned, m.forfeit, m.buckets, m.streams, m.refused)
+	return m
+}

@@ -1,0 +1,676 @@
+package rlqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ration-dev/ration/internal/holder"
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+// Funds is what the server needs of the agent's leases (holder.Leases).
+type Funds interface {
+	Now() int64
+	Lend(ctx context.Context, r *rules.Rule, subject string, now int64, plan holder.Plan) (holder.Loan, float64, bool)
+	Repay(loan holder.Loan, lent, back float64)
+	Count(r *rules.Rule, subject string, n float64, now int64)
+	// DownFor is how long the coordinators have been unreachable.
+	DownFor() time.Duration
+}
+
+// Rules yields the rules in force (agent.RuleSource).
+type Rules interface{ Current() *rules.Set }
+
+// DomainKey is the key under which a stream's domain reaches the rules, as
+// an RLS request's domain does (agent.EnvoyDomainKey).
+const DomainKey = "domain"
+
+// Bounds on what one client may make the agent hold.
+const (
+	// MaxCount bounds a report's allowed or denied count.
+	MaxCount = 1 << 40
+	// MaxElapsed bounds a report's time_elapsed.
+	MaxElapsed = 24 * time.Hour
+)
+
+// Options tune a Server. Zero values take the defaults.
+type Options struct {
+	Funds Funds // nil: leased buckets get their rule's failure policy
+	Rules Rules
+	// Delta bounds the delivery of a message between the agent and Envoy
+	// plus the lateness of Envoy's timers (default 200ms): an assignment
+	// sent at s is applied by s+Delta and ends by s+Delta+TTL (tab.go).
+	Delta time.Duration
+	// Grace is how long after an assignment is over a report that closes
+	// it is awaited before its reservation is forfeit (default 3s).
+	Grace time.Duration
+	// MaxTTL is the longest assignment TTL, whole seconds (default 5s).
+	MaxTTL time.Duration
+	// OpenTTL is the TTL of an ALLOW_ALL for a bucket no leased rule
+	// limits (default 30s).
+	OpenTTL time.Duration
+	// FailTTL is the TTL of an assignment made by a failure policy or a
+	// spent budget (default 1s): it is asked again at the next report.
+	FailTTL time.Duration
+	// AbandonAfter abandons a bucket that reported no request for this
+	// long (default 1m).
+	AbandonAfter time.Duration
+	// MaxStreams and MaxBuckets bound the streams of the agent and the
+	// buckets of one stream (defaults 256 and 1000).
+	MaxStreams, MaxBuckets int
+	Tick                   time.Duration // settling resolution (default 100ms)
+	Logger                 *slog.Logger
+	Registry               prometheus.Registerer
+}
+
+func (o *Options) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.Delta, 200*time.Millisecond)
+	def(&o.Grace, 3*time.Second)
+	def(&o.MaxTTL, 5*time.Second)
+	def(&o.OpenTTL, 30*time.Second)
+	def(&o.FailTTL, time.Second)
+	def(&o.AbandonAfter, time.Minute)
+	def(&o.Tick, 100*time.Millisecond)
+	o.MaxTTL = max(time.Second, o.MaxTTL.Truncate(time.Second))
+	o.OpenTTL = max(time.Second, o.OpenTTL.Truncate(time.Second))
+	o.FailTTL = max(time.Second, o.FailTTL.Truncate(time.Second))
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = 256
+	}
+	if o.MaxBuckets <= 0 {
+		o.MaxBuckets = 1000
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+}
+
+// Server serves envoy.service.rate_limit_quota.v3.RateLimitQuotaService.
+type Server struct {
+	rlqsv3.UnimplementedRateLimitQuotaServiceServer
+	o       Options
+	m       *metrics
+	streams atomic.Int64
+	start   time.Time
+	// draining counts closed streams whose reservations are still out.
+	draining atomic.Int64
+}
+
+// New builds a Server.
+func New(o Options) *Server {
+	o.defaults()
+	return &Server{o: o, m: newMetrics(o.Registry), start: time.Now()}
+}
+
+// Register adds the service to g.
+func (s *Server) Register(g *grpc.Server) { rlqsv3.RegisterRateLimitQuotaServiceServer(g, s) }
+
+// now is the funds' clock (the holder's, which leases' validity is on).
+func (s *Server) now() int64 {
+	if s.o.Funds != nil {
+		return s.o.Funds.Now()
+	}
+	return time.Since(s.start).Microseconds()
+}
+
+// Draining reports how many ended streams still hold reservations.
+func (s *Server) Draining() int64 { return s.draining.Load() }
+
+// StreamRateLimitQuotas serves one Envoy's stream: every report is
+// answered with an action for each bucket it names; a timer settles
+// reservations and abandons idle buckets in between.
+func (s *Server) StreamRateLimitQuotas(g rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	if n := s.streams.Add(1); n > int64(s.o.MaxStreams) {
+		s.streams.Add(-1)
+		s.m.refused.WithLabelValues("streams").Inc()
+		return status.Errorf(codes.ResourceExhausted, "rlqs: %d streams open, at most %d per agent", n-1, s.o.MaxStreams)
+	}
+	s.m.streams.Inc()
+	st := &stream{s: s, g: g, buckets: map[string]*bucketState{}}
+	defer func() {
+		s.streams.Add(-1)
+		s.m.streams.Dec()
+		st.end()
+	}()
+	ctx := g.Context()
+	reports := make(chan *rlqsv3.RateLimitQuotaUsageReports)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			r, err := g.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case reports <- r:
+			case <-ctx.Done():
+				errc <- ctx.Err()
+				return
+			}
+		}
+	}()
+	t := time.NewTicker(s.o.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case r := <-reports:
+			if err := st.report(ctx, r); err != nil {
+				return err
+			}
+		case <-t.C:
+			if err := st.tick(); err != nil {
+				return err
+			}
+		case err := <-errc:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// stream is one Envoy's stream; only its handler's goroutine touches it.
+type stream struct {
+	s       *Server
+	g       rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer
+	domain  string
+	buckets map[string]*bucketState
+	retired []*fund // funds of gone buckets whose reservations are out
+}
+
+// bucketState is one bucket of the stream.
+type bucketState struct {
+	id        *rlqsv3.BucketId
+	pairs     map[string]string // the bucket id plus the domain
+	funds     map[string]*fund  // by rule and subject
+	reported  int64             // when the last report naming it came
+	busy      int64             // when it last reported a request
+	abandoned bool
+}
+
+// fund is one leased (rule, subject) paying for a bucket's assignments:
+// one tab per loan (a new lease of the quota starts a new tab; the old one
+// drains).
+type fund struct {
+	rule    *rules.Rule
+	subject string
+	tabs    []*loanTab
+}
+
+type loanTab struct {
+	loan holder.Loan
+	t    *tab
+}
+
+// usage is one validated report entry.
+type usage struct {
+	key             string
+	id              *rlqsv3.BucketId
+	pairs           map[string]string
+	allowed, denied float64
+}
+
+// validate checks a whole report before anything is applied: bad input
+// changes no state.
+func (st *stream) validate(r *rlqsv3.RateLimitQuotaUsageReports) (string, []usage, error) {
+	domain := r.GetDomain()
+	switch {
+	case st.domain == "" && domain == "":
+		return "", nil, fmt.Errorf("the first report has no domain")
+	case st.domain != "" && domain != "" && domain != st.domain:
+		return "", nil, fmt.Errorf("domain %q differs from the stream's %q (open a new stream for another domain)", trunc(domain), trunc(st.domain))
+	case len(domain) > rules.MaxKeyLen:
+		return "", nil, fmt.Errorf("domain is %d bytes, at most %d", len(domain), rules.MaxKeyLen)
+	}
+	if domain == "" {
+		domain = st.domain
+	}
+	us := r.GetBucketQuotaUsages()
+	if len(us) > st.s.o.MaxBuckets {
+		return "", nil, fmt.Errorf("%d bucket usages in one report, at most %d", len(us), st.s.o.MaxBuckets)
+	}
+	out := make([]usage, 0, len(us))
+	for i, u := range us {
+		b := u.GetBucketId().GetBucket()
+		if len(b) == 0 {
+			return "", nil, fmt.Errorf("bucket_quota_usages[%d]: empty bucket_id", i)
+		}
+		pairs := make(map[string]string, len(b)+1)
+		for k, v := range b {
+			pairs[k] = v
+		}
+		if v, ok := pairs[DomainKey]; ok && v != domain {
+			return "", nil, fmt.Errorf("bucket_quota_usages[%d]: entry %q = %q conflicts with the domain %q (the domain is passed as %q)", i, DomainKey, trunc(v), trunc(domain), DomainKey)
+		}
+		pairs[DomainKey] = domain
+		if err := rules.ValidateDescriptors(pairs); err != nil {
+			return "", nil, fmt.Errorf("bucket_quota_usages[%d]: bucket_id: %w", i, err)
+		}
+		if te := u.GetTimeElapsed(); te != nil {
+			if err := te.CheckValid(); err != nil || te.AsDuration() < 0 || te.AsDuration() > MaxElapsed {
+				return "", nil, fmt.Errorf("bucket_quota_usages[%d]: time_elapsed %v must be in [0, %v]", i, te.AsDuration(), MaxElapsed)
+			}
+		}
+		a, d := u.GetNumRequestsAllowed(), u.GetNumRequestsDenied()
+		if a > MaxCount || d > MaxCount {
+			return "", nil, fmt.Errorf("bucket_quota_usages[%d]: %d allowed, %d denied: at most %d each", i, a, d, uint64(MaxCount))
+		}
+		out = append(out, usage{key: bucketKey(b), id: u.GetBucketId(), pairs: pairs, allowed: float64(a), denied: float64(d)})
+	}
+	return domain, out, nil
+}
+
+// bucketKey is a canonical name of a bucket id: entries in key order,
+// each length-prefixed (keys and values may hold any byte).
+func bucketKey(b map[string]string) string {
+	keys := make([]string, 0, len(b))
+	for k := range b {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var sb strings.Builder
+	for _, k := range keys {
+		sb.WriteString(strconv.Itoa(len(k)))
+		sb.WriteByte(':')
+		sb.WriteString(k)
+		sb.WriteString(strconv.Itoa(len(b[k])))
+		sb.WriteByte(':')
+		sb.WriteString(b[k])
+	}
+	return sb.String()
+}
+
+func trunc(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+func (st *stream) invalid(err error) error {
+	st.s.m.refused.WithLabelValues("invalid").Inc()
+	return status.Errorf(codes.InvalidArgument, "rlqs: %v", err)
+}
+
+// report applies one report and answers it.
+func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageReports) error {
+	domain, us, err := st.validate(r)
+	if err != nil {
+		return st.invalid(err)
+	}
+	fresh := 0
+	for _, u := range us {
+		if st.buckets[u.key] == nil {
+			fresh++
+		}
+	}
+	if n := len(st.buckets) + fresh; n > st.s.o.MaxBuckets {
+		st.s.m.refused.WithLabelValues("buckets").Inc()
+		return status.Errorf(codes.ResourceExhausted, "rlqs: %d buckets on one stream, at most %d (narrow the filter's bucket_id_builder)", n, st.s.o.MaxBuckets)
+	}
+	st.domain = domain
+	now := st.s.now()
+	resp := &rlqsv3.RateLimitQuotaResponse{}
+	for _, u := range us {
+		b := st.buckets[u.key]
+		if b == nil {
+			b = &bucketState{id: u.id, pairs: u.pairs, funds: map[string]*fund{}, busy: now}
+			st.buckets[u.key] = b
+			st.s.m.buckets.Inc()
+		}
+		b.abandoned = false
+		elapsed := now - b.reported
+		if b.reported == 0 {
+			elapsed = 0
+		}
+		b.reported = now
+		if u.allowed+u.denied > 0 {
+			b.busy = now
+		}
+		// Every tab of the bucket hears the whole count: more than its
+		// own assignments' admissions only lowers what it gives back.
+		for _, f := range b.funds {
+			if st.s.o.Funds != nil {
+				st.s.o.Funds.Count(f.rule, f.subject, u.allowed+u.denied, now)
+			}
+			for _, lt := range f.tabs {
+				st.apply(lt, lt.t.report(now, u.allowed))
+			}
+		}
+		demand := (u.allowed + u.denied) / max(1, float64(elapsed)/1e6)
+		resp.BucketAction = append(resp.BucketAction, st.assign(ctx, b, now, demand, u.allowed+u.denied))
+	}
+	return st.send(resp)
+}
+
+func (st *stream) send(resp *rlqsv3.RateLimitQuotaResponse) error {
+	if len(resp.BucketAction) == 0 {
+		return nil
+	}
+	for _, a := range resp.BucketAction {
+		st.s.m.assignments.WithLabelValues(kindOf(a)).Inc()
+	}
+	return st.g.Send(resp)
+}
+
+func kindOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) string {
+	if a.GetAbandonAction() != nil {
+		return "abandon"
+	}
+	s := a.GetQuotaAssignmentAction().GetRateLimitStrategy()
+	if s.GetTokenBucket() != nil {
+		return "token_bucket"
+	}
+	if s.GetBlanketRule() == typev3.RateLimitStrategy_DENY_ALL {
+		return "deny_all"
+	}
+	return "allow_all"
+}
+
+// apply makes a tab's move on its lease.
+func (st *stream) apply(lt *loanTab, m move) {
+	if m.repay > 0 && st.s.o.Funds != nil {
+		st.s.o.Funds.Repay(lt.loan, m.repay, m.back)
+		st.s.m.returned.Add(m.back)
+		st.s.m.forfeit.Add(m.repay - m.back)
+	}
+}
+
+// verdict is one rule's say on a bucket's assignment.
+type verdict int
+
+const (
+	vOpen   verdict = iota // does not limit it
+	vFunded                // a token bucket, lent from its lease
+	vSizes                 // a token bucket of given sizes, unfunded (emergency)
+	vDeny
+)
+
+// assign decides a bucket's next action at now, lending what it funds.
+// n is the requests of the report (the first report of a bucket with no
+// request is still answered: Envoy waits for an assignment).
+func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand, n float64) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	o := &st.s.o
+	var matches []rules.Match
+	if o.Rules != nil {
+		matches = o.Rules.Current().Match(b.pairs, nil)
+	}
+	delta := o.Delta.Microseconds()
+	limit := sizes{burst: math.MaxUint32, rate: math.MaxUint32, ttl: int64(o.MaxTTL / time.Second)}
+	deny, fail, limited := false, false, false
+	type lent struct {
+		lt    *loanTab
+		f     *fund
+		sizes sizes
+	}
+	var loans []lent
+	// Whatever is decided, an action for b is sent now: it ends the last
+	// one by now + Delta (before any new loan is recorded, which it must
+	// not cut).
+	st.cutAll(b, now)
+	for _, m := range matches {
+		r := m.Rule
+		if r.Shadow || r.Mode != rules.ModeLeased || r.Lease.DefaultShare > 0 {
+			// Redis-mode, auto and default-share rules are RLS's to
+			// decide (docs/integrations/envoy-rlqs.md); shadow rules
+			// never deny.
+			continue
+		}
+		limited = true
+		var z sizes
+		var got float64
+		var loan holder.Loan
+		ok := false
+		if o.Funds != nil {
+			w := smaller(want(r, demand, limit.ttl), limit)
+			loan, got, ok = o.Funds.Lend(ctx, r, m.Subject, now, func(avail float64, validUntil int64) float64 {
+				zz, fits := fit(w, avail, now, validUntil, delta)
+				if !fits {
+					return 0
+				}
+				z = zz
+				return z.cost(delta)
+			})
+		}
+		switch {
+		case !ok:
+			fail = true
+			switch v, zz := failure(r, o.Funds); v {
+			case vDeny:
+				deny = true
+			case vSizes:
+				limit = smaller(limit, zz)
+			}
+		case got == 0:
+			deny = true // the lease funds nothing now: its budget is spent
+		default:
+			f := b.funds[r.Name+"\x00"+m.Subject]
+			if f == nil {
+				f = &fund{rule: r, subject: m.Subject}
+				b.funds[r.Name+"\x00"+m.Subject] = f
+			}
+			var lt *loanTab
+			if k := len(f.tabs); k > 0 && f.tabs[k-1].loan == loan {
+				lt = f.tabs[k-1]
+			} else {
+				lt = &loanTab{loan: loan, t: newTab(delta, o.Grace.Microseconds())}
+				f.tabs = append(f.tabs, lt)
+			}
+			_, l := lt.t.assign(now, z.burst, z.rate, z.ttl*1e6)
+			if math.Abs(l.lend-got) > 1e-6 {
+				// The plan and the tab size a cap alike; a mismatch is a
+				// bug: repay the loan and lend nothing.
+				lt.t.unassign()
+				o.Funds.Repay(loan, got, got)
+				deny = true
+				continue
+			}
+			limit = smaller(limit, z)
+			loans = append(loans, lent{lt, f, z})
+		}
+	}
+	action := &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id}
+	var strategy *typev3.RateLimitStrategy
+	ttl := int64(o.OpenTTL / time.Second)
+	switch {
+	case deny:
+		strategy = blanket(typev3.RateLimitStrategy_DENY_ALL)
+		ttl = int64(o.FailTTL / time.Second)
+	case !limited || (fail && limit.rate == math.MaxUint32 && len(loans) == 0):
+		strategy = blanket(typev3.RateLimitStrategy_ALLOW_ALL)
+		if fail {
+			ttl = int64(o.FailTTL / time.Second)
+		}
+	default:
+		if fail {
+			limit.ttl = min(limit.ttl, int64(o.FailTTL/time.Second))
+		}
+		strategy = tokenBucket(limit)
+		ttl = limit.ttl
+	}
+	if strategy.GetTokenBucket() == nil {
+		// Nothing lent is sent: the loans go back whole.
+		for _, l := range loans {
+			c := l.lt.t.as[len(l.lt.t.as)-1].cap
+			l.lt.t.unassign()
+			o.Funds.Repay(l.lt.loan, c, c)
+		}
+	} else {
+		for _, l := range loans {
+			st.s.m.lent.Add(l.lt.t.as[len(l.lt.t.as)-1].cap)
+			if l.sizes != limit {
+				st.apply(l.lt, l.lt.t.lower(limit.burst, limit.rate, limit.ttl*1e6))
+			}
+		}
+	}
+	action.BucketAction = &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+		QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+			AssignmentTimeToLive: durationpb.New(time.Duration(ttl) * time.Second),
+			RateLimitStrategy:    strategy,
+		},
+	}
+	return action
+}
+
+// failure is a rule's failure policy as an assignment, when its lease
+// cannot decide (no valid lease: the coordinators are unreachable).
+func failure(r *rules.Rule, funds Funds) (verdict, sizes) {
+	switch r.OnFailure {
+	case rules.FailOpen:
+		return vOpen, sizes{}
+	case rules.Emergency:
+		if funds == nil || funds.DownFor() > r.Emergency.MaxDuration {
+			return vDeny, sizes{}
+		}
+		z := sizes{burst: max(1, math.Floor(r.Emergency.Burst)), rate: max(1, math.Floor(r.Emergency.Rate)), ttl: 1}
+		if r.Emergency.Burst < 1 {
+			return vDeny, sizes{}
+		}
+		return vSizes, z
+	default:
+		return vDeny, sizes{}
+	}
+}
+
+func blanket(b typev3.RateLimitStrategy_BlanketRule) *typev3.RateLimitStrategy {
+	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: b}}
+}
+
+func tokenBucket(z sizes) *typev3.RateLimitStrategy {
+	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+		MaxTokens:     uint32(z.burst),
+		TokensPerFill: wrapperspb.UInt32(uint32(z.rate)),
+		FillInterval:  durationpb.New(time.Second),
+	}}}
+}
+
+// cutAll records that an action for b is sent at now: every tab's last
+// assignment ends by now + Delta.
+func (st *stream) cutAll(b *bucketState, now int64) {
+	for _, f := range b.funds {
+		for _, lt := range f.tabs {
+			st.apply(lt, lt.t.cut(now))
+		}
+	}
+}
+
+// tick settles what is over, forgets drained tabs, and abandons buckets
+// idle for AbandonAfter.
+func (st *stream) tick() error {
+	now := st.s.now()
+	resp := &rlqsv3.RateLimitQuotaResponse{}
+	idle := st.s.o.AbandonAfter.Microseconds()
+	for k, b := range st.buckets {
+		st.settle(b.funds, now)
+		if !b.abandoned && now-b.busy > idle {
+			st.cutAll(b, now)
+			b.abandoned = true
+			resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{
+				BucketId:     b.id,
+				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
+			})
+			for _, f := range b.funds {
+				st.retired = append(st.retired, f)
+			}
+			delete(st.buckets, k)
+			st.s.m.buckets.Dec()
+		}
+	}
+	st.retired = st.settleRetired(st.retired, now)
+	return st.send(resp)
+}
+
+// settle settles every tab of funds at now and drops drained ones (all
+// but a fund's current tab).
+func (st *stream) settle(funds map[string]*fund, now int64) {
+	for _, f := range funds {
+		st.settleFund(f, now)
+	}
+}
+
+func (st *stream) settleFund(f *fund, now int64) {
+	keep := f.tabs[:0]
+	for i, lt := range f.tabs {
+		st.apply(lt, lt.t.settle(now))
+		if !lt.t.empty() || i == len(f.tabs)-1 {
+			keep = append(keep, lt)
+		}
+	}
+	f.tabs = keep
+}
+
+func (st *stream) settleRetired(fs []*fund, now int64) []*fund {
+	keep := fs[:0]
+	for _, f := range fs {
+		st.settleFund(f, now)
+		for _, lt := range f.tabs {
+			if !lt.t.empty() {
+				keep = append(keep, f)
+				break
+			}
+		}
+	}
+	return keep
+}
+
+// end closes the stream's tabs (no report will come) and settles them
+// until every reservation has ended: at most MaxTTL + Delta later.
+func (st *stream) end() {
+	var fs []*fund
+	for _, b := range st.buckets {
+		for _, f := range b.funds {
+			fs = append(fs, f)
+		}
+	}
+	st.s.m.buckets.Sub(float64(len(st.buckets)))
+	st.buckets = nil
+	fs = append(fs, st.retired...)
+	now := st.s.now()
+	for _, f := range fs {
+		for _, lt := range f.tabs {
+			st.apply(lt, lt.t.close(now))
+		}
+	}
+	fs = st.settleRetired(fs, now)
+	if len(fs) == 0 {
+		return
+	}
+	st.s.draining.Add(1)
+	go func() {
+		defer st.s.draining.Add(-1)
+		t := time.NewTicker(st.s.o.Tick)
+		defer t.Stop()
+		for len(fs) > 0 {
+			<-t.C
+			fs = st.settleRetired(fs, st.s.now())
+		}
+	}()
+}

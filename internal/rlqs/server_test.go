@@ -1,0 +1,107 @@
+package rlqs
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ration-dev/ration/internal/rules"
+)
+
+type staticRules struct{ s *rules.Set }
+
+func (r staticRules) Current() *rules.Set { return r.s }
+
+func serve(t *testing.T, o Options) rlqsv3.RateLimitQuotaServiceClient {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	New(o).Register(g)
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlqsv3.NewRateLimitQuotaServiceClient(conn)
+}
+
+func use(id map[string]string, allowed, denied uint64) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
+	return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: id}, NumRequestsAllowed: allowed, NumRequestsDenied: denied}
+}
+
+// Hostile or broken reports end the stream with InvalidArgument naming
+// the problem, and nothing of them is answered; bounds on buckets end it
+// with ResourceExhausted.
+func TestInvalidReportsRefused(t *testing.T) {
+	set, err := rules.Parse("r.yaml", []byte("rules:\n  - name: hot\n    match: {hot: \"*\"}\n    burst: 10\n    rate: 10\n    mode: leased\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := serve(t, Options{Rules: staticRules{set}, MaxBuckets: 3})
+	ok := map[string]string{"hot": "a"}
+	tests := []struct {
+		name string
+		rep  *rlqsv3.RateLimitQuotaUsageReports
+		code codes.Code
+		want string
+	}{
+		{"no domain", &rlqsv3.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(ok, 1, 0)}}, codes.InvalidArgument, "no domain"},
+		{"empty bucket id", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(nil, 1, 0)}}, codes.InvalidArgument, "empty bucket_id"},
+		{"huge value", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(map[string]string{"hot": strings.Repeat("x", 100000)}, 1, 0)}}, codes.InvalidArgument, "bucket_id"},
+		{"domain entry", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(map[string]string{"domain": "e"}, 1, 0)}}, codes.InvalidArgument, "conflicts"},
+		{"absurd count", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(ok, 1<<62, 0)}}, codes.InvalidArgument, "at most"},
+		{"negative elapsed", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: &rlqsv3.BucketId{Bucket: ok}, TimeElapsed: durationpb.New(-1)}}}, codes.InvalidArgument, "time_elapsed"},
+		{"too many buckets", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			use(map[string]string{"hot": "a"}, 1, 0), use(map[string]string{"hot": "b"}, 1, 0), use(map[string]string{"hot": "c"}, 1, 0), use(map[string]string{"hot": "d"}, 1, 0)}}, codes.InvalidArgument, "at most 3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := c.StreamRateLimitQuotas(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Send(tt.rep); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := s.Recv()
+			if status.Code(err) != tt.code || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, %v; want %v naming %q", resp, err, tt.code, tt.want)
+			}
+		})
+	}
+	// Buckets over several reports: the fourth is refused.
+	s, err := c.StreamRateLimitQuotas(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range []string{"a", "b", "c", "d"} {
+		if err := s.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(map[string]string{"hot": v}, 1, 0)}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.Recv()
+		if i < 3 {
+			// No lease holder: the leased rule's failure policy
+			// (fail_closed) is the assignment.
+			if err != nil || kindOf(resp.GetBucketAction()[0]) != "deny_all" {
+				t.Fatalf("bucket %s: %v, %v; want deny_all", v, resp, err)
+			}
+			continue
+		}
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("fourth bucket: %v, %v; want ResourceExhausted", resp, err)
+		}
+	}
+}
