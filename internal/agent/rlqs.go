@@ -22,4 +22,3 @@ func registerRLQS(g *grpc.Server, svc *Service, logger *slog.Logger, reg prometh
 	s.Register(g)
 	return s
 }
-
