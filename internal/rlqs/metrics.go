@@ -43,6 +43,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "RLQS streams ended by the agent, by reason (invalid: a report broke the protocol or a bound; streams: too many streams; buckets: too many buckets on one stream).",
 		}, []string{"reason"}),
 	}
+	// Every series exists from the start, at 0: a dashboard's rate() of a
+	// kind that has not happened yet is 0, not missing.
+	for _, k := range []string{"token_bucket", "allow_all", "deny_all", "abandon"} {
+		m.assignments.WithLabelValues(k)
+	}
+	for _, r := range []string{"invalid", "streams", "buckets"} {
+		m.refused.WithLabelValues(r)
+	}
 	reg.MustRegister(m.assignments, m.lent, m.returned, m.forfeit, m.buckets, m.streams, m.refused)
 	return m
 }
