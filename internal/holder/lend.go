@@ -7,30 +7,41 @@ import (
 	"github.com/ration-dev/ration/internal/rules"
 )
 
-// Loan is tokens lent from one lease to a delegate that spends them on its
-// own (an Envoy RLQS assignment, internal/rlqs): Repay ends them. The zero
-// Loan repays nothing.
+// Loan is tokens and a refill rate lent from one lease to a delegate that
+// spends them on its own (an Envoy RLQS assignment, internal/rlqs): Repay
+// ends them. The zero Loan repays nothing.
 type Loan struct {
 	q  *quota
 	id uint64
 }
 
-// Plan sizes a loan from what the lease offers at the time: avail tokens
-// spendable now, and validUntil, on Now, after which nothing of the lease
-// may be spent (a delegate's spending must end before it). It returns the
-// tokens to lend, 0 for none.
-type Plan func(avail float64, validUntil int64) float64
+// Offer is what a lease can lend at the time: Tokens spendable now, Rate
+// of refill not lent yet (counting what the delegate holds already, see
+// Lend), the lease's whole rate, and ValidUntil, on Now, after which
+// nothing of the lease may be spent (a delegate's spending must end
+// before it).
+type Offer struct {
+	Tokens, Rate, LeaseRate float64
+	ValidUntil              int64
+}
+
+// Plan sizes a loan from what the lease offers: the tokens and the rate to
+// lend, 0 and 0 for none.
+type Plan func(o Offer) (tokens, rate float64)
 
 // Lend lends from the lease of (r, subject) at now what plan asks, under
 // the quota's lock so that no decision spends between the plan and the
-// loan. Like a first Spend it adds the quota and waits out its cold start.
-// ok is false when there is no valid lease (the caller applies the rule's
-// failure policy); lent is 0 when the plan asked for nothing or more than
-// the lease holds. Rules with lease.default_share lend nothing (their
-// subjects spend copies of one lease: ok false, see internal/rlqs).
-func (l *Leases) Lend(ctx context.Context, r *rules.Rule, subject string, now int64, plan Plan) (loan Loan, lent float64, ok bool) {
+// loan. prev is the delegate's loan so far, of which it holds held rate:
+// if it is of the same lease, the new loan supersedes it (lease.Holding.
+// Lend). Like a first Spend it adds the quota and waits out its cold
+// start. ok is false when there is no valid lease (the caller applies the
+// rule's failure policy); tokens and rate are 0 when the plan asked for
+// nothing or more than the lease holds. Rules with lease.default_share
+// lend nothing (their subjects spend copies of one lease: ok false, see
+// internal/rlqs).
+func (l *Leases) Lend(ctx context.Context, r *rules.Rule, subject string, now int64, prev Loan, held float64, plan Plan) (loan Loan, tokens, rate float64, ok bool) {
 	if r.Lease.DefaultShare > 0 {
-		return Loan{}, 0, false
+		return Loan{}, 0, 0, false
 	}
 	q := l.lookup(r.Name, subject)
 	if q == nil {
@@ -40,27 +51,34 @@ func (l *Leases) Lend(ctx context.Context, r *rules.Rule, subject string, now in
 	q.mu.Lock()
 	if !q.h.Valid(now) {
 		q.mu.Unlock()
-		return Loan{}, 0, false
+		return Loan{}, 0, 0, false
 	}
 	q.lastUsed = now
-	want := plan(q.h.Available(now), q.h.ValidUntil)
-	if want > 0 && q.h.Lend(now, want) {
-		lent = want
-	} else if want > 0 && !q.dry {
+	loan = Loan{q: q, id: q.h.Lease.ID}
+	if prev != loan {
+		held = 0 // another lease's loan: nothing of it is lent here
+	}
+	held = min(max(0, held), q.h.LentRate)
+	wantT, wantR := plan(Offer{
+		Tokens: q.h.Available(now), Rate: max(0, q.h.Lease.Rate-q.h.LentRate+held),
+		LeaseRate: q.h.Lease.Rate, ValidUntil: q.h.ValidUntil,
+	})
+	if (wantT > 0 || wantR > 0) && q.h.Lend(now, wantT, wantR, held) {
+		tokens, rate = wantT, wantR
+	} else if (wantT > 0 || wantR > 0) && !q.dry {
 		q.dry = true
 		defer l.flag(q)
 	}
-	loan = Loan{q: q, id: q.h.Lease.ID}
 	q.mu.Unlock()
-	return loan, lent, true
+	return loan, tokens, rate, true
 }
 
-// Repay ends lent tokens of loan: the delegate can no longer spend them.
-// back of them were never spent and go back to the lease's balance, if
-// the loan's lease is still held and valid (never into another lease of
-// the quota: its tokens are the coordinator's count alone); the rest are
-// gone.
-func (l *Leases) Repay(loan Loan, lent, back float64) {
+// Repay ends lent tokens and rate of loan: the delegate can no longer
+// spend them. back of the tokens were never spent and go back to the
+// lease's balance, if the loan's lease is still held and valid (never
+// into another lease of the quota: its tokens are the coordinator's count
+// alone); the rest are gone.
+func (l *Leases) Repay(loan Loan, lent, rate, back float64) {
 	q := loan.q
 	if q == nil {
 		return
@@ -69,7 +87,7 @@ func (l *Leases) Repay(loan Loan, lent, back float64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.h.Lease.ID == loan.id {
-		q.h.Repay(now, lent, back)
+		q.h.Repay(now, lent, rate, back)
 	}
 }
 

@@ -554,7 +554,7 @@ func (l *Leases) releaseOnce(ctx context.Context, qs []*quota) {
 			q.mu.Unlock()
 			continue
 		}
-		if q.h.Lent > 0 {
+		if q.h.Lent > 0 || q.h.LentRate > 0 {
 			// A delegate (an Envoy RLQS assignment) may still spend what
 			// was lent to it: a release would end the lease's reservation
 			// under it. Spending stops here; the lease expires instead,

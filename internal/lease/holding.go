@@ -29,6 +29,13 @@ import "math"
 //     out of the balance, lent tokens would let the bucket refill behind
 //     them, and the delegate spending them later would hold more than
 //     the cap the coordinator reserved.
+//   - A refill rate lent to a delegate (Lend's rate: an Envoy assignment's
+//     tokens_per_fill) is taken out of the bucket's own refill, which runs
+//     at Rate - LentRate, until the holder knows the delegate refills under
+//     it no more (Repay): the bucket and its delegates together refill at
+//     no more than Rate. A loan's rate must fit in the adopted Rate beside
+//     the others', and a renewal that lowers Rate below LentRate is not
+//     confirmed until the loans end (as for the cap).
 //
 // Times are the holder's monotonic clock in microseconds. A Holding is not
 // safe for concurrent use.
@@ -43,6 +50,9 @@ type Holding struct {
 	// Lent is what delegates may still spend of what was lent to them
 	// (Lend, Repay); it counts against the cap like the balance.
 	Lent float64
+	// LentRate is the refill rate delegates may still refill at (Lend,
+	// Repay); the bucket's own refill runs at Rate - LentRate.
+	LentRate float64
 	// ValidUntil is when spending stops, on the holder's clock.
 	ValidUntil int64
 	// Validity turns a term into how long after sending the holder may
@@ -90,15 +100,21 @@ func (h *Holding) Renewal(now int64, seq uint64, demand, surrender float64) Rene
 		// over, and so are the loans made under it.
 		confirmed = h.Lent
 	}
+	rate := h.Lease.Rate
+	if h.LentRate > rate {
+		// The same for a rate lent under an older, larger one: its loans
+		// end before the older term does, which stays reserved meanwhile.
+		rate = h.LentRate
+	}
 	return RenewItem{
 		LeaseID: h.Lease.ID, Quota: h.Quota, Unused: give, Demand: demand,
-		ConfirmedCap: confirmed, ConfirmedRate: h.Lease.Rate,
+		ConfirmedCap: confirmed, ConfirmedRate: rate,
 	}
 }
 
 // Release builds a release of this lease and stops spending it. An expired
 // lease's tokens are not reported: they are forfeit.
-// A lease with loans out (Lent > 0) must not be released: its delegates
+// A lease with loans out (Lent or LentRate > 0) must not be released: its delegates
 // may still spend them, and a release ends every reservation of it.
 func (h *Holding) Release(now int64, holder string, seq uint64) Release {
 	h.refill(now)
@@ -143,39 +159,61 @@ func (h *Holding) Adopt(now int64, seq uint64, l Lease) bool {
 func (h *Holding) Drop() {
 	// The coordinator answers "expired" only once the lease's term is over
 	// on every clock: no loan of it can still be spent.
-	h.Lease, h.Balance, h.Owed, h.Lent, h.ValidUntil = Lease{}, 0, 0, 0, 0
+	h.Lease, h.Balance, h.Owed, h.Lent, h.LentRate, h.ValidUntil = Lease{}, 0, 0, 0, 0, 0
 }
 
-// Lend takes amount tokens at now out of the balance for a delegate that
-// may spend them later (only before ValidUntil: the caller bounds that),
-// and counts them in Lent. It reports false, and changes nothing, if the
-// lease is not valid or does not hold them.
-func (h *Holding) Lend(now int64, amount float64) bool {
-	if !h.Valid(now) || !(amount > 0) {
+// Lend takes amount tokens at now out of the balance, and rate out of the
+// bucket's own refill, for a delegate that may spend them later (only
+// before ValidUntil: the caller bounds that), and counts them in Lent and
+// LentRate. held is rate lent before to the same delegate for what this
+// loan supersedes: the delegate refills under one of them at a time, so
+// the two need only the larger until the superseded loan ends (its lender
+// repays the difference then), and the lease's Rate must cover what stays
+// lent after that, LentRate - held + rate. It reports false, and changes
+// nothing, if the lease is not valid or does not hold them.
+func (h *Holding) Lend(now int64, amount, rate, held float64) bool {
+	if !h.Valid(now) || !(amount >= 0) || !(rate >= 0) || !(held >= 0) || !(amount > 0 || rate > 0) {
 		return false
 	}
 	h.refill(now)
-	if h.Balance < amount {
+	if h.Balance < amount || h.LentRate-min(held, h.LentRate)+rate > h.Lease.Rate+1e-9 {
 		return false
 	}
 	h.Balance -= amount
 	h.Lent += amount
+	h.LentRate += max(0, rate-held)
 	return true
 }
 
-// Repay ends lent tokens of a loan at now: the delegate can no longer
-// spend them. back of them (at most lent) were provably never spent and
-// return to the balance while the lease is valid (within the cap); the
-// rest were spent, or may have been, and are gone.
-func (h *Holding) Repay(now int64, lent, back float64) {
-	if !(lent > 0) {
+// Repay ends lent tokens and rate of a loan at now: the delegate can no
+// longer spend those tokens nor refill at that rate. back of the tokens
+// (at most lent) were provably never spent and return to the balance
+// while the lease is valid (within the cap); the rest were spent, or may
+// have been, and are gone. The rate returns to the bucket's own refill.
+func (h *Holding) Repay(now int64, lent, rate, back float64) {
+	if !(lent > 0) && !(rate > 0) {
 		return
 	}
 	h.refill(now)
+	if rate > 0 {
+		h.LentRate = max(0, h.LentRate-rate)
+	}
+	if !(lent > 0) {
+		return
+	}
 	h.Lent = max(0, h.Lent-lent)
 	if back = min(back, lent); back > 0 && h.Valid(now) {
 		h.Balance = min(max(0, h.Lease.Cap-h.Lent), h.Balance+back)
 	}
+}
+
+// AvailableRate reports the refill rate that may be lent at now: the
+// adopted Rate less what is lent, or 0 when the lease is not valid.
+func (h *Holding) AvailableRate(now int64) float64 {
+	if !h.Valid(now) {
+		return 0
+	}
+	return max(0, h.Lease.Rate-h.LentRate)
 }
 
 // Available reports the tokens that may be spent at now: the balance
@@ -206,12 +244,12 @@ func (h *Holding) Spend(now int64, cost float64) bool {
 
 func (h *Holding) sent(now int64, seq uint64) { h.sentSeq, h.sentAt = seq, now }
 
-// refill adds what the adopted rate gave since the last call, up to the cap
-// less what is lent, and not past the lease's validity.
+// refill adds what the adopted rate less the lent rate gave since the last
+// call, up to the cap less what is lent, and not past the lease's validity.
 func (h *Holding) refill(now int64) {
 	end := min(now, h.ValidUntil)
 	if room := h.Lease.Cap - h.Lent; end > h.at && h.Balance < room {
-		h.Balance = min(room, h.Balance+h.Lease.Rate*float64(end-h.at)/1e6)
+		h.Balance = min(room, h.Balance+max(0, h.Lease.Rate-h.LentRate)*float64(end-h.at)/1e6)
 	}
 	h.at = max(h.at, now)
 }

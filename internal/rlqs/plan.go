@@ -19,38 +19,44 @@ type sizes struct {
 	ttl         int64 // seconds
 }
 
-// cost is what an assignment of these sizes may admit: its cap (tab.go).
-func (z sizes) cost(delta int64) float64 {
-	return capOf(z.burst, z.rate, 0, z.ttl*1e6+delta)
-}
+// reserve is the part of a lease's rate never lent to Envoys: the lease's
+// own refill, which funds the M of later assignments (each is charged in
+// full, tab.go) and the agent's own RLS decisions.
+const reserve = 0.1
 
 // want is the assignment the server would like for a bucket of rule r
 // whose Envoy asks for demand tokens per second: half as much again as it
-// asks (at least 1/s), within the rule's rate; a second of it as burst,
-// within the rule's burst; the longest TTL.
+// asks (at least 1/s), within the rule's rate; as burst, the rule's
+// burst; the longest TTL. fit cuts it to what the lease offers.
 func want(r *rules.Rule, demand float64, maxTTL int64) sizes {
 	rate := math.Ceil(max(1, demand*1.5))
 	rate = max(1, min(rate, math.Floor(r.Rate)))
-	burst := max(1, min(rate, math.Floor(r.Burst)))
+	burst := max(1, math.Floor(r.Burst))
 	return sizes{burst: burst, rate: rate, ttl: maxTTL}
 }
 
-// fit shrinks z to what avail tokens fund with the assignment ending
-// (sent at now, plus its TTL and delta) before validUntil: a shorter TTL
-// first, then smaller sizes. ok is false when not even {1, 1, 1s} fits.
-func fit(z sizes, avail float64, now, validUntil, delta int64) (sizes, bool) {
-	z.ttl = min(z.ttl, (validUntil-now-delta-1)/1e6)
+// offer is what a lease can lend a bucket at the time (holder.Offer, with
+// the bucket's share of the lease's rate among the buckets it funds).
+type offer struct {
+	tokens, rate, leaseRate float64
+	share                   float64 // (0, 1]
+	validUntil              int64
+}
+
+// fit shrinks z to what o funds with the assignment ending (sent at now,
+// plus its TTL and delta) before o.validUntil: the TTL to the validity; the
+// rate to the bucket's share of the lease's rate less the reserve, and to
+// what is not lent; the burst to half the tokens spendable (the next
+// bucket, or this one's next assignment, finds the rest). ok is false when
+// not even {1, 1, 1s} fits.
+func fit(z sizes, o offer, now, delta int64) (sizes, bool) {
+	z.ttl = min(z.ttl, (o.validUntil-now-delta-1)/1e6)
 	if z.ttl < 1 {
 		return sizes{}, false
 	}
-	for z.ttl > 1 && z.cost(delta) > avail {
-		z.ttl--
-	}
-	if c := z.cost(delta); c > avail {
-		k := avail / c
-		z.burst, z.rate = math.Floor(z.burst*k), math.Floor(z.rate*k)
-	}
-	if z.burst < 1 || z.rate < 1 || z.cost(delta) > avail {
+	z.rate = math.Floor(min(z.rate, o.rate, o.leaseRate*(1-reserve)*max(0, min(1, o.share))))
+	z.burst = math.Floor(min(z.burst, max(1, o.tokens/2), o.tokens))
+	if z.burst < 1 || z.rate < 1 {
 		return sizes{}, false
 	}
 	return z, true

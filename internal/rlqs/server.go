@@ -29,8 +29,8 @@ import (
 // Funds is what the server needs of the agent's leases (holder.Leases).
 type Funds interface {
 	Now() int64
-	Lend(ctx context.Context, r *rules.Rule, subject string, now int64, plan holder.Plan) (holder.Loan, float64, bool)
-	Repay(loan holder.Loan, lent, back float64)
+	Lend(ctx context.Context, r *rules.Rule, subject string, now int64, prev holder.Loan, held float64, plan holder.Plan) (loan holder.Loan, tokens, rate float64, ok bool)
+	Repay(loan holder.Loan, lent, rate, back float64)
 	Count(r *rules.Rule, subject string, n float64, now int64)
 	// DownFor is how long the coordinators have been unreachable.
 	DownFor() time.Duration
@@ -120,12 +120,13 @@ type Server struct {
 	start   time.Time
 	// draining counts closed streams whose reservations are still out.
 	draining atomic.Int64
+	shares   shares
 }
 
 // New builds a Server.
 func New(o Options) *Server {
 	o.defaults()
-	return &Server{o: o, m: newMetrics(o.Registry), start: time.Now()}
+	return &Server{o: o, m: newMetrics(o.Registry), start: time.Now(), shares: shares{d: map[string]map[*bucketState]float64{}}}
 }
 
 // Register adds the service to g.
@@ -214,6 +215,10 @@ type bucketState struct {
 	reported  int64             // when the last report naming it came
 	busy      int64             // when it last reported a request
 	abandoned bool
+	// until is when the last action sent, if a funded token bucket, may
+	// expire at Envoy at the earliest (sent + TTL); 0 otherwise.
+	until     int64
+	shareKeys map[string]bool // quotas whose shares count it
 }
 
 // fund is one leased (rule, subject) paying for a bucket's assignments:
@@ -366,9 +371,21 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 			}
 		}
 		demand := (u.allowed + u.denied) / max(1, float64(elapsed)/1e6)
+		if !st.renewDue(b, now, elapsed) {
+			// Envoy's assignment carries on past the next report: a new
+			// one would be charged its M again (tab.go).
+			continue
+		}
 		resp.BucketAction = append(resp.BucketAction, st.assign(ctx, b, now, demand, u.allowed+u.denied))
 	}
 	return st.send(resp)
+}
+
+// renewDue reports whether b needs a new action at now, reported after
+// elapsed: unless its funded token bucket lasts past the next report
+// (expected elapsed later, twice that for a late one) and delta.
+func (st *stream) renewDue(b *bucketState, now, elapsed int64) bool {
+	return b.until == 0 || elapsed <= 0 || b.until-now <= 2*elapsed+st.s.o.Delta.Microseconds()
 }
 
 func (st *stream) send(resp *rlqsv3.RateLimitQuotaResponse) error {
@@ -397,8 +414,8 @@ func kindOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) string {
 
 // apply makes a tab's move on its lease.
 func (st *stream) apply(lt *loanTab, m move) {
-	if m.repay > 0 && st.s.o.Funds != nil {
-		st.s.o.Funds.Repay(lt.loan, m.repay, m.back)
+	if (m.repay > 0 || m.repayRate > 0) && st.s.o.Funds != nil {
+		st.s.o.Funds.Repay(lt.loan, m.repay, m.repayRate, m.back)
 		st.s.m.returned.Add(m.back)
 		st.s.m.forfeit.Add(m.repay - m.back)
 	}
@@ -446,18 +463,29 @@ func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand,
 		}
 		limited = true
 		var z sizes
-		var got float64
+		var got, gotRate, held float64
 		var loan holder.Loan
 		ok := false
+		key := r.Name + "\x00" + m.Subject
+		f := b.funds[key]
+		var prev *loanTab
+		if f != nil && len(f.tabs) > 0 {
+			prev = f.tabs[len(f.tabs)-1]
+		}
 		if o.Funds != nil {
 			w := smaller(want(r, demand, limit.ttl), limit)
-			loan, got, ok = o.Funds.Lend(ctx, r, m.Subject, now, func(avail float64, validUntil int64) float64 {
-				zz, fits := fit(w, avail, now, validUntil, delta)
+			share := st.s.shares.set(key, b, demand)
+			var pl holder.Loan
+			if prev != nil {
+				pl, held = prev.loan, prev.t.rate
+			}
+			loan, got, gotRate, ok = o.Funds.Lend(ctx, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
+				zz, fits := fit(w, offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil}, now, delta)
 				if !fits {
-					return 0
+					return 0, 0
 				}
 				z = zz
-				return z.cost(delta)
+				return z.burst, z.rate
 			})
 		}
 		switch {
@@ -469,27 +497,25 @@ func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand,
 			case vSizes:
 				limit = smaller(limit, zz)
 			}
-		case got == 0:
+		case got == 0 && gotRate == 0:
 			deny = true // the lease funds nothing now: its budget is spent
 		default:
-			f := b.funds[r.Name+"\x00"+m.Subject]
 			if f == nil {
 				f = &fund{rule: r, subject: m.Subject}
-				b.funds[r.Name+"\x00"+m.Subject] = f
+				b.funds[key] = f
 			}
-			var lt *loanTab
-			if k := len(f.tabs); k > 0 && f.tabs[k-1].loan == loan {
-				lt = f.tabs[k-1]
-			} else {
+			lt := prev
+			if lt == nil || lt.loan != loan {
 				lt = &loanTab{loan: loan, t: newTab(delta, o.Grace.Microseconds())}
 				f.tabs = append(f.tabs, lt)
 			}
-			_, l := lt.t.assign(now, z.burst, z.rate, z.ttl*1e6)
-			if math.Abs(l.lend-got) > 1e-6 {
-				// The plan and the tab size a cap alike; a mismatch is a
+			c, l := lt.t.assign(now, z.burst, z.rate, z.ttl*1e6)
+			st.apply(lt, c)
+			if math.Abs(l.lend-got) > 1e-6 || math.Abs(l.lendRate-gotRate) > 1e-6 {
+				// The plan and the tab size a loan alike; a mismatch is a
 				// bug: repay the loan and lend nothing.
-				lt.t.unassign()
-				o.Funds.Repay(loan, got, got)
+				tok, rate := lt.t.unassign()
+				o.Funds.Repay(loan, tok, rate, tok)
 				deny = true
 				continue
 			}
@@ -516,14 +542,17 @@ func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand,
 		strategy = tokenBucket(limit)
 		ttl = limit.ttl
 	}
+	b.until = 0
 	if strategy.GetTokenBucket() == nil {
 		// Nothing lent is sent: the loans go back whole.
 		for _, l := range loans {
-			c := l.lt.t.as[len(l.lt.t.as)-1].cap
-			l.lt.t.unassign()
-			o.Funds.Repay(l.lt.loan, c, c)
+			tok, rate := l.lt.t.unassign()
+			o.Funds.Repay(l.lt.loan, tok, rate, tok)
 		}
 	} else {
+		if len(loans) > 0 && !fail {
+			b.until = now + ttl*1e6
+		}
 		for _, l := range loans {
 			st.s.m.lent.Add(l.lt.t.as[len(l.lt.t.as)-1].cap)
 			if l.sizes != limit {
@@ -600,6 +629,7 @@ func (st *stream) tick() error {
 			for _, f := range b.funds {
 				st.retired = append(st.retired, f)
 			}
+			st.s.shares.drop(b)
 			delete(st.buckets, k)
 			st.s.m.buckets.Dec()
 		}
@@ -649,6 +679,7 @@ func (st *stream) end() {
 		for _, f := range b.funds {
 			fs = append(fs, f)
 		}
+		st.s.shares.drop(b)
 	}
 	st.s.m.buckets.Sub(float64(len(st.buckets)))
 	st.buckets = nil

@@ -1,9 +1,10 @@
 package rlqs
 
 // A tab is the account of one Envoy bucket's assignments that one lease
-// funds: what was lent for them, what Envoy reported, and what can go back.
-// It is pure bookkeeping (times in microseconds on the holder's clock, no
-// I/O); the stream (stream.go) applies its moves to the lease.
+// funds: what was lent for them (tokens and a refill rate), what Envoy
+// reported, and what can go back. It is pure bookkeeping (times in
+// microseconds on the holder's clock, no I/O); the stream (server.go)
+// applies its moves to the lease.
 //
 // # What Envoy can spend
 //
@@ -11,52 +12,70 @@ package rlqs
 // global_client_impl.cc) applies the latest assignment it received for a
 // bucket from its receipt until its TTL runs out or the next action for
 // the bucket arrives, whichever is first. A token bucket assignment
-// {max_tokens M, tokens_per_fill, fill_interval 1s, TTL t} either starts a
+// {max_tokens M, tokens_per_fill f, fill_interval 1s, TTL t} either starts a
 // new bucket, full, or carries on the previous bucket of identical sizes;
-// either way its level at receipt is at most M and it refills at
-// f = tokens_per_fill per second. So an assignment sent at s, received at
-// r >= s, admits at most
+// either way its level is at most M, and it refills at f per second while
+// it applies. An assignment sent at s, received at r >= s, applies within
 //
-//	M + f*(end - s),  end = min(s + t + delta, s' + delta)
+//	[s, end),  end = min(s + t + delta, s' + delta)
 //
 // where s' is when the next action for the bucket was sent, and delta bounds
 // the delivery of a message plus the lateness of Envoy's timers (the same
-// kind of assumption as the holder's pause bound m): the assignment is
-// received by s + delta and expires by r + t. That number is the
-// assignment's cap; it starts at M + f*t + f*delta, as if never replaced,
-// and falls when a successor is sent (cut). Envoy's count of admissions
-// ever made under the tab's assignments is therefore at most the sum of
-// their caps, and what it may still admit after time now is at most the sum
-// of the caps of the assignments whose end is after now.
+// kind of assumption as the holder's pause bound m): it is received by
+// s + delta and expires by r + t. end starts at s + t + delta, as if never
+// replaced, and falls when a successor is sent (cut). At any moment Envoy's
+// bucket refills under one assignment at most, at no more than the largest
+// f of the assignments whose [s, end) holds that moment, and holds at most
+// the M of the one that applies.
 //
 // # What the lease lends
 //
-// Each assignment's cap is lent from the lease when it is sent
-// (lease.Holding.Lend): it stays counted against the lease's cap until the
-// tab repays it, so the lease plus Envoy never hold more than the cap the
-// coordinator reserved, and Envoy's spending is paid for before it happens.
-// (Lent tokens merely taken out of the balance would let the balance refill
-// behind them; spent later by Envoy they would exceed the cap.) The
-// assignment's TTL is chosen so that end < the lease's ValidUntil (server
-// sizing), so Envoy never admits under a lease after the holder may no
-// longer spend it.
+// The lease and its Envoys form one token bucket of the lease's cap and
+// rate, which is the lease's contract (lease.Holding):
+//
+//   - Tokens: each assignment's M is lent when it is sent
+//     (lease.Holding.Lend): it leaves the balance and stays counted in
+//     Lent, against the cap, until the tab repays it. So the balance plus
+//     what Envoy holds (at most the M of an assignment still lent) never
+//     exceed the cap. (Tokens merely taken out of the balance would let it
+//     refill behind them; spent later by Envoy they would exceed the cap.)
+//   - Rate: the tab holds, lent from the lease's refill, at least the
+//     largest f of its assignments whose end is still ahead (rate: a new
+//     assignment's f is lent before it is sent, superseding what the tab
+//     holds, see Holding.Lend's held; what exceeds the need is repaid once
+//     the ends that needed it have passed, which settle notices). The lease
+//     refills at Rate - LentRate, so the lease and its Envoys together
+//     refill at most at Rate.
+//
+// Each assignment ends before the lease's ValidUntil (server sizing), so
+// Envoy never admits, nor refills, under a lease after the holder may no
+// longer spend it; a lease whose rate shrinks below what is lent does not
+// confirm it until the loans end, so the coordinator keeps the older,
+// larger rate reserved meanwhile.
 //
 // # What comes back
 //
-// A cut lowers an assignment's cap: the difference can never be spent and
-// is repaid into the balance at once. Otherwise an assignment is settled
-// once it is over and Envoy has told everything it did under it: a report
-// received at rho was sent after rho - delta, so a report received at or
-// after end + delta counts every admission under the assignment (reports
-// arrive in order on the stream and each counts the admissions since the
-// previous one). Let S be the caps of the settled assignments (since the
-// tab last held nothing) and U every allowed request reported since then.
-// The settled assignments' admissions are all in U, so at least S - U of
-// their tokens were never spent; the tab gives back S - U less what it gave
-// back already (never less than 0), and the rest of their caps is gone
-// (spent, or not provably unspent). U may count admissions that no
-// assignment of this tab funded (Envoy's own no_assignment or expired
-// fallbacks, or an unfunded ALLOW_ALL): that only lowers what comes back.
+// Rate comes back by itself: once an end has passed, Envoy refills under
+// that assignment no more. Tokens come back only as far as they provably
+// were never spent. An assignment is settled once it is over and Envoy has
+// told everything it did under it: a report received at rho was sent
+// after rho - delta, so a report received at or after end + delta counts
+// every admission under it (reports arrive in order on the stream and each
+// counts the admissions since the previous one). Let S be the M of the
+// settled assignments (since the tab last held nothing) and U every allowed
+// request reported since then. Envoy's bucket took in at most S tokens
+// from those assignments (one fill of at most M each, or none when it
+// carried on) plus its refill; every admission, funded by either, is in
+// U; so at least S - U of the lent tokens were never spent, and they can
+// no longer be (the assignments are over). The tab gives back S - U less
+// what it gave back already (never less than 0), and the rest of the M is
+// gone. Refill is never given back: a bucket that sat full lost it, so
+// what it would have given is no lower bound of what is left. U may count
+// admissions that no assignment of this tab funded (Envoy's own
+// no_assignment or expired fallbacks, or an unfunded ALLOW_ALL): that
+// only lowers what comes back. The price: an Envoy that spends its refill
+// under a stream of assignments is charged each one's M too, so the
+// server re-sends an assignment only when it must (server.go, renewDue).
 //
 // When the tab holds no assignment any more, S, U and what was given back
 // start again from 0: every admission of an earlier assignment is in a
@@ -65,15 +84,17 @@ package rlqs
 //
 // An assignment no report closes (Envoy stopped reporting, or the stream
 // ended) is forfeit once it is over and a grace for its report has passed
-// (at once once the stream ended): its cap is repaid with nothing given
+// (at once once the stream ended): its M is repaid with nothing given
 // back. A report that still counts its admissions afterwards only lowers
 // what later comes back.
 //
 // So: what goes back to the balance is never more than what Envoy can no
-// longer spend and did not spend, and what stays lent is never less than
-// what Envoy may still spend. internal/rlqs/tab_test.go checks both against
-// an Envoy that receives and reports as late as delta allows, restarts its
-// bucket full on every assignment and spends everything it may.
+// longer spend and did not spend, what stays lent is never less than what
+// Envoy may still hold, and the rate the tab holds is never less than what
+// Envoy may still refill at. internal/rlqs/tab_test.go checks all three
+// against an Envoy that receives and reports as late as delta allows,
+// restarts its bucket full on every assignment and spends everything it
+// may.
 type tab struct {
 	delta int64 // delivery and timer margin
 	grace int64 // how long after end+delta a report may be awaited
@@ -82,70 +103,89 @@ type tab struct {
 	settled float64 // S: caps of settled assignments
 	used    float64 // U: allowed requests reported
 	back    float64 // given back by settling
-	lent    float64 // caps of the assignments in as
+	lent    float64 // M of the assignments in as
+	rate    float64 // refill rate lent for them (see need)
 	last    int64   // when the last report arrived (-1: none since reset)
 	closed  bool    // no report will come (the stream ended)
 }
 
-// assignment is one token bucket assignment sent for the bucket.
+// assignment is one token bucket assignment sent for the bucket; cap is
+// the tokens lent for it (M).
 type assignment struct {
 	sent, end   int64
 	burst, rate float64
 	cap         float64
 }
 
-// move is what a tab step asks of the lease: lend tokens (before sending
-// an assignment), or repay lent tokens, back of them to the balance.
+// move is what a tab step asks of the lease: lend tokens and rate (before
+// sending an assignment; held is the rate the tab held, which the loan
+// supersedes), or repay lent tokens, back of them to the balance, and
+// lent rate.
 type move struct {
-	lend, repay, back float64
+	lend, lendRate, held float64
+	repay, repayRate     float64
+	back                 float64
 }
 
 func newTab(delta, grace int64) *tab { return &tab{delta: delta, grace: grace, last: -1} }
 
-// capOf is an assignment's cap if it ends at end.
-func capOf(burst, rate float64, sent, end int64) float64 {
-	return burst + rate*float64(max(0, end-sent))/1e6
-}
-
 // cut records that an action for the bucket (an assignment of any kind,
 // or an abandon) was sent at now: the last assignment ends by now + delta.
+// No tokens come back at once (its M may still be held), nor its rate,
+// needed until that end; what earlier ends no longer need does.
 func (t *tab) cut(now int64) move {
-	if len(t.as) == 0 {
-		return move{}
+	if len(t.as) > 0 {
+		a := &t.as[len(t.as)-1]
+		a.end = min(a.end, now+t.delta)
 	}
-	a := &t.as[len(t.as)-1]
-	end := now + t.delta
-	if end >= a.end {
-		return move{}
+	return move{repayRate: t.release(now)}
+}
+
+// need is the rate Envoy may still refill at after now: the largest of the
+// assignments whose end is after now.
+func (t *tab) need(now int64) float64 {
+	var r float64
+	for _, a := range t.as {
+		if a.end > now {
+			r = max(r, a.rate)
+		}
 	}
-	c := capOf(a.burst, a.rate, a.sent, end)
-	d := max(0, a.cap-c)
-	a.end, a.cap = end, min(a.cap, c)
-	t.lent -= d
-	return move{repay: d, back: d}
+	return r
+}
+
+// release repays the rate the tab holds beyond what it needs after now.
+func (t *tab) release(now int64) float64 {
+	d := max(0, t.rate-t.need(now))
+	t.rate -= d
+	return d
 }
 
 // assign records a token bucket assignment {burst, rate per second, ttl}
 // sent at now, after cutting the previous one, and returns the moves: the
-// cut's repayment and the new assignment's loan (its cap).
+// cut's (and any rate no longer needed) and the new assignment's loan: its
+// M, and the rate it needs beyond what the tab holds (held).
 func (t *tab) assign(now int64, burst, rate float64, ttl int64) (cutMove, loan move) {
 	cutMove = t.cut(now)
 	if len(t.as) == 0 {
 		t.reset()
 	}
-	end := now + ttl + t.delta
-	a := assignment{sent: now, end: end, burst: burst, rate: rate, cap: capOf(burst, rate, now, end)}
+	a := assignment{sent: now, end: now + ttl + t.delta, burst: burst, rate: rate, cap: burst}
 	t.as = append(t.as, a)
 	t.lent += a.cap
-	return cutMove, move{lend: a.cap}
+	loan = move{lend: a.cap, lendRate: rate, held: t.rate}
+	t.rate = max(t.rate, rate)
+	return cutMove, loan
 }
 
 // unassign takes back the last assignment when its loan could not be made
-// or it was never sent: nothing of it can be spent.
-func (t *tab) unassign() {
+// or it was never sent: nothing of it can be spent. It returns the rate
+// the tab no longer needs for it.
+func (t *tab) unassign() (tokens, rate float64) {
 	n := len(t.as) - 1
-	t.lent -= t.as[n].cap
+	a := t.as[n]
+	t.lent -= a.cap
 	t.as = t.as[:n]
+	return a.cap, t.release(a.sent)
 }
 
 // report records allowed requests reported at now, then settles.
@@ -162,7 +202,7 @@ func (t *tab) report(now int64, allowed float64) move {
 
 // settle settles or forfeits the assignments that are over at now.
 func (t *tab) settle(now int64) move {
-	var m move
+	m := move{repayRate: t.release(now)}
 	n := 0
 	for _, a := range t.as {
 		switch {
@@ -178,7 +218,7 @@ func (t *tab) settle(now int64) move {
 	}
 done:
 	if n == 0 {
-		return move{}
+		return m
 	}
 	t.as = t.as[n:]
 	t.lent -= m.repay
@@ -201,11 +241,13 @@ func (t *tab) close(now int64) move {
 // reset starts S, U and what was given back again from 0 (see the
 // argument above); only while the tab holds no assignment.
 func (t *tab) reset() {
+	// t.rate is not reset: rate is repaid as ends pass (release), and
+	// with no assignment left none is needed.
 	t.settled, t.used, t.back, t.lent, t.last = 0, 0, 0, 0, -1
 }
 
 // empty reports whether nothing is lent any more.
-func (t *tab) empty() bool { return len(t.as) == 0 }
+func (t *tab) empty() bool { return len(t.as) == 0 && t.rate == 0 }
 
 // next is when settle may next have work without a report: the first
 // assignment's forfeit time (-1: none).
@@ -221,13 +263,11 @@ func (t *tab) next() int64 {
 
 // lower shrinks the last assignment, not sent yet, to smaller sizes (a
 // bucket funded by several leases gets the smallest of their plans): the
-// difference goes back at once.
+// difference of tokens and rate goes back at once.
 func (t *tab) lower(burst, rate float64, ttl int64) move {
 	a := &t.as[len(t.as)-1]
-	end := min(a.end, a.sent+ttl+t.delta)
-	c := capOf(burst, rate, a.sent, end)
-	d := max(0, a.cap-c)
-	a.burst, a.rate, a.end, a.cap = min(a.burst, burst), min(a.rate, rate), end, a.cap-d
+	d := max(0, a.cap-burst)
+	a.burst, a.rate, a.end, a.cap = min(a.burst, burst), min(a.rate, rate), min(a.end, a.sent+ttl+t.delta), a.cap-d
 	t.lent -= d
-	return move{repay: d, back: d}
+	return move{repay: d, back: d, repayRate: t.release(a.sent)}
 }

@@ -69,10 +69,18 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 		tb := newTab(delta, grace)
 		var e envoyModel
 		var now int64
-		var reserved, back, funded, lentModel float64
+		var reserved, back, funded, lentModel, rateModel float64
+		// refilled is the integral of the rate the tab held: what Envoy
+		// may have refilled beside the tokens lent.
+		var refilled float64
+		advance := func(dt int64) {
+			refilled += tb.rate * float64(dt) / 1e6
+			now += dt
+		}
 		type snap struct {
 			seq, sent int
 			lent      float64
+			refilled  float64
 		}
 		var snaps []snap
 		type use struct {
@@ -86,10 +94,28 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 		apply := func(m move) {
 			reserved += m.lend
 			lentModel += m.lend - m.repay
+			rateModel += max(0, m.lendRate-m.held) - m.repayRate
 			back += m.back
-			if m.back > m.repay+1e-9 || m.repay < -1e-9 || m.lend < 0 {
+			if m.back > m.repay+1e-9 || m.repay < -1e-9 || m.lend < 0 || m.lendRate < 0 || m.repayRate < -1e-9 {
 				rt.Fatalf("bad move %+v", m)
 			}
+			if m.lendRate > 0 && m.held > rateModel-max(0, m.lendRate-m.held)+1e-9 {
+				rt.Fatalf("loan supersedes rate %v, the tab held %v", m.held, rateModel)
+			}
+		}
+		// envoyRate is the largest rate Envoy may refill at from now on,
+		// under its assignment or one in flight.
+		envoyRate := func() float64 {
+			var r float64
+			if a := e.active; a != nil && !a.deny && a.recv+a.ttl > now {
+				r = a.rate
+			}
+			for _, a := range e.inflight {
+				if !a.deny {
+					r = max(r, a.rate)
+				}
+			}
+			return r
 		}
 		spend := func(n float64, idx int) {
 			if n > 0 {
@@ -144,7 +170,7 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 		for i := 0; i < steps; i++ {
 			switch rapid.IntRange(0, 8).Draw(rt, "op") {
 			case 0: // time passes
-				now += rapid.Int64Range(0, 400_000).Draw(rt, "dt")
+				advance(rapid.Int64Range(0, 400_000).Draw(rt, "dt"))
 				deliver(true)
 				deliverReport(true)
 				apply(tb.settle(now))
@@ -189,24 +215,30 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 				apply(tb.settle(now))
 			}
 			seq++
-			snaps = append(snaps, snap{seq, sent, tb.lent})
+			snaps = append(snaps, snap{seq, sent, tb.lent, refilled})
 			if d := tb.lent - lentModel; d > 1e-6 || d < -1e-6 || tb.lent < -1e-6 {
 				rt.Fatalf("tab lent %v, moves say %v", tb.lent, lentModel)
 			}
+			if d := tb.rate - rateModel; d > 1e-6 || d < -1e-6 {
+				rt.Fatalf("tab holds rate %v, moves say %v", tb.rate, rateModel)
+			}
+			if r := envoyRate(); r > tb.rate+1e-9 {
+				rt.Fatalf("Envoy may refill at %v, the tab holds rate %v", r, tb.rate)
+			}
 		}
 		// Everything ends: deliveries, expiries, reports, forfeits.
-		now += 10_000_000
+		advance(10_000_000)
 		deliver(true)
 		deliverReport(true)
 		if !closed {
 			apply(tb.close(now))
 		}
 		apply(tb.settle(now))
-		if !tb.empty() || tb.lent > 1e-6 || lentModel > 1e-6 {
-			rt.Fatalf("after the end: %d assignments, %v still lent", len(tb.as), tb.lent)
+		if !tb.empty() || tb.lent > 1e-6 || lentModel > 1e-6 || rateModel > 1e-6 {
+			rt.Fatalf("after the end: %d assignments, %v still lent, rate %v", len(tb.as), tb.lent, tb.rate)
 		}
-		if back+funded > reserved+1e-6 {
-			rt.Fatalf("gave back %v with %v spent of %v lent: %v tokens minted", back, funded, reserved, back+funded-reserved)
+		if back+funded > reserved+refilled+1e-6 {
+			rt.Fatalf("gave back %v with %v spent of %v lent and %v refilled: %v tokens minted", back, funded, reserved, refilled, back+funded-reserved-refilled)
 		}
 		for _, s := range snaps {
 			var later float64
@@ -216,8 +248,8 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 					later += u.n
 				}
 			}
-			if later > s.lent+1e-6 {
-				rt.Fatalf("at step seq %d %v lent, but Envoy spent %v after", s.seq, s.lent, later)
+			if more := refilled - s.refilled; later > s.lent+more+1e-6 {
+				rt.Fatalf("at step seq %d %v lent and %v refilled after, but Envoy spent %v after", s.seq, s.lent, more, later)
 			}
 		}
 	})
