@@ -289,6 +289,7 @@ func (s *Service) route(ctx context.Context, steps []step) int {
 			continue
 		}
 		st.node = s.nodes.of(ctx, st.req.Key)
+		st.node.awaitRound(ctx)
 		if !st.node.br.Allow() {
 			s.metrics.breakerShortCircuits.Inc()
 			st.path = pathFallback

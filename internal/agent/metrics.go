@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ration-dev/ration/internal/bucket"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -227,4 +228,38 @@ func (m *metrics) forgetRules(set *rules.Set) {
 	}
 	m.byRule.Store(&t)
 	m.decisionCache.Clear()
+}
+
+// warmupCounter is the optional part of Store that counts its warm-ups
+// (bucket.RedisStore).
+type warmupCounter interface {
+	WarmupCounts() bucket.WarmupCounts
+}
+
+// warmupsCollector exports a store's warm-ups, read from the store at each
+// scrape: it counts them itself, the agent's own included (the prober's).
+type warmupsCollector struct {
+	desc  *prometheus.Desc
+	store warmupCounter
+}
+
+func newWarmupsCollector(store warmupCounter) warmupsCollector {
+	return warmupsCollector{
+		desc: prometheus.NewDesc("ration_store_warmups_total",
+			"Store nodes warmed (scripts loaded, connections open) outside the warm-up at start, by cause: topology_read (a Redis Cluster master a failover or resharding brought in, warmed by the prober as soon as a topology read named it, before any decision went to it), first_decision (such a master warmed by the first decision routed to it, which waited for it), outage (a node warmed again after an outage, before its breaker closed), noscript (a call found the scripts gone, from a restart, failover or SCRIPT FLUSH no warm-up preceded, and reloaded them).",
+			[]string{"cause"}, nil),
+		store: store,
+	}
+}
+
+func (c warmupsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c warmupsCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.store.WarmupCounts()
+	for _, v := range []struct {
+		cause string
+		n     int64
+	}{{"topology_read", n.TopologyRead}, {"first_decision", n.FirstDecision}, {"outage", n.Outage}, {"noscript", n.NoScript}} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v.n), v.cause)
+	}
 }

@@ -55,6 +55,9 @@ type storeNode struct {
 	// acts: the store rules that fell to their policy on this node in its
 	// current episode (logged once each).
 	acts activations
+	// round: the prober's round in which the node first routed a
+	// decision, until that round has ended (nil after). See beginRound.
+	round atomic.Pointer[chan struct{}]
 }
 
 // storeNodes are the store's nodes, found by name.
@@ -71,6 +74,9 @@ type storeNodes struct {
 	down   atomic.Int32                          // nodes in an outage episode
 	// topo is the Cluster's last topology the prober read, for /readyz.
 	topo atomic.Pointer[[]bucket.NodeSlots]
+	// round is the prober's round in progress on a Cluster, closed when
+	// it ends (nil between rounds).
+	round atomic.Pointer[chan struct{}]
 }
 
 func newStoreNodes(store Store, cfg breaker.Config, logger *slog.Logger, m *metrics) *storeNodes {
@@ -110,6 +116,9 @@ func (ns *storeNodes) get(name string) *storeNode {
 		return n
 	}
 	n := &storeNode{name: name}
+	if r := ns.round.Load(); r != nil {
+		n.round.Store(r)
+	}
 	n.br = breaker.New(ns.cfg, func(t breaker.Transition) { ns.transition(n, t) })
 	m := make(map[string]*storeNode, len(old)+1)
 	for k, v := range old {
@@ -120,6 +129,45 @@ func (ns *storeNodes) get(name string) *storeNode {
 	ns.metrics.breakerNodeOpen.WithLabelValues(name).Set(0)
 	ns.metrics.fallbackNodeActive.WithLabelValues(name).Set(0)
 	return n
+}
+
+// A master a failover promotes (or a resharding brings in) is routed to
+// from the moment go-redis reads a topology that names it. While a node is
+// down that read is the prober's own (its ping of the node reads the
+// topology again), and the prober then warms the masters it names
+// (WarmNew). A decision routed to such a master in between would find it
+// cold and make the warm-up itself; so a node first seen during a prober's
+// round waits for the round's end (its warm-up, bounded by the warm-up
+// budget) before its first decisions go to it. Routing changed by another
+// read (go-redis's own, after a redirection) is not in a round: its first
+// decision warms the master, as the store does for a store with no prober.
+
+// beginRound starts a prober's round on a Cluster (one while a node is
+// down); end must be called.
+func (ns *storeNodes) beginRound() (end func()) {
+	if ns.router == nil {
+		return func() {}
+	}
+	ch := make(chan struct{})
+	ns.round.Store(&ch)
+	return func() {
+		ns.round.Store(nil)
+		close(ch)
+	}
+}
+
+// awaitRound waits, for a node first seen during a prober's round, until
+// that round has ended (or ctx is done).
+func (n *storeNode) awaitRound(ctx context.Context) {
+	r := n.round.Load()
+	if r == nil {
+		return
+	}
+	select {
+	case <-*r:
+		n.round.CompareAndSwap(r, nil)
+	case <-ctx.Done():
+	}
 }
 
 // retire forgets a node that left the store's topology: no slot routes to
@@ -252,13 +300,24 @@ func (n *storeNode) cause() string {
 func (s *Service) probe(ctx context.Context, lastTopo *time.Time) {
 	ns := s.nodes
 	anyOpen := false
+	var due []*storeNode
 	for _, n := range ns.all() {
 		if n.br.State() == breaker.Open {
 			anyOpen = true
 		}
-		if !n.br.ProbeDue(time.Now()) {
-			continue
+		if n.br.ProbeDue(time.Now()) {
+			due = append(due, n)
 		}
+	}
+	topoDue := ns.router != nil && time.Since(*lastTopo) >= s.cfg.Breaker.ProbeInterval && (anyOpen || lastTopo.IsZero())
+	if len(due) == 0 && !topoDue {
+		return
+	}
+	if anyOpen {
+		end := ns.beginRound()
+		defer end()
+	}
+	for _, n := range due {
 		err := s.probeNode(ctx, n)
 		if err == nil {
 			err = s.warmNode(ctx, n)
@@ -272,23 +331,24 @@ func (s *Service) probe(ctx context.Context, lastTopo *time.Time) {
 			n.lastErr.Store(err.Error())
 		}
 	}
-	if ns.router != nil && time.Since(*lastTopo) >= s.cfg.Breaker.ProbeInterval && (anyOpen || lastTopo.IsZero()) {
+	if topoDue {
 		*lastTopo = time.Now()
 		tctx, cancel := context.WithTimeout(ctx, s.cfg.DecisionTimeout)
 		if t, err := ns.router.Topology(tctx); err == nil {
 			ns.topo.Store(&t)
 		}
 		cancel()
-		// A node is down: a failover may be promoting a replica, which
-		// is warmed as soon as the topology names it, before (or while)
-		// decisions go to it.
-		if w, ok := s.store.(nodeWarmer); ok && anyOpen {
-			wctx, cancel := context.WithTimeout(ctx, s.warmTimeout())
-			if err := w.WarmNew(wctx); err != nil {
-				ns.logger.Debug("warming new masters failed", "err", err)
-			}
-			cancel()
+	}
+	// A node is down: a failover may be promoting a replica, which this
+	// round's reads of the topology (each ping of a node reads it again)
+	// may have just brought in. It is warmed before the round ends, and
+	// so before its first decisions (beginRound).
+	if w, ok := s.store.(nodeWarmer); ok && ns.router != nil && anyOpen {
+		wctx, cancel := context.WithTimeout(ctx, s.warmTimeout())
+		if err := w.WarmNew(wctx); err != nil {
+			ns.logger.Debug("warming new masters failed", "err", err)
 		}
+		cancel()
 	}
 }
 

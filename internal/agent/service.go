@@ -107,6 +107,9 @@ func New(o Options) (*Service, error) {
 	s.preparer, _ = o.Leases.(leasePreparer)
 	s.refs, _ = o.Leases.(leaseRefs)
 	s.metrics = newMetrics(o.Registry)
+	if wc, ok := o.Store.(warmupCounter); ok {
+		o.Registry.MustRegister(newWarmupsCollector(wc))
+	}
 	hotClock := func() int64 { return 0 }
 	if o.Leases != nil {
 		hotClock = o.Leases.Now

@@ -102,8 +102,10 @@ type RedisStore struct {
 	// nodeAPs caches each master client's pipeliner (go-redis takes a
 	// lock to hand it out) and whether it is warm (redis_rewarm.go).
 	nodeAPs sync.Map // *redis.Client -> *nodeConn
-	// warmups counts the new masters warmed after a topology change.
-	warmups atomic.Int64
+	// warmups counts the new masters warmed after a topology change, by
+	// cause; outageWarmups the nodes WarmNode warmed again.
+	warmups       [2]atomic.Int64
+	outageWarmups atomic.Int64
 }
 
 //go:embed redis.lua

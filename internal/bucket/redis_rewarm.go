@@ -23,11 +23,39 @@ import (
 // warm-up budget (WarmTimeout) and then gets a fresh decision timeout.
 // Only that first wave of decisions waits, once per new master.
 
-// Warm-up causes, as logged.
+// warmCause is what called for a new master's warm-up.
+type warmCause int
+
 const (
-	causeNewMasterRead     = "a topology read names a master not warmed yet (failover, resharding)"
-	causeNewMasterDecision = "the first decision routed to a master not warmed yet (failover, resharding, or a store used without Warm)"
+	causeNewMasterRead warmCause = iota
+	causeNewMasterDecision
 )
+
+// String is the cause as logged.
+func (c warmCause) String() string {
+	if c == causeNewMasterRead {
+		return "a topology read names a master not warmed yet (failover, resharding)"
+	}
+	return "the first decision routed to a master not warmed yet (failover, resharding, or a store used without Warm)"
+}
+
+// WarmupCounts are the warm-ups a store has done since it was made, by what
+// called for them. Warm, the warm-up before the first decision, is not
+// counted.
+type WarmupCounts struct {
+	// TopologyRead: a master a topology read named before any decision
+	// went to it (WarmNew: the agent's prober, while a node is down).
+	TopologyRead int64
+	// FirstDecision: a master the first decision routed to found cold, and
+	// waited for (no topology read had warmed it yet).
+	FirstDecision int64
+	// Outage: a node warmed again after an outage, before its breaker
+	// closed (WarmNode).
+	Outage int64
+	// NoScript: a call found the scripts gone (NOSCRIPT: a restart, a
+	// failover or SCRIPT FLUSH that no warm-up preceded) and reloaded them.
+	NoScript int64
+}
 
 // nodeConn is one Cluster master's pipeliner and the state of its warm-up.
 type nodeConn struct {
@@ -59,7 +87,7 @@ func (s *RedisStore) nodeConn(n *redis.Client) (*nodeConn, error) {
 // startWarm runs nc's first warm-up once, in the background, on the
 // warm-up budget: the decisions that find nc not ready wait for it
 // (awaitWarm), and whoever starts it does not.
-func (s *RedisStore) startWarm(n *redis.Client, nc *nodeConn, cause string) {
+func (s *RedisStore) startWarm(n *redis.Client, nc *nodeConn, cause warmCause) {
 	nc.once.Do(func() {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), s.warmTimeout)
@@ -69,11 +97,11 @@ func (s *RedisStore) startWarm(n *redis.Client, nc *nodeConn, cause string) {
 			s.endWarm(nc)
 			addr := n.Options().Addr
 			if err != nil {
-				s.log.Warn("redis: warming a new master failed; its decisions go to it cold", "node", addr, "cause", cause, "err", err)
+				s.log.Warn("redis: warming a new master failed; its decisions go to it cold", "node", addr, "cause", cause.String(), "err", err)
 				return
 			}
-			s.warmups.Add(1)
-			s.log.Info("redis: new master warmed before deciding on it (scripts loaded, connections open)", "node", addr, "cause", cause, "took", time.Since(start).Round(time.Millisecond))
+			s.warmups[cause].Add(1)
+			s.log.Info("redis: new master warmed before deciding on it (scripts loaded, connections open)", "node", addr, "cause", cause.String(), "took", time.Since(start).Round(time.Millisecond))
 		}()
 	})
 }
@@ -187,7 +215,11 @@ func (s *RedisStore) WarmNew(ctx context.Context) error {
 func (s *RedisStore) WarmNode(ctx context.Context, node string) error {
 	cc, ok := s.c.(*redis.ClusterClient)
 	if !ok || node == PrimaryNode {
-		return s.Warm(ctx, WarmConns)
+		err := s.Warm(ctx, WarmConns)
+		if err == nil {
+			s.outageWarmups.Add(1)
+		}
+		return err
 	}
 	if node == UnservedNode {
 		return nil
@@ -214,6 +246,9 @@ func (s *RedisStore) WarmNode(ctx context.Context, node string) error {
 		}
 		return err
 	})
+	if err == nil && found.Load() {
+		s.outageWarmups.Add(1)
+	}
 	switch {
 	case err != nil:
 		return s.fail("warm "+node, err)
@@ -226,4 +261,16 @@ func (s *RedisStore) WarmNode(ctx context.Context, node string) error {
 // Warmups counts the new masters warmed after a topology change (by
 // WarmNew or by the first decision routed to them), not those Warm and
 // WarmNode warmed.
-func (s *RedisStore) Warmups() int64 { return s.warmups.Load() }
+func (s *RedisStore) Warmups() int64 {
+	return s.warmups[causeNewMasterRead].Load() + s.warmups[causeNewMasterDecision].Load()
+}
+
+// WarmupCounts reports the store's warm-ups by cause.
+func (s *RedisStore) WarmupCounts() WarmupCounts {
+	return WarmupCounts{
+		TopologyRead:  s.warmups[causeNewMasterRead].Load(),
+		FirstDecision: s.warmups[causeNewMasterDecision].Load(),
+		Outage:        s.outageWarmups.Load(),
+		NoScript:      s.rewarms.Load(),
+	}
+}
