@@ -63,37 +63,28 @@ rules:
 	// decides again. Bounded by ctx (60s) and by count.
 	const most = 20000
 	byPolicy, firstOK := 0, -1
-	promotedSeen := false
 	for i := 0; i < most && firstOK < 0; i++ {
-		if !promotedSeen {
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatal(err)
-				}
-				promotedSeen = true
-			default:
-			}
-		}
-		switch resp := a.allow(t, req); resp.Reason {
-		case rationv1.Reason_REASON_OK:
-			if !promotedSeen {
-				t.Fatalf("decision %d decided by Redis with master 1 dead and its replica not yet promoted: %v", i, resp)
-			}
+		resp := a.allow(t, req)
+		switch {
+		case resp.Reason == rationv1.Reason_REASON_OK:
 			firstOK = i
+		case resp.Allowed:
+			t.Fatalf("decision %d: %v, want fail_closed's denial or Redis's answer", i, resp)
 		default:
-			if resp.Allowed {
-				t.Fatalf("decision %d: %v, want fail_closed's denial", i, resp)
-			}
 			byPolicy++
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("no decision by Redis within 60s of the kill (%d by the policy, promoted: %v)", byPolicy, promotedSeen)
+			t.Fatalf("no decision by Redis within 60s of the kill (%d by the policy)", byPolicy)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	if firstOK < 0 {
 		t.Fatalf("no decision by Redis in %d decisions", most)
+	}
+	// Redis decided again: the replica was promoted (the harness may see
+	// it later than the agent did).
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("%d decisions by the policy before Redis decided the slots again", byPolicy)
 	// Once Redis decides the slots, it decides each of them: the new
