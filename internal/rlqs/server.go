@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -121,6 +122,9 @@ type Server struct {
 	// draining counts closed streams whose reservations are still out.
 	draining atomic.Int64
 	shares   shares
+	// unfunded holds the names of the rules RLQS does not enforce that a
+	// bucket has matched, each warned about once.
+	unfunded sync.Map
 }
 
 // New builds a Server.
@@ -459,6 +463,7 @@ func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand,
 			// Redis-mode, auto and default-share rules are RLS's to
 			// decide (docs/integrations/envoy-rlqs.md); shadow rules
 			// never deny.
+			st.s.warnUnfunded(r)
 			continue
 		}
 		limited = true
@@ -704,4 +709,22 @@ func (st *stream) end() {
 			fs = st.settleRetired(fs, st.s.now())
 		}
 	}()
+}
+
+// warnUnfunded logs, once per rule, that a bucket matched a rule RLQS does
+// not enforce: its requests are admitted without it, which an operator
+// who meant it to limit Envoy's traffic must learn from somewhere.
+func (s *Server) warnUnfunded(r *rules.Rule) {
+	if r.Shadow {
+		return
+	}
+	if _, seen := s.unfunded.LoadOrStore(r.Name, true); seen {
+		return
+	}
+	why := "mode " + r.Mode.String()
+	if r.Mode == rules.ModeLeased {
+		why = "a lease.default_share"
+	}
+	s.o.Logger.Warn("an RLQS bucket matched a rule RLQS does not enforce: its requests are admitted by it (ALLOW_ALL); enforce the rule with Envoy's RLS filter",
+		"rule", r.Name, "because", why)
 }

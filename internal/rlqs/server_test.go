@@ -1,9 +1,12 @@
 package rlqs
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -104,4 +107,58 @@ func TestInvalidReportsRefused(t *testing.T) {
 			t.Fatalf("fourth bucket: %v, %v; want ResourceExhausted", resp, err)
 		}
 	}
+}
+
+// A bucket that only a rule RLQS does not enforce matches (mode redis) is
+// assigned ALLOW_ALL, and the operator is told once, with the rule's name,
+// however many buckets and reports match it.
+func TestUnenforcedRuleWarnedOnce(t *testing.T) {
+	set, err := rules.Parse("rules.yaml", []byte(`
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 10
+    rate: 1
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	c := serve(t, Options{Rules: staticRules{set}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	s, err := c.StreamRateLimitQuotas(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"a", "b", "a"} {
+		if err := s.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(map[string]string{"user": u}, 1, 0)}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.Recv()
+		if err != nil || kindOf(resp.GetBucketAction()[0]) != "allow_all" {
+			t.Fatalf("user %s: %v, %v; want allow_all", u, resp, err)
+		}
+	}
+	out := logs.String()
+	if n := strings.Count(out, "does not enforce"); n != 1 || !strings.Contains(out, "rule=per-user") || !strings.Contains(out, "mode redis") {
+		t.Fatalf("want one warning naming rule per-user and mode redis, got %d in:\n%s", n, out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer the server's goroutines may write to while
+// the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
