@@ -36,14 +36,14 @@ func TestRLQSClientsWithinBound(t *testing.T) {
 	rec := admission.NewRecorder()
 	var wg sync.WaitGroup
 	const run = 5 * time.Second
-	var clients []*rlqsClient
+	var clients []*harness.RLQSClient
 	for i := range 2 {
 		a := startAgent(t, rlqsRules, func(cfg *agent.Config) {
 			cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
 		})
 		for j := range 2 {
 			name := fmt.Sprintf("envoy-%d-%d", i, j)
-			cl := dialRLQS(t, a.srv.GRPCAddr(), "edge", 500*time.Millisecond, func() { rec.Admit(name, "hot|hot=a", 1) })
+			cl := harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 500*time.Millisecond, func() { rec.Admit(name, "hot|hot=a", 1) })
 			clients = append(clients, cl)
 		}
 	}
@@ -54,14 +54,14 @@ func TestRLQSClientsWithinBound(t *testing.T) {
 			defer wg.Done()
 			end := time.Now().Add(run)
 			for n := 0; n < 20000 && time.Now().Before(end); n++ {
-				cl.request(id)
+				cl.Request(id)
 				time.Sleep(time.Millisecond)
 			}
 		}()
 	}
 	wg.Wait()
 	for _, cl := range clients {
-		if err := cl.failed(); err != nil {
+		if err := cl.Err(); err != nil {
 			t.Fatalf("client stream: %v", err)
 		}
 	}

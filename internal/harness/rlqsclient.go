@@ -1,0 +1,253 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// RLQSClient behaves as Envoy's rate_limit_quota filter documents, with
+// the settings Ration expects (docs/integrations/envoy-rlqs.md): a bucket's
+// first request sends a report at once (the subscription); every interval
+// all buckets are reported; until its first assignment, and once one
+// expires, a bucket denies (no_assignment_behavior DENY_ALL, no
+// expired_assignment_behavior); a token bucket assignment starts full
+// unless it repeats the active one's sizes (then the bucket carries on), its
+// TTL in whole seconds; abandon forgets the bucket.
+//
+// Every decision is the client's own, as Envoy's are: the agent only sees
+// reports. Agent tests, test/chaos and the RLQS load program share it.
+type RLQSClient struct {
+	domain   string
+	interval time.Duration
+	admit    func() // called for each admission, under mu
+	stream   rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient
+
+	mu              sync.Mutex
+	buckets         map[string]*rlqsBucket
+	allowed, denied uint64 // every decision since the start
+	err             error
+	sendMu          sync.Mutex
+}
+
+type rlqsBucket struct {
+	id              map[string]string
+	allowed, denied uint64 // since the last report
+	kind            string // "", token_bucket, allow_all, deny_all
+	max, rate       float64
+	level           float64
+	updated         time.Time
+	expires         time.Time
+}
+
+// DialRLQS opens an RLQS stream to addr for domain and starts reporting
+// every interval; admit, if not nil, is called for each admission the
+// client makes (under its lock: keep it short). The stream and its
+// goroutines end with t.
+func DialRLQS(t testing.TB, addr, domain string, interval time.Duration, admit func()) *RLQSClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if admit == nil {
+		admit = func() {}
+	}
+	c := &RLQSClient{domain: domain, interval: interval, admit: admit, stream: stream, buckets: map[string]*rlqsBucket{}}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.receive() }()
+	go func() { defer wg.Done(); c.reportLoop(ctx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return c
+}
+
+func rlqsBucketName(id map[string]string) string {
+	var sb strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(id)) {
+		fmt.Fprintf(&sb, "%q=%q,", k, id[k])
+	}
+	return sb.String()
+}
+
+// Request decides one request of bucket id, as the filter would, and
+// reports whether it passed.
+func (c *RLQSClient) Request(id map[string]string) bool {
+	c.mu.Lock()
+	key := rlqsBucketName(id)
+	b := c.buckets[key]
+	first := b == nil
+	if first {
+		b = &rlqsBucket{id: id}
+		c.buckets[key] = b
+	}
+	now := time.Now()
+	ok := false
+	if b.kind != "" && now.Before(b.expires) {
+		switch b.kind {
+		case "allow_all":
+			ok = true
+		case "token_bucket":
+			b.level = min(b.max, b.level+b.rate*now.Sub(b.updated).Seconds())
+			b.updated = now
+			if b.level >= 1 {
+				b.level--
+				ok = true
+			}
+		}
+	}
+	if ok {
+		b.allowed++
+		c.allowed++
+		c.admit()
+	} else {
+		b.denied++
+		c.denied++
+	}
+	var rep *rlqsv3.RateLimitQuotaUsageReports
+	if first {
+		rep = c.reportLocked([]*rlqsBucket{b})
+	}
+	c.mu.Unlock()
+	if rep != nil {
+		c.send(rep)
+	}
+	return ok
+}
+
+// Decisions is how many requests the client allowed and denied so far.
+func (c *RLQSClient) Decisions() (allowed, denied uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.allowed, c.denied
+}
+
+// reportLocked builds a report of bs, resetting their counts; c.mu held.
+func (c *RLQSClient) reportLocked(bs []*rlqsBucket) *rlqsv3.RateLimitQuotaUsageReports {
+	rep := &rlqsv3.RateLimitQuotaUsageReports{Domain: c.domain}
+	for _, b := range bs {
+		rep.BucketQuotaUsages = append(rep.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId:           &rlqsv3.BucketId{Bucket: b.id},
+			TimeElapsed:        durationpb.New(c.interval),
+			NumRequestsAllowed: b.allowed,
+			NumRequestsDenied:  b.denied,
+		})
+		b.allowed, b.denied = 0, 0
+	}
+	return rep
+}
+
+func (c *RLQSClient) send(rep *rlqsv3.RateLimitQuotaUsageReports) {
+	c.sendMu.Lock()
+	err := c.stream.Send(rep)
+	c.sendMu.Unlock()
+	if err != nil {
+		c.fail(err)
+	}
+}
+
+func (c *RLQSClient) fail(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	c.mu.Unlock()
+}
+
+func (c *RLQSClient) reportLoop(ctx context.Context) {
+	t := time.NewTicker(c.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		bs := make([]*rlqsBucket, 0, len(c.buckets))
+		for _, b := range c.buckets {
+			bs = append(bs, b)
+		}
+		var rep *rlqsv3.RateLimitQuotaUsageReports
+		if len(bs) > 0 {
+			rep = c.reportLocked(bs)
+		}
+		c.mu.Unlock()
+		if rep != nil {
+			c.send(rep)
+		}
+	}
+}
+
+// receive applies actions as the filter does.
+func (c *RLQSClient) receive() {
+	for {
+		resp, err := c.stream.Recv()
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		now := time.Now()
+		c.mu.Lock()
+		for _, a := range resp.GetBucketAction() {
+			c.applyLocked(a, now)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// applyLocked applies one bucket action received at now; c.mu held.
+func (c *RLQSClient) applyLocked(a *rlqsv3.RateLimitQuotaResponse_BucketAction, now time.Time) {
+	key := rlqsBucketName(a.GetBucketId().GetBucket())
+	b := c.buckets[key]
+	if b == nil {
+		return // Envoy ignores actions for buckets it does not hold
+	}
+	if a.GetAbandonAction() != nil {
+		delete(c.buckets, key)
+		return
+	}
+	qa := a.GetQuotaAssignmentAction()
+	s := qa.GetRateLimitStrategy()
+	// Envoy reads the TTL's whole seconds only.
+	b.expires = now.Add(time.Duration(qa.GetAssignmentTimeToLive().GetSeconds()) * time.Second)
+	if tb := s.GetTokenBucket(); tb != nil {
+		m, r := float64(tb.GetMaxTokens()), float64(tb.GetTokensPerFill().GetValue())/float64(tb.GetFillInterval().GetSeconds())
+		if b.kind != "token_bucket" || b.max != m || b.rate != r {
+			b.level = m // a new bucket starts full
+		} else {
+			b.level = min(m, b.level+r*now.Sub(b.updated).Seconds()) // carried on
+		}
+		b.kind, b.max, b.rate, b.updated = "token_bucket", m, r, now
+		return
+	}
+	if s.GetBlanketRule().String() == "DENY_ALL" {
+		b.kind = "deny_all"
+	} else {
+		b.kind = "allow_all"
+	}
+}
+
+// Err is the first error of the stream (nil while it is healthy).
+func (c *RLQSClient) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
