@@ -4,7 +4,7 @@
 # docs/reliability.md) must fail, and fail by a judge: the run must exit
 # non-zero AND print a FAIL row for the scenario. Exits non-zero if any
 # break passes (or fails some other way, e.g. in its setup). The breaks of
-# S9, S9f, S19 and S20 are edits of the code (codeBreaks in
+# S9, S9f, S19, S20 and S21 are edits of the code (codeBreaks in
 # test/chaos/codebreaks_test.go), built into that run's binaries with
 # go build -overlay; the tree is not touched.
 #
@@ -19,9 +19,10 @@ declare -A tests=(
   [S10]=TestS10RedisBlackholed [S11]=TestS11LostReplies [S13]=TestS13RestartFromDisk
   [S14]=TestS14EnvoyLeaderKilled [S15]=TestS15LeasedRequestIDs [S16]=TestS16SameAgentID
   [S17]=TestS17DefaultShareLeaderKilled [S18]=TestS18AutoFlipsHotAndCold
-  [S19]=TestS19DefaultShareSlowLinkArrival [S20]=TestS20AutoFailoverLosesMark [soak]=TestSoak
+  [S19]=TestS19DefaultShareSlowLinkArrival [S20]=TestS20AutoFailoverLosesMark
+  [S21]=TestS21RLQSThroughFaults [soak]=TestSoak
 )
-order=(S0 S0e S1 S1pause S2 S3 S3e S4 S5 S6 S8 S9 S9f S10 S11 S13 S14 S15 S16 S17 S18 S19 S20 soak)
+order=(S0 S0e S1 S1pause S2 S3 S3e S4 S5 S6 S8 S9 S9f S10 S11 S13 S14 S15 S16 S17 S18 S19 S20 S21 soak)
 [ $# -gt 0 ] && order=("$@")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

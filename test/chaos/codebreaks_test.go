@@ -17,7 +17,7 @@ type codeEdit struct {
 }
 
 // codeBreaks are the breaks of the scenarios whose protection is a few
-// lines inside the agent (S9, S19, S20): under RATION_CHAOS_BREAK=<scenario>
+// lines inside the agent (S9, S19, S20, S21): under RATION_CHAOS_BREAK=<scenario>
 // the gateway-agent and coordinator binaries are built with these edits
 // (go build -overlay: the tree is not touched), so the scenario runs
 // against the code without its protection and must fail by a judge. An
@@ -39,6 +39,12 @@ var codeBreaks = map[string][]codeEdit{
 	// An agent spends a promotion's lease for as long as the lease is
 	// valid, not only within the mark it was told of: its marks never run
 	// out, and a "gone" does not stop them.
+	// An agent that sends an RLQS assignment without lending its cap out
+	// of the lease first: the lease's balance stays whole, so every
+	// Envoy's assignment spends it again.
+	"S21": {{File: "internal/holder/lend.go",
+		Old: "if want > 0 && q.h.Lend(now, want) {",
+		New: "if want > 0 && q.h.Available(now) >= want {"}},
 	"S20": {
 		{File: "internal/agent/hot.go",
 			Old: "until := sentAt + lease.AgentValidity(p.For, hotDrift, hotPause.Microseconds())",
