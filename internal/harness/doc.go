@@ -8,6 +8,9 @@
 // test can pause whole (SIGSTOP) and resume. NewProxy (proxy.go) puts a
 // faulty link in front of any of them: stalled, blackholed, delayed,
 // slowed to a byte rate, reset or moved to another upstream.
+// DialRLQS (rlqsclient.go) is an Envoy on RLQS: a client that decides
+// every request itself on the assignments an agent sends it, as Envoy's
+// rate_limit_quota filter does.
 //
 // It is imported only by _test.go files and by test/chaos. Everything is
 // parallel-safe: no package globals, every helper takes the testing.TB that
