@@ -20,7 +20,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"kind"}),
 		lent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_rlqs_tokens_reserved_total",
-			Help: "Lease tokens reserved (lent) for RLQS token bucket assignments: each assignment's max_tokens plus its refill over its TTL and the delivery margin.",
+			Help: "Lease tokens reserved (lent) for RLQS token bucket assignments: each assignment's max_tokens (its refill is lent as rate, ration_rlqs_rate_tokens_total).",
 		}),
 		returned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_rlqs_tokens_returned_total",

@@ -125,12 +125,19 @@ type Server struct {
 	// unfunded holds the names of the rules RLQS does not enforce that a
 	// bucket has matched, each warned about once.
 	unfunded sync.Map
+	// rates integrates the refill rate lent to Envoys over time.
+	rates rateLedger
 }
 
 // New builds a Server.
 func New(o Options) *Server {
 	o.defaults()
-	return &Server{o: o, m: newMetrics(o.Registry), start: time.Now(), shares: shares{d: map[string]map[*bucketState]float64{}}}
+	s := &Server{o: o, m: newMetrics(o.Registry), start: time.Now(), shares: shares{d: map[string]map[*bucketState]float64{}}}
+	o.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "ration_rlqs_rate_tokens_total",
+		Help: "Tokens RLQS assignments' refill rates (tokens_per_fill, lent out of the leases' own refill) could have added to Envoy's buckets: the rate lent, integrated over the time it was lent. With ration_rlqs_tokens_reserved_total less ration_rlqs_tokens_returned_total, the most this agent's Envoys can have admitted under its leases.",
+	}, func() float64 { return s.rates.read(s.now()) }))
+	return s
 }
 
 // Register adds the service to g.
@@ -420,6 +427,7 @@ func kindOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) string {
 func (st *stream) apply(lt *loanTab, m move) {
 	if (m.repay > 0 || m.repayRate > 0) && st.s.o.Funds != nil {
 		st.s.o.Funds.Repay(lt.loan, m.repay, m.repayRate, m.back)
+		st.s.rates.change(st.s.now(), -m.repayRate)
 		st.s.m.returned.Add(m.back)
 		st.s.m.forfeit.Add(m.repay - m.back)
 	}
@@ -505,6 +513,9 @@ func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand,
 		case got == 0 && gotRate == 0:
 			deny = true // the lease funds nothing now: its budget is spent
 		default:
+			// The lease lent gotRate beyond the rate the superseded
+			// loan held (lease.Holding.Lend).
+			st.s.rates.change(now, max(0, gotRate-held))
 			if f == nil {
 				f = &fund{rule: r, subject: m.Subject}
 				b.funds[key] = f
@@ -521,6 +532,7 @@ func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand,
 				// bug: repay the loan and lend nothing.
 				tok, rate := lt.t.unassign()
 				o.Funds.Repay(loan, tok, rate, tok)
+				st.s.rates.change(now, -rate)
 				deny = true
 				continue
 			}
@@ -553,6 +565,7 @@ func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand,
 		for _, l := range loans {
 			tok, rate := l.lt.t.unassign()
 			o.Funds.Repay(l.lt.loan, tok, rate, tok)
+			st.s.rates.change(now, -rate)
 		}
 	} else {
 		if len(loans) > 0 && !fail {
@@ -727,4 +740,37 @@ func (s *Server) warnUnfunded(r *rules.Rule) {
 	}
 	s.o.Logger.Warn("an RLQS bucket matched a rule RLQS does not enforce: its requests are admitted by it (ALLOW_ALL); enforce the rule with Envoy's RLS filter",
 		"rule", r.Name, "because", why)
+}
+
+// rateLedger integrates the refill rate lent to Envoys (tokens_per_fill,
+// taken out of the leases' own refill) over the time it is lent: the
+// tokens Envoy's buckets could have refilled under it.
+type rateLedger struct {
+	mu    sync.Mutex
+	rate  float64 // tokens per second lent now
+	at    int64   // µs, the funds' clock
+	total float64 // tokens
+}
+
+// change adds d to the rate lent from now on.
+func (l *rateLedger) change(now int64, d float64) {
+	l.mu.Lock()
+	l.advance(now)
+	l.rate = max(0, l.rate+d)
+	l.mu.Unlock()
+}
+
+// read is the integral up to now.
+func (l *rateLedger) read(now int64) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.advance(now)
+	return l.total
+}
+
+func (l *rateLedger) advance(now int64) {
+	if now > l.at {
+		l.total += l.rate * float64(now-l.at) / 1e6
+		l.at = now
+	}
 }

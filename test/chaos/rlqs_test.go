@@ -122,17 +122,18 @@ func (l *rlqsLoad) Err() error {
 // replayed through admission.Check against B + r T.
 //
 // The agents: an agent makes no per-request decision on RLQS, so its side
-// is its ledger of loans (/metrics): every token bucket assignment's cap
-// is lent out of a lease before it is sent, and only what Envoy provably
-// never spent goes back. So for each agent the admissions its Envoys made
-// must be covered by what it lent and kept: admitted <= reserved -
-// returned. An agent whose Envoys spent tokens it never lent (an
+// is its ledger of loans (/metrics): every token bucket assignment's
+// max_tokens is lent out of a lease before it is sent, its tokens_per_fill
+// out of the lease's own refill while it lasts, and only what Envoy
+// provably never spent goes back. So for each agent the admissions its
+// Envoys made must be covered by what it lent and kept: admitted <=
+// reserved - returned + the rate lent integrated over its time. An agent whose Envoys spent tokens it never lent (an
 // assignment sent unfunded, or a return of tokens that were spent) fails
 // here whatever the clients' judge says.
 type rlqsJudged struct {
 	Client   admission.Verdict
 	Admitted map[string]float64 // by agent id, as its clients saw it
-	Kept     map[string]float64 // by agent id: reserved - returned
+	Kept     map[string]float64 // by agent id: reserved - returned + rate tokens
 	Problems []string
 }
 
@@ -150,13 +151,16 @@ func judgeRLQS(t *testing.T, recs []admission.Record, agents []*Agent, q string)
 	for _, a := range agents {
 		lent, ok1, err1 := scrapeMetric(a.HTTP, "ration_rlqs_tokens_reserved_total")
 		back, ok2, err2 := scrapeMetric(a.HTTP, "ration_rlqs_tokens_returned_total")
-		if err1 != nil || err2 != nil || !ok1 || !ok2 {
-			t.Fatalf("chaos: agent %s's RLQS ledger: %v %v (found %v %v)", a.ID, err1, err2, ok1, ok2)
+		refill, ok3, err3 := scrapeMetric(a.HTTP, "ration_rlqs_rate_tokens_total")
+		if err1 != nil || err2 != nil || err3 != nil || !ok1 || !ok2 || !ok3 {
+			t.Fatalf("chaos: agent %s's RLQS ledger: %v %v %v (found %v %v %v)", a.ID, err1, err2, err3, ok1, ok2, ok3)
 		}
-		j.Kept[a.ID] = lent - back
-		if adm := j.Admitted[a.ID]; adm > lent-back+admission.Tolerance {
-			j.Problems = append(j.Problems, fmt.Sprintf("agent %s: its Envoys admitted %.0f, more than it lent and kept (%.1f reserved - %.1f returned)",
-				a.ID, adm, lent, back))
+		// Lent as tokens (max_tokens) and kept, plus what the rate lent
+		// (tokens_per_fill) could refill while it was lent.
+		j.Kept[a.ID] = lent - back + refill
+		if adm := j.Admitted[a.ID]; adm > j.Kept[a.ID]+admission.Tolerance {
+			j.Problems = append(j.Problems, fmt.Sprintf("agent %s: its Envoys admitted %.0f, more than it lent and kept (%.1f reserved - %.1f returned + %.1f refilled at the rate lent)",
+				a.ID, adm, lent, back, refill))
 		}
 	}
 	return j
