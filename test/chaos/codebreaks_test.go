@@ -39,12 +39,12 @@ var codeBreaks = map[string][]codeEdit{
 	// An agent spends a promotion's lease for as long as the lease is
 	// valid, not only within the mark it was told of: its marks never run
 	// out, and a "gone" does not stop them.
-	// An agent that sends an RLQS assignment without lending its cap out
-	// of the lease first: the lease's balance stays whole, so every
-	// Envoy's assignment spends it again.
+	// An agent that sends an RLQS assignment without lending its
+	// max_tokens and rate out of the lease first: the lease's balance and
+	// refill stay whole, so every Envoy's assignment spends them again.
 	"S21": {{File: "internal/holder/lend.go",
-		Old: "if want > 0 && q.h.Lend(now, want) {",
-		New: "if want > 0 && q.h.Available(now) >= want {"}},
+		Old: "if (wantT > 0 || wantR > 0) && q.h.Lend(now, wantT, wantR, held) {",
+		New: "if (wantT > 0 || wantR > 0) && q.h.Available(now) >= wantT {"}},
 	"S20": {
 		{File: "internal/agent/hot.go",
 			Old: "until := sentAt + lease.AgentValidity(p.For, hotDrift, hotPause.Microseconds())",
@@ -65,25 +65,15 @@ func breakOverlay(root, dir string) ([]string, error) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	files := map[string]string{} // module path -> edited text
+	var chosen []string
 	for _, name := range names {
-		if !broken(name) {
-			continue
+		if broken(name) {
+			chosen = append(chosen, name)
 		}
-		for _, e := range codeBreaks[name] {
-			text, ok := files[e.File]
-			if !ok {
-				b, err := os.ReadFile(filepath.Join(root, e.File))
-				if err != nil {
-					return nil, fmt.Errorf("break %s: %w", name, err)
-				}
-				text = string(b)
-			}
-			if n := strings.Count(text, e.Old); n != 1 {
-				return nil, fmt.Errorf("break %s: %s holds %q %d times, want once: refresh the break with the code", name, e.File, e.Old, n)
-			}
-			files[e.File] = strings.Replace(text, e.Old, e.New, 1)
-		}
+	}
+	files, err := editedFiles(root, chosen)
+	if err != nil {
+		return nil, err
 	}
 	if len(files) == 0 {
 		return nil, nil
@@ -111,3 +101,28 @@ func breakOverlay(root, dir string) ([]string, error) {
 var s9Break = []codeEdit{{File: "internal/agent/nodes.go",
 	Old: "if r, ok := store.(nodeStore); ok && r.Sharded() {",
 	New: "if r, ok := store.(nodeStore); ok && r.Sharded() && false {"}}
+
+// editedFiles applies the code breaks of names to the files they edit
+// (module paths from root), in order, and returns the edited texts by
+// module path. Each edit's Old must occur exactly once in its file as the
+// earlier edits left it.
+func editedFiles(root string, names []string) (map[string]string, error) {
+	files := map[string]string{}
+	for _, name := range names {
+		for _, e := range codeBreaks[name] {
+			text, ok := files[e.File]
+			if !ok {
+				b, err := os.ReadFile(filepath.Join(root, e.File))
+				if err != nil {
+					return nil, fmt.Errorf("break %s: %w", name, err)
+				}
+				text = string(b)
+			}
+			if n := strings.Count(text, e.Old); n != 1 {
+				return nil, fmt.Errorf("break %s: %s holds %q %d times, want once: refresh the break with the code", name, e.File, e.Old, n)
+			}
+			files[e.File] = strings.Replace(text, e.Old, e.New, 1)
+		}
+	}
+	return files, nil
+}
