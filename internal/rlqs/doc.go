@@ -9,6 +9,9 @@
 // funded by lending its size from the agent's lease of the rule and subject
 // before it is sent (tab.go has the accounting and its argument); what
 // Envoy reports drives the lease's demand. Files: tab.go (the accounting),
-// server.go (the service, streams and bounds), plan.go (sizing an
-// assignment from a lease and the rules' failure policies), metrics.go.
+// server.go (the service, streams and bounds), validate.go (reports
+// checked before use), assign.go (a bucket's action from the rules it
+// matches and their failure policies), plan.go and share.go (sizing an
+// assignment from a lease and the bucket's share of demand), ledger.go
+// (the rate lent, integrated), metrics.go.
 package rlqs

@@ -47,7 +47,7 @@ package rlqs
 //     refills at Rate - LentRate, so the lease and its Envoys together
 //     refill at most at Rate.
 //
-// Each assignment ends before the lease's ValidUntil (server sizing), so
+// Each assignment ends before the lease's ValidUntil (plan.go, fit), so
 // Envoy never admits, nor refills, under a lease after the holder may no
 // longer spend it; a lease whose rate shrinks below what is lent does not
 // confirm it until the loans end, so the coordinator keeps the older,
