@@ -165,6 +165,22 @@ func (c *CoordinatorProcs) status(i int) *rationv1.StatusResponse {
 	return st
 }
 
+// KillLeader SIGKILLs the leader's process, waits for a new leader, and
+// after down starts the killed node again (same data dir and flags). It
+// returns the killed node's index, and when the process was killed and
+// when the next leader was seen (mono clock).
+func (c *CoordinatorProcs) KillLeader(t testing.TB, down time.Duration) (i int, kill, elected time.Duration) {
+	t.Helper()
+	i = c.Leader(t)
+	kill = mono()
+	c.Procs[i].Kill()
+	c.Leader(t)
+	elected = mono()
+	time.Sleep(down)
+	c.Procs[i].Start()
+	return i, kill, elected
+}
+
 // Leader waits until a running node says it leads, and returns it.
 func (c *CoordinatorProcs) Leader(t testing.TB) int {
 	t.Helper()
