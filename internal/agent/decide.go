@@ -59,6 +59,11 @@ type Request struct {
 	// the one before it (a batch of one hot key), and made it a copy of
 	// that one; decideBatch then copies its steps instead of matching.
 	repeat bool
+	// matched: Subject is a matcher's (rules.Match, as RLQS matches a
+	// bucket id), not a caller's: it may be empty (a rule without a
+	// wildcard key) or longer than MaxSubjectLen, as a subject matched
+	// from descriptors may be.
+	matched bool
 }
 
 // Response is the decision.
@@ -415,7 +420,7 @@ func (s *Service) match(set *rules.Set, req *Request, buf []rules.Match) ([]rule
 		if req.Rule == "" {
 			return nil, fmt.Errorf("%w: subject %q given without a rule", ErrInvalidRequest, truncate(req.Subject))
 		}
-		if req.Subject == "" || len(req.Subject) > MaxSubjectLen {
+		if !req.matched && (req.Subject == "" || len(req.Subject) > MaxSubjectLen) {
 			return nil, fmt.Errorf("%w: subject must be 1 to %d bytes, got %d", ErrInvalidRequest, MaxSubjectLen, len(req.Subject))
 		}
 		if req.Subject == rules.DefaultSubject {

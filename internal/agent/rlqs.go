@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -8,12 +10,14 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ration-dev/ration/internal/rlqs"
+	"github.com/ration-dev/ration/internal/rules"
 )
 
 // registerRLQS adds Envoy's Rate Limit Quota Service (internal/rlqs) to
 // the agent's gRPC server, beside RLS v3: one rules file for both, bucket
 // ids matched as RLS descriptors are (EnvoyDomainKey set to the stream's
-// domain), leased rules' assignments funded by the agent's leases.
+// domain), leased rules' assignments lent out of the agent's leases, the
+// other rules' taken through its decisions (rlqsTaker).
 func registerRLQS(g *grpc.Server, svc *Service, logger *slog.Logger, reg prometheus.Registerer) *rlqs.Server {
 	// Tick: each stream's timer wakes the agent every Tick, and at the
 	// package's 100ms the wake-ups of 16 streams cost the agent more CPU
@@ -21,11 +25,53 @@ func registerRLQS(g *grpc.Server, svc *Service, logger *slog.Logger, reg prometh
 	// closes as it arrives; the timer only forfeits what no report closes
 	// (after a grace of seconds) and abandons idle buckets (after a
 	// minute), for which a second is resolution enough.
-	o := rlqs.Options{Rules: svc.rules, Logger: logger.With("component", "rlqs"), Registry: reg, Tick: time.Second}
+	o := rlqs.Options{Rules: svc.rules, Taker: rlqsTaker{svc}, Region: svc.cfg.Region,
+		Logger: logger.With("component", "rlqs"), Registry: reg, Tick: time.Second}
 	if f, ok := svc.leases.(rlqs.Funds); ok {
 		o.Funds = f
 	}
 	s := rlqs.New(o)
 	s.Register(g)
 	return s
+}
+
+// rlqsTaker takes an RLQS assignment's cost from a rule RLQS does not lend
+// for, as one request of that cost on the agent's own decision path: the
+// rule's store bucket (one script call), a promoted auto subject's or a
+// default-share subject's lease, or the rule's failure policy (the
+// emergency bucket of local_emergency, bounded per agent). The decision
+// is counted, recorded and refunded as any other.
+type rlqsTaker struct{ svc *Service }
+
+func (t rlqsTaker) Take(ctx context.Context, r *rules.Rule, subject string, cost float64) (rlqs.Taken, error) {
+	resp, err := t.svc.Decide(ctx, Request{Rule: r.Name, Subject: subject, Cost: cost, matched: true})
+	if errors.Is(err, ErrUnknownRule) {
+		return rlqs.Taken{Outcome: rlqs.Gone}, nil
+	}
+	if err != nil {
+		return rlqs.Taken{}, err
+	}
+	return rlqs.Taken{Outcome: takeOutcome(resp), RetryAfter: resp.RetryAfter}, nil
+}
+
+// takeOutcome is what a decision of one rule says of a take.
+func takeOutcome(resp Response) rlqs.Outcome {
+	switch {
+	case resp.Reason == ReasonNoRule:
+		// Nothing matched a request naming its rule: the rule is not in
+		// force (Decide refuses an unknown name; this is for safety).
+		return rlqs.Gone
+	case resp.Reason == ReasonShadow:
+		// The rule was reloaded as a shadow rule, which never denies: it
+		// limits nothing, as RLQS treats shadow rules.
+		return rlqs.Open
+	case resp.Allowed && resp.Reason == ReasonUnavailable:
+		return rlqs.Open // fail_open: nothing was counted
+	case resp.Allowed:
+		return rlqs.Funded // ReasonOK (store, lease) or ReasonEmergency
+	case resp.Reason == ReasonOverLimit, resp.Reason == ReasonEmergency:
+		return rlqs.Over // the quota, or the emergency bucket, lacks the cost
+	default:
+		return rlqs.Unavailable // fail_closed, or emergency past its allowance
+	}
 }

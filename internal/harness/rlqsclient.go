@@ -19,11 +19,15 @@ import (
 // RLQSClient behaves as Envoy's rate_limit_quota filter documents, with
 // the settings Ration expects (docs/integrations/envoy-rlqs.md): a bucket's
 // first request sends a report at once (the subscription); every interval
-// all buckets are reported; until its first assignment, and once one
-// expires, a bucket denies (no_assignment_behavior DENY_ALL, no
-// expired_assignment_behavior); a token bucket assignment starts full
-// unless it repeats the active one's sizes (then the bucket carries on), its
-// TTL in whole seconds; abandon forgets the bucket.
+// all buckets are reported; an assignment applies from its receipt until
+// the next action for its bucket or its TTL (whole seconds), whichever is
+// first, whether or not reports are answered; until its first assignment,
+// and once one expires, a bucket denies (no_assignment_behavior DENY_ALL,
+// no expired_assignment_behavior: Envoy drops the expired assignment and
+// its token bucket, and keeps reporting the bucket); a token bucket
+// assignment starts full unless it repeats the sizes of the one in force
+// (then the bucket carries on; an expired one is not in force); abandon
+// forgets the bucket.
 //
 // Every decision is the client's own, as Envoy's are: the agent only sees
 // reports. Agent tests, test/chaos and the RLQS load program share it.
@@ -36,6 +40,7 @@ type RLQSClient struct {
 	mu              sync.Mutex
 	buckets         map[string]*rlqsBucket
 	allowed, denied uint64 // every decision since the start
+	reports         uint64 // bucket usages reported since the start
 	err             error
 	sendMu          sync.Mutex
 }
@@ -99,18 +104,17 @@ func (c *RLQSClient) Request(id map[string]string) bool {
 		c.buckets[key] = b
 	}
 	now := time.Now()
+	b.expire(now)
 	ok := false
-	if b.kind != "" && now.Before(b.expires) {
-		switch b.kind {
-		case "allow_all":
+	switch b.kind {
+	case "allow_all":
+		ok = true
+	case "token_bucket":
+		b.level = min(b.max, b.level+b.rate*now.Sub(b.updated).Seconds())
+		b.updated = now
+		if b.level >= 1 {
+			b.level--
 			ok = true
-		case "token_bucket":
-			b.level = min(b.max, b.level+b.rate*now.Sub(b.updated).Seconds())
-			b.updated = now
-			if b.level >= 1 {
-				b.level--
-				ok = true
-			}
 		}
 	}
 	if ok {
@@ -139,8 +143,30 @@ func (c *RLQSClient) Decisions() (allowed, denied uint64) {
 	return c.allowed, c.denied
 }
 
+// Kind is the kind of bucket id's assignment in force ("" for none, or
+// token_bucket, allow_all, deny_all).
+func (c *RLQSClient) Kind(id map[string]string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.buckets[rlqsBucketName(id)]
+	if b == nil {
+		return ""
+	}
+	b.expire(time.Now())
+	return b.kind
+}
+
+// Reports is how many bucket usages the client reported so far (a report
+// of two buckets counts two).
+func (c *RLQSClient) Reports() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reports
+}
+
 // reportLocked builds a report of bs, resetting their counts; c.mu held.
 func (c *RLQSClient) reportLocked(bs []*rlqsBucket) *rlqsv3.RateLimitQuotaUsageReports {
+	c.reports += uint64(len(bs))
 	rep := &rlqsv3.RateLimitQuotaUsageReports{Domain: c.domain}
 	for _, b := range bs {
 		rep.BucketQuotaUsages = append(rep.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
@@ -224,6 +250,10 @@ func (c *RLQSClient) applyLocked(a *rlqsv3.RateLimitQuotaResponse_BucketAction, 
 		delete(c.buckets, key)
 		return
 	}
+	// An assignment that expired before this one came is gone: a token
+	// bucket of the same sizes starts afresh (full), as Envoy's expiry
+	// timer drops the cached action and its bucket.
+	b.expire(now)
 	qa := a.GetQuotaAssignmentAction()
 	s := qa.GetRateLimitStrategy()
 	// Envoy reads the TTL's whole seconds only.
@@ -242,6 +272,14 @@ func (c *RLQSClient) applyLocked(a *rlqsv3.RateLimitQuotaResponse_BucketAction, 
 		b.kind = "deny_all"
 	} else {
 		b.kind = "allow_all"
+	}
+}
+
+// expire forgets b's assignment if it has expired by now: the bucket is
+// back to its no_assignment_behavior (DENY_ALL).
+func (b *rlqsBucket) expire(now time.Time) {
+	if b.kind != "" && !now.Before(b.expires) {
+		b.kind = ""
 	}
 }
 

@@ -1,7 +1,8 @@
 package rlqs
 
-// Sizing a bucket's next action from the rules it matches and the leases
-// that fund them.
+// A bucket's next action, from the rules it matches: which of them lend it
+// (leased rules) and which take it (take.go), then the action their
+// answers make.
 
 import (
 	"context"
@@ -17,162 +18,224 @@ import (
 	"github.com/ration-dev/ration/internal/rules"
 )
 
-// verdict is one rule's say on a bucket's assignment.
+// verdict is a failure policy's say on a bucket's assignment.
 type verdict int
 
 const (
-	vOpen   verdict = iota // does not limit it
-	vFunded                // a token bucket, lent from its lease
-	vSizes                 // a token bucket of given sizes, unfunded (emergency)
+	vOpen  verdict = iota // does not limit it
+	vSizes                // a token bucket of given sizes, unfunded (emergency)
 	vDeny
 )
 
-// assign decides a bucket's next action at now, lending what it funds.
-// n is the requests of the report (the first report of a bucket with no
-// request is still answered: Envoy waits for an assignment).
-func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand, n float64) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	o := &st.s.o
-	var matches []rules.Match
-	if o.Rules != nil {
-		matches = o.Rules.Current().Match(b.pairs, nil)
-	}
-	delta := o.Delta.Microseconds()
-	limit := sizes{burst: math.MaxUint32, rate: math.MaxUint32, ttl: int64(o.MaxTTL / time.Second)}
-	deny, fail, limited := false, false, false
-	type lent struct {
-		lt    *loanTab
-		f     *fund
-		sizes sizes
-	}
-	var loans []lent
+// plan is what the rules a bucket matches say of its next action, as
+// lending and taking build it.
+type plan struct {
+	// limit is the smallest assignment of the rules that size one (a
+	// loan, a take, an emergency policy); its rate is MaxUint32 while
+	// none does.
+	limit sizes
+	// funded: a loan or a take pays for the assignment, which may then
+	// stand until it is about to lapse (renewDue).
+	funded bool
+	// fail: a failure policy decided for a rule: the action's TTL is
+	// FailTTL and the next report asks again.
+	fail bool
+	deny bool
+	// denyTTL is, for a denial by spent quotas only, when they may fund
+	// the bucket again (seconds); the denial stands that long. 0: the
+	// denial lasts FailTTL and the next report asks again.
+	denyTTL int64
+	// retry: a denial that the next report must ask about again (a
+	// failure policy's, a spent lease's); denyTTL is then not kept.
+	retry bool
+	loans []lent
+}
+
+// lent is one loan made for the action being built.
+type lent struct {
+	lt    *loanTab
+	f     *fund
+	sizes sizes
+}
+
+// assign decides a bucket's next action at now, lending and taking what
+// funds it; demand is its requests per second as last reported.
+func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand float64) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	// Whatever is decided, an action for b is sent now: it ends the last
 	// one by now + Delta (before any new loan is recorded, which it must
 	// not cut).
 	st.cutAll(b, now)
-	for _, m := range matches {
-		r := m.Rule
-		if r.Shadow || r.Mode != rules.ModeLeased || r.Lease.DefaultShare > 0 {
-			// Redis-mode, auto and default-share rules are RLS's to
-			// decide (docs/integrations/envoy-rlqs.md); shadow rules
-			// never deny.
-			st.s.warnUnfunded(r)
-			continue
-		}
-		limited = true
-		var z sizes
-		var got, gotRate, held float64
-		var loan holder.Loan
-		ok := false
-		key := r.Name + "\x00" + m.Subject
-		f := b.funds[key]
-		var prev *loanTab
-		if f != nil && len(f.tabs) > 0 {
-			prev = f.tabs[len(f.tabs)-1]
-		}
-		if o.Funds != nil {
-			w := smaller(want(r, demand, limit.ttl), limit)
-			share := st.s.shares.set(key, b, demand)
-			var pl holder.Loan
-			if prev != nil {
-				pl, held = prev.loan, prev.t.rate
-			}
-			loan, got, gotRate, ok = o.Funds.Lend(ctx, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
-				zz, fits := fit(w, offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil}, now, delta)
-				if !fits {
-					return 0, 0
-				}
-				z = zz
-				return z.burst, z.rate
-			})
-		}
-		switch {
-		case !ok:
-			fail = true
-			switch v, zz := failure(r, o.Funds); v {
-			case vDeny:
-				deny = true
-			case vSizes:
-				limit = smaller(limit, zz)
-			}
-		case got == 0 && gotRate == 0:
-			deny = true // the lease funds nothing now: its budget is spent
+	lend, take := st.match(b)
+	p := &plan{limit: sizes{burst: math.MaxUint32, rate: math.MaxUint32, ttl: int64(st.s.o.MaxTTL / time.Second)}}
+	for _, m := range lend {
+		st.lend(ctx, b, now, demand, m, p)
+	}
+	st.take(ctx, b, demand, take, p)
+	return st.act(b, now, p)
+}
+
+// match splits the rules b matches: leased rules lend its assignment out
+// of the agent's lease of their quota (tab.go); the others (mode redis,
+// mode auto, lease.default_share) take it (take.go). Shadow rules never
+// deny and do neither.
+func (st *stream) match(b *bucketState) (lend, take []rules.Match) {
+	if st.s.o.Rules == nil {
+		return nil, nil
+	}
+	for _, m := range st.s.o.Rules.Current().Match(b.pairs, nil) {
+		switch r := m.Rule; {
+		case r.Shadow:
+		case r.Mode == rules.ModeLeased && r.Lease.DefaultShare == 0:
+			lend = append(lend, m)
 		default:
-			// The lease lent gotRate beyond the rate the superseded
-			// loan held (lease.Holding.Lend).
-			st.s.rates.change(now, max(0, gotRate-held))
-			if f == nil {
-				f = &fund{rule: r, subject: m.Subject}
-				b.funds[key] = f
-			}
-			lt := prev
-			if lt == nil || lt.loan != loan {
-				lt = &loanTab{loan: loan, t: newTab(delta, o.Grace.Microseconds())}
-				f.tabs = append(f.tabs, lt)
-			}
-			c, l := lt.t.assign(now, z.burst, z.rate, z.ttl*1e6)
-			st.apply(lt, c)
-			if math.Abs(l.lend-got) > 1e-6 || math.Abs(l.lendRate-gotRate) > 1e-6 {
-				// The plan and the tab size a loan alike; a mismatch is a
-				// bug: repay the loan and lend nothing.
-				tok, rate := lt.t.unassign()
-				o.Funds.Repay(loan, tok, rate, tok)
-				st.s.rates.change(now, -rate)
-				deny = true
-				continue
-			}
-			limit = smaller(limit, z)
-			loans = append(loans, lent{lt, f, z})
+			take = append(take, m)
 		}
 	}
-	action := &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: b.id}
+	return lend, take
+}
+
+// lend lends b's assignment for leased rule m out of the agent's lease of
+// its quota, sized to what the lease offers and b's share of its demand.
+func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand float64, m rules.Match, p *plan) {
+	o := &st.s.o
+	r := m.Rule
+	if o.Funds == nil {
+		st.fallBack(r, p)
+		return
+	}
+	delta := o.Delta.Microseconds()
+	key := r.Name + "\x00" + m.Subject
+	f := b.funds[key]
+	var prev *loanTab
+	if f != nil && len(f.tabs) > 0 {
+		prev = f.tabs[len(f.tabs)-1]
+	}
+	var z sizes
+	var held float64
+	var pl holder.Loan
+	if prev != nil {
+		pl, held = prev.loan, prev.t.rate
+	}
+	w := smaller(want(r, demand, p.limit.ttl), p.limit)
+	share := st.s.shares.set(key, b, demand)
+	loan, got, gotRate, ok := o.Funds.Lend(ctx, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
+		zz, fits := fit(w, offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil}, now, delta)
+		if !fits {
+			return 0, 0
+		}
+		z = zz
+		return z.burst, z.rate
+	})
+	switch {
+	case !ok:
+		st.fallBack(r, p)
+		return
+	case got == 0 && gotRate == 0:
+		p.deny, p.retry = true, true // the lease funds nothing now: its budget is spent
+		return
+	}
+	// The lease lent gotRate beyond the rate the superseded loan held
+	// (lease.Holding.Lend).
+	st.s.rates.change(now, max(0, gotRate-held))
+	if f == nil {
+		f = &fund{rule: r, subject: m.Subject}
+		b.funds[key] = f
+	}
+	lt := prev
+	if lt == nil || lt.loan != loan {
+		lt = &loanTab{loan: loan, t: newTab(delta, o.Grace.Microseconds())}
+		f.tabs = append(f.tabs, lt)
+	}
+	c, l := lt.t.assign(now, z.burst, z.rate, z.ttl*1e6)
+	st.apply(lt, c)
+	if math.Abs(l.lend-got) > 1e-6 || math.Abs(l.lendRate-gotRate) > 1e-6 {
+		// The plan and the tab size a loan alike; a mismatch is a bug:
+		// repay the loan and lend nothing.
+		tok, rate := lt.t.unassign()
+		o.Funds.Repay(loan, tok, rate, tok)
+		st.s.rates.change(now, -rate)
+		p.deny, p.retry = true, true
+		return
+	}
+	p.limit = smaller(p.limit, z)
+	p.funded = true
+	p.loans = append(p.loans, lent{lt, f, z})
+}
+
+// fallBack applies leased rule r's failure policy when its lease cannot
+// decide (no valid lease: the coordinators are unreachable).
+func (st *stream) fallBack(r *rules.Rule, p *plan) {
+	p.fail = true
+	switch v, z := failure(r, st.s.o.Funds); v {
+	case vDeny:
+		p.deny, p.retry = true, true
+	case vSizes:
+		p.limit = smaller(p.limit, z)
+	}
+}
+
+// act makes the action of plan p for b, sent at now: it repays the loans
+// if nothing they funded is sent, or lowers them to the assignment sent.
+func (st *stream) act(b *bucketState, now int64, p *plan) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	o := &st.s.o
 	var strategy *typev3.RateLimitStrategy
 	ttl := int64(o.OpenTTL / time.Second)
+	b.until = 0
 	switch {
-	case deny:
+	case p.deny:
 		strategy = blanket(typev3.RateLimitStrategy_DENY_ALL)
 		ttl = int64(o.FailTTL / time.Second)
-	case !limited || (fail && limit.rate == math.MaxUint32 && len(loans) == 0):
+		if !p.retry && p.denyTTL > 0 {
+			// Spent quotas that fund nothing before denyTTL: the denial
+			// stands until then, unasked.
+			ttl = p.denyTTL
+			b.until = now + ttl*1e6
+		}
+	case p.limit.rate == math.MaxUint32:
+		// Nothing sizes an assignment: no rule limits the bucket, or only
+		// failure policies that admit.
 		strategy = blanket(typev3.RateLimitStrategy_ALLOW_ALL)
-		if fail {
+		if p.fail {
 			ttl = int64(o.FailTTL / time.Second)
 		}
 	default:
-		if fail {
-			limit.ttl = min(limit.ttl, int64(o.FailTTL/time.Second))
+		if p.fail {
+			p.limit.ttl = min(p.limit.ttl, int64(o.FailTTL/time.Second))
 		}
-		strategy = tokenBucket(limit)
-		ttl = limit.ttl
+		strategy = tokenBucket(p.limit)
+		ttl = p.limit.ttl
+		if p.funded && !p.fail {
+			b.until = now + ttl*1e6
+		}
 	}
-	b.until = 0
 	if strategy.GetTokenBucket() == nil {
 		// Nothing lent is sent: the loans go back whole.
-		for _, l := range loans {
+		for _, l := range p.loans {
 			tok, rate := l.lt.t.unassign()
 			o.Funds.Repay(l.lt.loan, tok, rate, tok)
 			st.s.rates.change(now, -rate)
 		}
 	} else {
-		if len(loans) > 0 && !fail {
-			b.until = now + ttl*1e6
-		}
-		for _, l := range loans {
+		for _, l := range p.loans {
 			st.s.m.lent.Add(l.lt.t.as[len(l.lt.t.as)-1].cap)
-			if l.sizes != limit {
-				st.apply(l.lt, l.lt.t.lower(limit.burst, limit.rate, limit.ttl*1e6))
+			if l.sizes != p.limit {
+				st.apply(l.lt, l.lt.t.lower(p.limit.burst, p.limit.rate, p.limit.ttl*1e6))
 			}
 		}
 	}
-	action.BucketAction = &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
-		QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-			AssignmentTimeToLive: durationpb.New(time.Duration(ttl) * time.Second),
-			RateLimitStrategy:    strategy,
+	return &rlqsv3.RateLimitQuotaResponse_BucketAction{
+		BucketId: b.id,
+		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+			QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: durationpb.New(time.Duration(ttl) * time.Second),
+				RateLimitStrategy:    strategy,
+			},
 		},
 	}
-	return action
 }
 
-// failure is a rule's failure policy as an assignment, when its lease
-// cannot decide (no valid lease: the coordinators are unreachable).
+// failure is a leased rule's failure policy as an assignment, when its
+// lease cannot decide (no valid lease: the coordinators are unreachable).
 func failure(r *rules.Rule, funds Funds) (verdict, sizes) {
 	switch r.OnFailure {
 	case rules.FailOpen:
@@ -211,22 +274,4 @@ func (st *stream) cutAll(b *bucketState, now int64) {
 			st.apply(lt, lt.t.cut(now))
 		}
 	}
-}
-
-// warnUnfunded logs, once per rule, that a bucket matched a rule RLQS does
-// not enforce: its requests are admitted without it, which an operator
-// who meant it to limit Envoy's traffic must learn from somewhere.
-func (s *Server) warnUnfunded(r *rules.Rule) {
-	if r.Shadow {
-		return
-	}
-	if _, seen := s.unfunded.LoadOrStore(r.Name, true); seen {
-		return
-	}
-	why := "mode " + r.Mode.String()
-	if r.Mode == rules.ModeLeased {
-		why = "a lease.default_share"
-	}
-	s.o.Logger.Warn("an RLQS bucket matched a rule RLQS does not enforce: its requests are admitted by it (ALLOW_ALL); enforce the rule with Envoy's RLS filter",
-		"rule", r.Name, "because", why)
 }

@@ -8,10 +8,13 @@
 // plus "domain" set to the stream's domain). A leased rule's assignment is
 // funded by lending its size from the agent's lease of the rule and subject
 // before it is sent (tab.go has the accounting and its argument); what
-// Envoy reports drives the lease's demand. Files: tab.go (the accounting),
-// server.go (the service, streams and bounds), validate.go (reports
-// checked before use), assign.go (a bucket's action from the rules it
-// matches and their failure policies), plan.go and share.go (sizing an
-// assignment from a lease and the bucket's share of demand), ledger.go
-// (the rate lent, integrated), metrics.go.
+// Envoy reports drives the lease's demand. Any other rule's (mode redis,
+// mode auto, lease.default_share) is funded by taking everything Envoy
+// could spend under it through the agent's own decision path before it is
+// sent (take.go). Files: tab.go (the lent accounting), take.go (takes and
+// their argument), server.go (the service, streams and bounds),
+// validate.go (reports checked before use), assign.go (a bucket's action
+// from the rules it matches, lending, and failure policies), plan.go and
+// share.go (sizing an assignment from a lease and the bucket's share of
+// demand), ledger.go (the rate lent, integrated), metrics.go.
 package rlqs

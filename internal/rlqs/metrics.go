@@ -10,6 +10,7 @@ type metrics struct {
 	buckets     prometheus.Gauge
 	streams     prometheus.Gauge
 	refused     *prometheus.CounterVec
+	takes       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -42,6 +43,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ration_rlqs_refused_total",
 			Help: "RLQS streams ended by the agent, by reason (invalid: a report broke the protocol or a bound; streams: too many streams; buckets: too many buckets on one stream).",
 		}, []string{"reason"}),
+		takes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ration_rlqs_takes_total",
+			Help: "Takes that funded (or failed to fund) RLQS assignments of rules RLQS does not lend for (mode redis, mode auto, lease.default_share): each charges an assignment's whole cost through the agent's decisions, by outcome (funded, open: admitted by fail_open; over_limit; unavailable: denied by the failure policy; gone: the rule was reloaded away; error: refused, the rule is not enforced).",
+		}, []string{"outcome"}),
 	}
 	// Every series exists from the start, at 0: a dashboard's rate() of a
 	// kind that has not happened yet is 0, not missing.
@@ -51,6 +56,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{"invalid", "streams", "buckets"} {
 		m.refused.WithLabelValues(r)
 	}
-	reg.MustRegister(m.assignments, m.lent, m.returned, m.forfeit, m.buckets, m.streams, m.refused)
+	for _, o := range []string{"funded", "open", "over_limit", "unavailable", "gone", "error"} {
+		m.takes.WithLabelValues(o)
+	}
+	reg.MustRegister(m.assignments, m.lent, m.returned, m.forfeit, m.buckets, m.streams, m.refused, m.takes)
 	return m
 }

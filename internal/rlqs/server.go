@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/holder"
+	"github.com/ration-dev/ration/internal/region"
 	"github.com/ration-dev/ration/internal/rules"
 )
 
@@ -48,7 +49,14 @@ const (
 // Options tune a Server. Zero values take the defaults.
 type Options struct {
 	Funds Funds // nil: leased buckets get their rule's failure policy
-	Rules Rules
+	// Taker funds the assignments of the rules RLQS does not lend for
+	// (take.go). nil: those rules are not enforced (each is logged once,
+	// and its failure policy decides).
+	Taker Taker
+	// Region is the agent's region: a scope: global, mode: redis rule's
+	// store bucket there is the region's share, which sizes its takes.
+	Region region.ID
+	Rules  Rules
 	// Delta bounds the delivery of a message between the agent and Envoy
 	// plus the lateness of Envoy's timers (default 200ms): an assignment
 	// sent at s is applied by s+Delta and ends by s+Delta+TTL (tab.go).
@@ -58,8 +66,17 @@ type Options struct {
 	Grace time.Duration
 	// MaxTTL is the longest assignment TTL, whole seconds (default 5s).
 	MaxTTL time.Duration
-	// OpenTTL is the TTL of an ALLOW_ALL for a bucket no leased rule
-	// limits (default 30s).
+	// TakeTTL is the TTL of an assignment funded by a take, whole seconds
+	// (default 2s, at most MaxTTL). Every take pays for the whole TTL and
+	// gets nothing back, and the bound over a window widens by it
+	// (take.go): short. But a taken assignment is renewed only when it
+	// would lapse before the next report, so a TTL of several report
+	// intervals makes one take last several reports: 2s is the shortest
+	// whole-second TTL that does so at reporting intervals up to about
+	// 400ms.
+	TakeTTL time.Duration
+	// OpenTTL is the TTL of an ALLOW_ALL for a bucket no rule limits
+	// (default 30s).
 	OpenTTL time.Duration
 	// FailTTL is the TTL of an assignment made by a failure policy or a
 	// spent budget (default 1s): it is asked again at the next report.
@@ -84,11 +101,13 @@ func (o *Options) defaults() {
 	def(&o.Delta, 200*time.Millisecond)
 	def(&o.Grace, 3*time.Second)
 	def(&o.MaxTTL, 5*time.Second)
+	def(&o.TakeTTL, 2*time.Second)
 	def(&o.OpenTTL, 30*time.Second)
 	def(&o.FailTTL, time.Second)
 	def(&o.AbandonAfter, time.Minute)
 	def(&o.Tick, 100*time.Millisecond)
 	o.MaxTTL = max(time.Second, o.MaxTTL.Truncate(time.Second))
+	o.TakeTTL = min(o.MaxTTL, max(time.Second, o.TakeTTL.Truncate(time.Second)))
 	o.OpenTTL = max(time.Second, o.OpenTTL.Truncate(time.Second))
 	o.FailTTL = max(time.Second, o.FailTTL.Truncate(time.Second))
 	if o.MaxStreams <= 0 {
@@ -115,9 +134,9 @@ type Server struct {
 	// draining counts closed streams whose reservations are still out.
 	draining atomic.Int64
 	shares   shares
-	// unfunded holds the names of the rules RLQS does not enforce that a
-	// bucket has matched, each warned about once.
-	unfunded sync.Map
+	// unenforced holds the names of the rules RLQS could not enforce
+	// that a bucket has matched, each warned about once.
+	unenforced sync.Map
 	// rates integrates the refill rate lent to Envoys over time.
 	rates rateLedger
 }
@@ -219,8 +238,16 @@ type bucketState struct {
 	reported  int64             // when the last report naming it came
 	busy      int64             // when it last reported a request
 	abandoned bool
-	// until is when the last action sent, if a funded token bucket, may
-	// expire at Envoy at the earliest (sent + TTL); 0 otherwise.
+	// gap is the time between its reports as measured (see measureGap).
+	gap int64
+	// asked is the requests reported since askedSince, when the last
+	// action was sent (0: none yet): its demand (see demand).
+	asked      float64
+	askedSince int64
+	// until is when the last action sent, if one that stands until it
+	// is about to lapse (a funded token bucket, a spent quota's denial),
+	// may expire at Envoy at the earliest (sent + TTL); 0 otherwise: the
+	// next report is answered.
 	until     int64
 	shareKeys map[string]bool // quotas whose shares count it
 }
@@ -279,6 +306,7 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 			elapsed = 0
 		}
 		b.reported = now
+		b.measureGap(elapsed)
 		if u.allowed+u.denied > 0 {
 			b.busy = now
 		}
@@ -292,22 +320,55 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 				st.apply(lt, lt.t.report(now, u.allowed))
 			}
 		}
-		demand := (u.allowed + u.denied) / max(1, float64(elapsed)/1e6)
-		if !st.renewDue(b, now, elapsed) {
+		b.asked += u.allowed + u.denied
+		if !st.renewDue(b, now) {
 			// Envoy's assignment carries on past the next report: a new
-			// one would be charged its M again (tab.go).
+			// one would be charged its M again (tab.go), or taken again
+			// whole (take.go).
 			continue
 		}
-		resp.BucketAction = append(resp.BucketAction, st.assign(ctx, b, now, demand, u.allowed+u.denied))
+		resp.BucketAction = append(resp.BucketAction, st.assign(ctx, b, now, b.demand(now)))
+		b.asked, b.askedSince = 0, now
 	}
 	return st.send(resp)
 }
 
-// renewDue reports whether b needs a new action at now, reported after
-// elapsed: unless its funded token bucket lasts past the next report
-// (expected elapsed later, twice that for a late one) and delta.
-func (st *stream) renewDue(b *bucketState, now, elapsed int64) bool {
-	return b.until == 0 || elapsed <= 0 || b.until-now <= 2*elapsed+st.s.o.Delta.Microseconds()
+// renewDue reports whether b needs a new action at now: unless the one
+// it has stands (until) past the next report (expected a gap later, twice
+// that for a late one) and delta.
+func (st *stream) renewDue(b *bucketState, now int64) bool {
+	return b.until == 0 || b.gap <= 0 || b.until-now <= 2*b.gap+st.s.o.Delta.Microseconds()
+}
+
+// demand is b's requests per second since its last action: over the
+// whole time Envoy applied it, not only the last report's gap (a report
+// it answers comes once an assignment would lapse). Before any action
+// (the first report, which Envoy sends with a bucket's first request),
+// what it counts is taken as one second's.
+func (b *bucketState) demand(now int64) float64 {
+	if b.askedSince == 0 {
+		return b.asked
+	}
+	return b.asked / max(minDemandWindow.Seconds(), float64(now-b.askedSince)/1e6)
+}
+
+// minDemandWindow keeps a burst of requests reported right after an
+// action from reading as a huge rate.
+const minDemandWindow = 100 * time.Millisecond
+
+// measureGap adds a report gap of elapsed (0: the bucket's first report)
+// to b's measure: the longest of the recent ones, a longer gap at once, a
+// shorter one a quarter of the way, so that one early report (Envoy sends
+// a new bucket's first at once, then its timer's) does not make the next
+// seem near.
+func (b *bucketState) measureGap(elapsed int64) {
+	switch {
+	case elapsed <= 0:
+	case elapsed >= b.gap:
+		b.gap = elapsed
+	default:
+		b.gap -= (b.gap - elapsed) / 4
+	}
 }
 
 func (st *stream) send(resp *rlqsv3.RateLimitQuotaResponse) error {

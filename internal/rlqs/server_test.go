@@ -109,38 +109,55 @@ func TestInvalidReportsRefused(t *testing.T) {
 	}
 }
 
-// A bucket that only a rule RLQS does not enforce matches (mode redis) is
-// assigned ALLOW_ALL, and the operator is told once, with the rule's name,
-// however many buckets and reports match it.
+// A bucket that matches a rule RLQS cannot enforce (here: a rule it would
+// take for, with no decision path to take from) gets the rule's failure
+// policy, and the operator is told once, with the rule's name and why,
+// however many buckets and reports match it: an admitting policy
+// (fail_open) limits nothing on Envoy. A shadow rule never denies and is
+// no warning's business.
 func TestUnenforcedRuleWarnedOnce(t *testing.T) {
-	set, err := rules.Parse("rules.yaml", []byte(`
-rules:
-  - name: per-user
-    match: {user: "*"}
-    burst: 10
-    rate: 1
-`))
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name, rule string
+		kind       string
+		warned     bool
+	}{
+		{"fail_open admits", "    on_failure: fail_open\n", "allow_all", true},
+		{"fail_closed denies", "    on_failure: fail_closed\n", "deny_all", true},
+		{"shadow", "    shadow: true\n", "allow_all", false},
 	}
-	var logs syncBuffer
-	c := serve(t, Options{Rules: staticRules{set}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	s, err := c.StreamRateLimitQuotas(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, u := range []string{"a", "b", "a"} {
-		if err := s.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(map[string]string{"user": u}, 1, 0)}}); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := s.Recv()
-		if err != nil || kindOf(resp.GetBucketAction()[0]) != "allow_all" {
-			t.Fatalf("user %s: %v, %v; want allow_all", u, resp, err)
-		}
-	}
-	out := logs.String()
-	if n := strings.Count(out, "does not enforce"); n != 1 || !strings.Contains(out, "rule=per-user") || !strings.Contains(out, "mode redis") {
-		t.Fatalf("want one warning naming rule per-user and mode redis, got %d in:\n%s", n, out)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			set, err := rules.Parse("rules.yaml", []byte("rules:\n  - name: per-user\n    match: {user: \"*\"}\n    burst: 10\n    rate: 1\n"+tt.rule))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs syncBuffer
+			c := serve(t, Options{Rules: staticRules{set}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			s, err := c.StreamRateLimitQuotas(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, u := range []string{"a", "b", "a"} {
+				if err := s.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(map[string]string{"user": u}, 1, 0)}}); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := s.Recv()
+				if err != nil || kindOf(resp.GetBucketAction()[0]) != tt.kind {
+					t.Fatalf("user %s: %v, %v; want %s", u, resp, err, tt.kind)
+				}
+			}
+			out := logs.String()
+			n := strings.Count(out, "cannot enforce")
+			if !tt.warned {
+				if n != 0 {
+					t.Fatalf("a shadow rule was warned about:\n%s", out)
+				}
+				return
+			}
+			if n != 1 || !strings.Contains(out, "rule=per-user") || !strings.Contains(out, "no decision path") {
+				t.Fatalf("want one warning naming rule per-user and why, got %d in:\n%s", n, out)
+			}
+		})
 	}
 }
 

@@ -1,0 +1,356 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ration-dev/ration/internal/admission"
+	"github.com/ration-dev/ration/internal/agent"
+	"github.com/ration-dev/ration/internal/harness"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
+)
+
+// takeLife is a taken assignment's TTL and delivery margin at the RLQS
+// defaults (rlqs.Options TakeTTL 2s, Delta 200ms): how long before a window
+// the take that funds an admission in it may have been counted.
+const takeLife = 2.2
+
+const takenRules = `
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 40
+    rate: 20
+`
+
+// Envoys on RLQS and direct callers share one mode redis subject on a real
+// redis-server: 3 filter-like clients asking far more than the rule's rate,
+// and 2 direct callers (Allow over gRPC, Decide in process) asking about
+// two thirds of it, for a few seconds. Every assignment's whole cost is
+// taken from the subject's Redis bucket before it is sent, so all they
+// admitted together stays within B + r*T over the run, and within
+// B + r*(T + TTL + delta) over any window (a take may precede the window
+// it is spent in by the assignment's life).
+func TestRLQSTakesRedisRuleWithinBound(t *testing.T) {
+	const burst, rate = 40.0, 20.0
+	a := startAgent(t, takenRules)
+	rec := admission.NewRecorder()
+	const quota = "per-user|user=a"
+	id := map[string]string{"user": "a"}
+	var clients []*harness.RLQSClient
+	for i := range 3 {
+		name := fmt.Sprintf("envoy-%d", i)
+		clients = append(clients, harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 200*time.Millisecond, func() { rec.Admit(name, quota, 1) }))
+	}
+	const run = 4 * time.Second
+	end := time.Now().Add(run)
+	var wg sync.WaitGroup
+	for _, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; n < 4000 && time.Now().Before(end); n++ {
+				cl.Request(id)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	direct := []func() bool{
+		func() bool { return a.allow(t, &rationv1.AllowRequest{Descriptors: id}).Allowed },
+		func() bool {
+			resp, err := a.srv.Service.Decide(context.Background(), agent.Request{Descriptors: id})
+			if err != nil {
+				t.Error(err)
+			}
+			return resp.Allowed
+		},
+	}
+	for i, decide := range direct {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; n < 100 && time.Now().Before(end); n++ {
+				if decide() {
+					rec.Admit(fmt.Sprintf("direct-%d", i), quota, 1)
+				}
+				time.Sleep(150 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	span := rec.Now()
+	for _, cl := range clients {
+		if err := cl.Err(); err != nil {
+			t.Fatalf("client stream: %v", err)
+		}
+	}
+	judgeTakes(t, rec.Records(), quota, burst, rate, span)
+	if f := metricValue(t, a.srv.Registry, "ration_rlqs_takes_total", map[string]string{"outcome": "funded"}); f < 2 {
+		t.Fatalf("%v funded takes: the clients' assignments were not taken", f)
+	}
+}
+
+// judgeTakes holds the admissions of quota to B + r*T over the run (span:
+// from before the first decision to after the last) and to
+// B + r*(T + takeLife) over every window, and asks that both the Envoys
+// and the direct callers admitted something.
+func judgeTakes(t *testing.T, recs []admission.Record, quota string, burst, rate float64, span time.Duration) {
+	t.Helper()
+	var envoy, direct float64
+	for _, r := range recs {
+		if strings.HasPrefix(r.Agent, "envoy") {
+			envoy += r.Cost
+		} else {
+			direct += r.Cost
+		}
+	}
+	bound := burst + rate*span.Seconds()
+	strict := admission.Check(recs, quota, burst, rate)
+	wide := admission.Check(recs, quota, burst+rate*takeLife, rate)
+	t.Logf("admitted %v by Envoys, %v directly, in %v (B + r*T = %.0f); overshoot %.2f of B + r*T in a window, %.2f of B + r*(T + TTL + delta); utilisation %.2f",
+		envoy, direct, span.Round(time.Millisecond), bound, strict.Overshoot, wide.Overshoot, strict.Utilisation)
+	if envoy+direct > bound {
+		t.Fatalf("admitted %v in %v, more than B + r*T = %.1f", envoy+direct, span, bound)
+	}
+	if wide.Overshoot > 1e-9 {
+		t.Fatalf("admissions overshoot B + r*(T + TTL + delta) by %.2f (window %v..%v)", wide.Overshoot, wide.From, wide.To)
+	}
+	if envoy < 1 || direct < 1 {
+		t.Fatalf("admitted %v by Envoys and %v directly: both must have been funded", envoy, direct)
+	}
+}
+
+// metricSum adds the series of name whose labels include labels.
+func metricSum(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue next
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// A steady Envoy on a taken bucket costs one take per assignment, and an
+// assignment is re-sent only when it would lapse before the next report:
+// at 100ms reports and a 2s TTL, about one take per 1.6s, not ten a
+// second. Takes are counted as the rule's store decisions (one script call
+// each).
+func TestRLQSTakesOncePerAssignment(t *testing.T) {
+	a := startAgent(t, `
+rules:
+  - name: per-user
+    match: {user: "*"}
+    burst: 200
+    rate: 100
+`)
+	cl := harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 100*time.Millisecond, nil)
+	id := map[string]string{"user": "steady"}
+	end := time.Now().Add(3 * time.Second)
+	for n := 0; n < 300 && time.Now().Before(end); n++ {
+		cl.Request(id)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cl.Err(); err != nil {
+		t.Fatal(err)
+	}
+	takes := metricSum(t, a.srv.Registry, "ration_decisions_total", map[string]string{"rule": "per-user", "path": "store"})
+	reports := cl.Reports()
+	allowed, denied := cl.Decisions()
+	t.Logf("%v takes for %d reports; the client allowed %d, denied %d", takes, reports, allowed, denied)
+	if takes < 1 || allowed == 0 {
+		t.Fatalf("%v takes, %d allowed: the bucket was never funded", takes, allowed)
+	}
+	if takes > float64(reports)/5 {
+		t.Fatalf("%v takes for %d reports: a steady bucket is taken for about once a TTL, not once a report", takes, reports)
+	}
+}
+
+// With the store down (its redis-server killed), a mode redis rule's
+// assignments are its failure policy's: fail_closed denies, fail_open
+// admits, and local_emergency sends token buckets whose takes the agent's
+// emergency bucket pays for, so what the Envoys admit stays within that
+// bucket's burst + rate*T.
+func TestRLQSTakenFailurePolicies(t *testing.T) {
+	a := startAgent(t, `
+rules:
+  - name: closed
+    match: {closed: "*"}
+    burst: 40
+    rate: 20
+    on_failure: fail_closed
+  - name: open
+    match: {open: "*"}
+    burst: 40
+    rate: 20
+    on_failure: fail_open
+  - name: emergency
+    match: {emerg: "*"}
+    burst: 40
+    rate: 20
+    on_failure: emergency
+    emergency: {burst: 10, rate: 5, max_duration: 1m}
+`)
+	a.redis.Kill()
+	rec := admission.NewRecorder()
+	const quota = "emergency|emerg=a"
+	var clients []*harness.RLQSClient
+	for i := range 2 {
+		name := fmt.Sprintf("envoy-%d", i)
+		clients = append(clients, harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 200*time.Millisecond, func() { rec.Admit(name, quota, 1) }))
+	}
+	other := harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 200*time.Millisecond, nil)
+	closed, open, emerg := map[string]string{"closed": "a"}, map[string]string{"open": "a"}, map[string]string{"emerg": "a"}
+	kinds := map[string]map[string]bool{"closed": {}, "open": {}, "emerg": {}}
+	end := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	for _, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; n < 3000 && time.Now().Before(end); n++ {
+				cl.Request(emerg)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	for n := 0; n < 300 && time.Now().Before(end); n++ {
+		for name, id := range map[string]map[string]string{"closed": closed, "open": open} {
+			other.Request(id)
+			kinds[name][other.Kind(id)] = true
+		}
+		kinds["emerg"][clients[1].Kind(emerg)] = true
+		time.Sleep(10 * time.Millisecond)
+	}
+	wg.Wait()
+	span := rec.Now()
+	for _, cl := range append(clients, other) {
+		if err := cl.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, want := range map[string]string{"closed": "deny_all", "open": "allow_all", "emerg": "token_bucket"} {
+		// Before its first assignment a bucket has none (""); an empty
+		// emergency bucket denies for a while.
+		delete(kinds[name], "")
+		if name == "emerg" {
+			delete(kinds[name], "deny_all")
+		}
+		if !kinds[name][want] || len(kinds[name]) != 1 {
+			t.Fatalf("bucket %s had assignments %v; want %s", name, kinds[name], want)
+		}
+	}
+	emergency := metricSum(t, a.srv.Registry, "ration_decisions_total", map[string]string{"rule": "emergency", "path": "fallback", "result": "allowed", "reason": "emergency"})
+	rep := admission.Check(rec.Records(), quota, 10, 5)
+	t.Logf("emergency: %v takes charged to the emergency bucket; the Envoys admitted %v in %v (10 + 5*T = %.1f)", emergency, rep.Admitted, span.Round(time.Millisecond), 10+5*span.Seconds())
+	if emergency < 1 {
+		t.Fatal("no take was charged to the emergency bucket")
+	}
+	if rep.Admitted > 10+5*span.Seconds() {
+		t.Fatalf("the Envoys admitted %v under local_emergency in %v, more than its bucket's 10 + 5*T", rep.Admitted, span)
+	}
+}
+
+const takenAutoRules = `
+rules:
+  - name: api
+    match: {tenant: "*"}
+    burst: 100
+    rate: 100
+    mode: auto
+    auto: {promote_above: 40, demote_below: 10, hold: 400ms}
+    lease: {period: 2s}
+`
+
+// A mode auto subject promoted by its direct traffic is decided on the
+// promotion's lease, and so is an RLQS bucket of it: the bucket's takes
+// are spent from that lease (the admission log shows them on path leased,
+// at their cost), and the Envoy's and the direct callers' admissions stay
+// within B + r*T over the run.
+func TestRLQSTakesFromPromotedSubject(t *testing.T) {
+	c := harness.StartCoordinators(t, 1, takenAutoRules)
+	log := filepath.Join(t.TempDir(), "admissions.log")
+	a := startAgent(t, takenAutoRules, func(cfg *agent.Config) {
+		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
+		cfg.Record = log
+	})
+	rec := admission.NewRecorder()
+	const quota = "api|tenant=hot"
+	id := map[string]string{"tenant": "hot"}
+	// ~80 direct decisions a second, above promote_above, below the rate.
+	stop := time.Now().Add(5 * time.Second)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for n := 0; n < 100 && time.Now().Before(stop); n++ {
+				<-tick.C
+				if a.allow(t, &rationv1.AllowRequest{Descriptors: id}).Allowed {
+					rec.Admit(fmt.Sprintf("direct-%d", g), quota, 1)
+				}
+			}
+		}()
+	}
+	waitFor(t, "a promotion", func() bool {
+		return metricValue(t, a.srv.Registry, "ration_agent_hot_promotions_total", nil) >= 1
+	})
+	cl := harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 200*time.Millisecond, func() { rec.Admit("envoy", quota, 1) })
+	for n := 0; n < 2000 && time.Now().Before(stop); n++ {
+		cl.Request(id)
+		time.Sleep(2 * time.Millisecond)
+	}
+	wg.Wait()
+	span := rec.Now()
+	if err := cl.Err(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	logged, err := admission.Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var taken int
+	for _, r := range logged {
+		if r.Quota == quota && r.Path == "leased" && r.Allowed && r.Cost > 1 {
+			taken++
+		}
+	}
+	if taken == 0 {
+		t.Fatalf("no take on the promotion's lease in %d logged decisions", len(logged))
+	}
+	t.Logf("%d takes on the promotion's lease", taken)
+	judgeTakes(t, rec.Records(), quota, 100, 100, span)
+}
