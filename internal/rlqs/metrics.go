@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"reason"}),
 		takes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_rlqs_takes_total",
-			Help: "Takes that funded (or failed to fund) RLQS assignments of rules RLQS does not lend for (mode redis, mode auto, lease.default_share): each charges an assignment's whole cost through the agent's decisions, by outcome (funded, open: admitted by fail_open; over_limit; unavailable: denied by the failure policy; gone: the rule was reloaded away; error: refused, the rule is not enforced).",
+			Help: "Takes asked for to fund RLQS assignments of rules RLQS does not lend for (mode redis, mode auto, lease.default_share): each asks the agent's decisions for an assignment's whole cost, by outcome (funded; open: admitted by fail_open, nothing charged; over_limit: the quota lacks it, then asked once more, smaller; unavailable: denied by the failure policy; gone: the rule was reloaded away; error: refused, the rule is not enforced).",
 		}, []string{"outcome"}),
 	}
 	// Every series exists from the start, at 0: a dashboard's rate() of a

@@ -241,9 +241,10 @@ type bucketState struct {
 	// gap is the time between its reports as measured (see measureGap).
 	gap int64
 	// asked is the requests reported since askedSince, when the last
-	// action was sent (0: none yet): its demand (see demand).
+	// action was sent (acted: one was): its demand (see demand).
 	asked      float64
 	askedSince int64
+	acted      bool
 	// until is when the last action sent, if one that stands until it
 	// is about to lapse (a funded token bucket, a spent quota's denial),
 	// may expire at Envoy at the earliest (sent + TTL); 0 otherwise: the
@@ -328,7 +329,7 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 			continue
 		}
 		resp.BucketAction = append(resp.BucketAction, st.assign(ctx, b, now, b.demand(now)))
-		b.asked, b.askedSince = 0, now
+		b.asked, b.askedSince, b.acted = 0, now, true
 	}
 	return st.send(resp)
 }
@@ -346,7 +347,7 @@ func (st *stream) renewDue(b *bucketState, now int64) bool {
 // (the first report, which Envoy sends with a bucket's first request),
 // what it counts is taken as one second's.
 func (b *bucketState) demand(now int64) float64 {
-	if b.askedSince == 0 {
+	if !b.acted {
 		return b.asked
 	}
 	return b.asked / max(minDemandWindow.Seconds(), float64(now-b.askedSince)/1e6)

@@ -141,7 +141,7 @@ func (st *stream) take(ctx context.Context, b *bucketState, demand float64, ms [
 	delta := o.Delta.Microseconds()
 	z := p.limit
 	z.ttl = min(z.ttl, int64(o.TakeTTL/time.Second))
-	if b.askedSince == 0 {
+	if !b.acted {
 		// The bucket's first action, sized on the one request Envoy
 		// reported as it subscribed: it lasts 1s, so that the next one,
 		// sized on the demand reported meanwhile, comes soon.
@@ -166,21 +166,25 @@ func (st *stream) take(ctx context.Context, b *bucketState, demand float64, ms [
 		z = smaller(z, w)
 		todo = append(todo, m)
 	}
+	if p.deny {
+		return // a policy denies it: a take now would be paid for nothing
+	}
 	funded := false
 	for _, m := range todo {
-		t, err := o.Taker.Take(ctx, m.Rule, m.Subject, cost(z, delta))
+		t, err := st.takeOnce(ctx, m, cost(z, delta))
 		if err == nil {
 			if next := retry(m.Rule, t.Outcome, z, demand, delta); next != z {
 				z = next
-				t, err = o.Taker.Take(ctx, m.Rule, m.Subject, cost(z, delta))
+				t, err = st.takeOnce(ctx, m, cost(z, delta))
 			}
 		}
 		if err != nil {
-			st.s.m.takes.WithLabelValues("error").Inc()
 			st.unenforced(m.Rule, "the agent refused the take: "+err.Error(), p)
+			if p.deny {
+				return
+			}
 			continue
 		}
-		st.s.m.takes.WithLabelValues(t.Outcome.String()).Inc()
 		switch t.Outcome {
 		case Funded:
 			funded = true
@@ -206,6 +210,17 @@ func (st *stream) take(ctx context.Context, b *bucketState, demand float64, ms [
 		p.limit = smaller(p.limit, z)
 		p.funded = true
 	}
+}
+
+// takeOnce asks the Taker for one take of cost for m, and counts it.
+func (st *stream) takeOnce(ctx context.Context, m rules.Match, cost float64) (Taken, error) {
+	t, err := st.s.o.Taker.Take(ctx, m.Rule, m.Subject, cost)
+	if err != nil {
+		st.s.m.takes.WithLabelValues("error").Inc()
+		return t, err
+	}
+	st.s.m.takes.WithLabelValues(t.Outcome.String()).Inc()
+	return t, nil
 }
 
 // retry is the assignment to ask for again after a take of z by rule r
