@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test test-chaos test-late test-sim test-mutations test-modules deps mutations bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
+.PHONY: help dev build install docs test test-main test-modules-nice test-chaos test-late test-sim test-mutations test-modules deps mutations bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -42,24 +42,34 @@ test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real r
 	@# (-diff changes nothing: it prints what it would change and fails).
 	@for m in . proto client deploy; do (cd $$m && $(GO) mod tidy -diff) || { echo "go mod tidy needed in $$m"; exit 1; }; done
 	$(GO) vet ./...
-	@# Every package but the chaos scenarios first: they run real
-	@# processes against timing bounds and utilisation floors, and on a
-	@# loaded 2-core machine, beside the heaviest packages (coordinator,
-	@# holder, agent), S0 lost 500 calls with no fault injected.
-	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v '/test/chaos$$')
-	@# Then the scenarios, and beside them at the lowest CPU priority
-	@# (nice 19: they take only what the scenarios leave idle, and the
-	@# scenarios mostly wait) the simulator, the deliberate bugs and the
-	@# other modules. -k: every job runs to its end, and any failure fails
-	@# the target; --output-sync keeps each job's output together.
-	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-chaos test-late
+	@# Two lines side by side: the packages, then the chaos scenarios and
+	@# the other modules; and, from the start, at the lowest CPU priority
+	@# (nice 19: they take only what the tests leave idle, and those mostly
+	@# wait on real processes and timeouts), the simulator (its own clock)
+	@# and the deliberate bugs (which must fail: a starved run only fails
+	@# sooner). The modules' tests run real processes against deadlines, so
+	@# they wait for the packages, like the scenarios.
+	@# -k: every job runs to its end, and any failure fails the target;
+	@# --output-sync keeps each job's output together.
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-main test-late
 
-# The parts of make test after the packages (no deps: test has them).
+# The packages, then the chaos scenarios, which run real processes against
+# timing bounds and utilisation floors: on a loaded 2-core machine, beside
+# the heaviest packages (coordinator, holder, agent), S0 lost 500 calls with
+# no fault injected, so they wait for the packages to finish.
+test-main:
+	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v '/test/chaos$$')
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-chaos test-modules-nice
+
+test-modules-nice:
+	nice -n 19 $(MAKE) --no-print-directory test-modules
+
+# The parts of make test (no deps: test has them).
 test-chaos:
 	$(GO) test -race -count=1 -timeout 15m ./test/chaos/
 
 test-late:
-	nice -n 19 $(MAKE) --no-print-directory -k -j3 --output-sync=target test-sim test-mutations test-modules
+	nice -n 19 $(MAKE) --no-print-directory -k -j2 --output-sync=target test-sim test-mutations
 
 test-sim:
 	$(GO) run ./cmd/ration-sim -config small -seed 1
