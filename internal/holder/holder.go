@@ -71,7 +71,8 @@ type Options struct {
 	RequestTimeout time.Duration
 	// IdleAfter releases a quota unused for this long (default 1m).
 	IdleAfter time.Duration
-	// Tick is the renewal loop's resolution (default 20ms).
+	// Tick is the renewal loop's resolution (default 20ms): it sleeps
+	// until the next round is due, at least Tick and at most a second.
 	Tick time.Duration
 	// EarlyGap is the shortest time between two early renewals of one
 	// quota (nudged, confirming a shrink, or run dry), default 50ms.
@@ -200,8 +201,9 @@ type Leases struct {
 	// linked: the coordinators answered once (Linked).
 	linked atomic.Bool
 	// stepped is when the loop last took a step (unix nanos): woke for a
-	// round, or started a call. A live loop steps at least once a Tick or
-	// once a RequestTimeout; Stepped lets a watchdog tell one that hangs.
+	// round, or started a call. A live loop steps at least once a second
+	// (maxSleep) or once a RequestTimeout; Stepped lets a watchdog tell one
+	// that hangs.
 	stepped atomic.Int64
 }
 
@@ -267,7 +269,7 @@ func (l *Leases) Run(ctx context.Context) {
 		defer func() { cancel(); <-done }()
 	}
 	l.o.Logger.Info("lease holder started", "holder", l.name)
-	t := time.NewTicker(l.o.Tick)
+	t := time.NewTimer(l.o.Tick)
 	defer t.Stop()
 	for {
 		l.stepped.Store(time.Now().UnixNano())
@@ -281,7 +283,23 @@ func (l *Leases) Run(ctx context.Context) {
 		case <-l.wake:
 		}
 		l.round(ctx)
+		// Reset discards a firing the wake raced with (Go 1.23 timers).
+		t.Reset(l.sleep())
 	}
+}
+
+// maxSleep bounds how long the loop sleeps with nothing due, so that a
+// watchdog sees it step (Stepped) at least this often.
+const maxSleep = time.Second
+
+// sleep is how long Run waits before its next round: until Due, within
+// [Tick, maxSleep]. Work that arrives meanwhile (a new quota, a flagged
+// or nudged one) wakes the loop at once (kick); everything else a round
+// does is at Due, which the simulator drives Round by. An idle agent woke
+// fifty times a second on a fixed Tick, most of its idle CPU.
+func (l *Leases) sleep() time.Duration {
+	d := time.Duration(l.Due()-l.Now()) * time.Microsecond
+	return min(max(d, l.o.Tick), maxSleep)
 }
 
 // callCtx is ctx bounded by RequestTimeout for one Renew or Release call,
@@ -296,7 +314,8 @@ func (l *Leases) callCtx(ctx context.Context) (context.Context, context.CancelFu
 
 // Stepped is when the renewal loop last took a step (woke up, or started
 // a Renew or Release call); zero before Run. A loop that is alive steps at
-// least every Tick, or every RequestTimeout while a call is out.
+// least every second (maxSleep), or every RequestTimeout while a call is
+// out.
 func (l *Leases) Stepped() time.Time {
 	n := l.stepped.Load()
 	if n == 0 {
