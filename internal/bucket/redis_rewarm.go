@@ -94,13 +94,17 @@ func (s *RedisStore) startWarm(n *redis.Client, nc *nodeConn, cause warmCause) {
 			defer cancel()
 			start := time.Now()
 			err := s.warmNode(ctx, n, nc)
+			if err == nil {
+				// Counted before the waiters go on: a decision that waited
+				// for this warm-up sees it in the count (tests, metrics).
+				s.warmups[cause].Add(1)
+			}
 			s.endWarm(nc)
 			addr := n.Options().Addr
 			if err != nil {
 				s.log.Warn("redis: warming a new master failed; its decisions go to it cold", "node", addr, "cause", cause.String(), "err", err)
 				return
 			}
-			s.warmups[cause].Add(1)
 			s.log.Info("redis: new master warmed before deciding on it (scripts loaded, connections open)", "node", addr, "cause", cause.String(), "took", time.Since(start).Round(time.Millisecond))
 		}()
 	})
