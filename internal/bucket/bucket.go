@@ -75,7 +75,16 @@ type Request struct {
 	// leases when hot, and answers Result.Leased while it is. Such a
 	// request takes no RequestID.
 	Hot *Hot
+	// HeldFor (µs), when > 0, makes the take a held one: its tokens are
+	// spent elsewhere for up to HeldFor after it (an RLQS assignment that
+	// Envoy spends), and an admitted cost is held that long: the bucket
+	// refills behind it only to Burst less what is held (model.go, take).
+	// Such a request takes no RequestID.
+	HeldFor int64
 }
+
+// MaxHeldFor bounds Request.HeldFor: an hour.
+const MaxHeldFor = int64(time.Hour / time.Microsecond)
 
 // Validate checks a request before any I/O.
 func (r Request) Validate() error {
@@ -93,6 +102,12 @@ func (r Request) Validate() error {
 	}
 	if err := ValidateRequestID(r.RequestID); err != nil {
 		return err
+	}
+	if r.HeldFor < 0 || r.HeldFor > MaxHeldFor {
+		return fmt.Errorf("%w: held for %dµs must be in [0, %d]", ErrInvalid, r.HeldFor, MaxHeldFor)
+	}
+	if r.HeldFor > 0 && r.RequestID != "" {
+		return fmt.Errorf("%w: a held take records no request id", ErrInvalid)
 	}
 	if r.Hot != nil {
 		if r.RequestID != "" {

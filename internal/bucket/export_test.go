@@ -29,7 +29,12 @@ type Decision struct {
 
 // ModelDecide is Take reporting the model's floats.
 func ModelDecide(s State, exists bool, l Limit, cost float64, now int64) (State, Decision) {
-	s, d := take(s, exists, l, cost, now)
+	return ModelDecideHeld(s, exists, l, cost, 0, now)
+}
+
+// ModelDecideHeld is TakeHeld reporting the model's floats.
+func ModelDecideHeld(s State, exists bool, l Limit, cost float64, heldFor, now int64) (State, Decision) {
+	s, d := take(s, exists, l, cost, heldFor, now)
 	return s, Decision{Allowed: d.allowed, Tokens: d.tokens, Retry: d.retry, Reset: d.reset, Now: now}
 }
 
@@ -133,7 +138,12 @@ func (s *RedisStore) HotTakeRaw(ctx context.Context, req Request) (HotDecision, 
 
 // ModelHotTake is HotTake reporting the model's floats.
 func ModelHotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (HotState, HotDecision) {
-	s, d, leased, p := hotTake(s, exists, l, h, cost, now)
+	return ModelHotTakeHeld(s, exists, l, h, cost, 0, now)
+}
+
+// ModelHotTakeHeld is HotTakeHeld reporting the model's floats.
+func ModelHotTakeHeld(s HotState, exists bool, l Limit, h Hot, cost float64, heldFor, now int64) (HotState, HotDecision) {
+	s, d, leased, p := hotTake(s, exists, l, h, cost, heldFor, now)
 	return s, HotDecision{Allowed: d.allowed, Tokens: d.tokens, Now: now, Leased: leased, Promotion: p}
 }
 

@@ -94,7 +94,12 @@ type HotState struct {
 // the decision in the rate estimate, and promotes the key when the estimate
 // reaches h.PromoteAbove, reporting the new promotion with the decision.
 func HotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (st HotState, res Result, leased bool, p Promotion) {
-	st, d, leased, p := hotTake(s, exists, l, h, cost, now)
+	return HotTakeHeld(s, exists, l, h, cost, 0, now)
+}
+
+// HotTakeHeld is HotTake for a held take (Request.HeldFor; take).
+func HotTakeHeld(s HotState, exists bool, l Limit, h Hot, cost float64, heldFor, now int64) (st HotState, res Result, leased bool, p Promotion) {
+	st, d, leased, p := hotTake(s, exists, l, h, cost, heldFor, now)
 	if leased {
 		return st, Result{Now: now, Leased: true, Promotion: p}, true, p
 	}
@@ -104,14 +109,14 @@ func HotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (
 }
 
 // hotTake is HotTake with the decision's floats as computed.
-func hotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (st HotState, d decision, leased bool, p Promotion) {
+func hotTake(s HotState, exists bool, l Limit, h Hot, cost float64, heldFor, now int64) (st HotState, d decision, leased bool, p Promotion) {
 	if exists && s.LeasedUntil != 0 {
 		if now < s.LeasedUntil {
 			return s, decision{}, true, Promotion{Epoch: s.Epoch, For: s.LeasedUntil - now}
 		}
 		s = s.lapse(h)
 	}
-	s.State, d = take(s.State, exists, l, cost, now)
+	s.State, d = take(s.State, exists, l, cost, heldFor, now)
 	if !exists {
 		s.LeasedUntil, s.Epoch, s.Rate, s.RateAt, s.Calm = 0, 0, 0, now, 0
 	}
@@ -127,7 +132,8 @@ func hotTake(s HotState, exists bool, l Limit, h Hot, cost float64, now int64) (
 // lapse ends a promotion whose mark has run out: the bucket resumes empty
 // as of the mark's end (every token of the leased phase may have been
 // spent), refilling from there, and no new promotion comes before one more
-// hold has passed.
+// hold has passed. What held takes hold stays held: it may still be spent
+// after the lapse, so the bucket still refills to Burst - Held only.
 func (s HotState) lapse(h Hot) HotState {
 	s.Tokens = 0
 	if s.LeasedUntil > s.Last {

@@ -3,12 +3,16 @@
 -- hot.go (HotTake, HotMark, HotRefund); tokens are computed operation for
 -- operation as in model.go, so they are bit-identical; keep them in step.
 --
--- KEYS[1]  the bucket: a hash {tokens, last, lu, ep, hr, ht, calm}
+-- KEYS[1]  the bucket: a hash {tokens, last, lu, ep, hr, ht, calm, hd, hu}
 --          lu    leased until (µs, server clock), only while promoted
 --          ep    the latest promotion's epoch (µs at promotion, increasing)
 --          hr,ht decisions per second across every agent, as of ht (µs)
 --          calm  no promotion before (µs), set when a mark lapses
+--          hd,hu what held takes hold, until hu (µs): tokens refill to
+--                burst - hd only until then (model.go, take); only while
+--                something is held
 -- ARGV     take:   "take",   burst, rate, cost, promote_above, hold µs, tau µs
+--                  [, held for µs: a held take]
 --          mark:   "mark",   burst, rate, epoch, count, hold µs, tau µs, demote_below
 --          refund: "refund", burst, rate, cost
 --
@@ -33,17 +37,21 @@ local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local ns = fmt('%d', now)
 
-local st = redis.call('HMGET', key, 'tokens', 'last', 'lu', 'ep', 'hr', 'ht', 'calm')
+local st = redis.call('HMGET', key, 'tokens', 'last', 'lu', 'ep', 'hr', 'ht', 'calm', 'hd', 'hu')
 local exists = st[1] and st[2]
 local lu, ep = tonumber(st[3]), tonumber(st[4]) or 0
 local hr, ht, calm = tonumber(st[5]) or 0, tonumber(st[6]) or 0, tonumber(st[7]) or 0
+local held, hu = tonumber(st[8]) or 0, tonumber(st[9]) or 0
 
--- expire as hot.go hotExpiresAfter: never before the mark can be read
+-- expire as hot.go hotExpiresAfter: never before the mark can be read, nor
+-- before the bucket is full after its hold ends
 local function expire(last)
   local full = 0
   if rate > 0 then full = math.ceil(burst / rate * 1e6) end
   if full > 0 and full < 1125899906842624 then
-    local ttl = full + (last - now) + 1000000
+    local from = last
+    if held ~= 0 and hu > from then from = hu end
+    local ttl = full + (from - now) + 1000000
     if lu then
       local t = lu - now + full + 1000000
       if t > ttl then ttl = t end
@@ -54,6 +62,40 @@ local function expire(last)
     end
   end
   redis.call('PERSIST', key)
+end
+
+-- refill brings tokens (as of last) to now as model.go refill: a hold
+-- that ends by now is two steps, capped at burst - held up to its end.
+local function refill(tokens, last)
+  local cap
+  if held ~= 0 and now >= hu then
+    if hu > last then
+      tokens = tokens + rate * (hu - last) / 1e6
+      cap = burst - held
+      if cap < 0 then cap = 0 end
+      if tokens > cap then tokens = cap end
+      last = hu
+    end
+    held, hu = 0, 0
+  end
+  local elapsed = now - last
+  if elapsed < 0 then elapsed = 0 end
+  tokens = tokens + rate * elapsed / 1e6
+  cap = burst - held
+  if cap < 0 then cap = 0 end
+  if tokens > cap then tokens = cap end
+  if now > last then last = now end
+  return tokens, last, cap
+end
+
+-- the hold fields as written: set while something is held, else deleted
+-- if the key had them
+local function writeHeld()
+  if held ~= 0 then
+    redis.call('HSET', key, 'hd', fmt('%.17g', held), 'hu', fmt('%d', hu))
+  elseif st[8] then
+    redis.call('HDEL', key, 'hd', 'hu')
+  end
 end
 
 local function count(n, tau)
@@ -82,15 +124,11 @@ end
 
 if op == 'refund' then
   if not exists or lu then return '1 ' .. ns end
-  local tokens, last = tonumber(st[1]), tonumber(st[2])
-  local elapsed = now - last
-  if elapsed < 0 then elapsed = 0 end
-  tokens = tokens + rate * elapsed / 1e6
-  if tokens > burst then tokens = burst end
-  if now > last then last = now end
+  local tokens, last, cap = refill(tonumber(st[1]), tonumber(st[2]))
   tokens = tokens + tonumber(ARGV[4])
-  if tokens > burst then tokens = burst end
+  if tokens > cap then tokens = cap end
   redis.call('HSET', key, 'tokens', fmt('%.17g', tokens), 'last', fmt('%d', last))
+  writeHeld()
   expire(last)
   return '1 ' .. ns
 end
@@ -98,6 +136,7 @@ end
 -- take
 local cost, promote = tonumber(ARGV[4]), tonumber(ARGV[5])
 local hold, tau = tonumber(ARGV[6]), tonumber(ARGV[7])
+local heldFor = tonumber(ARGV[8]) or 0
 local tokens, last
 if exists then
   tokens, last = tonumber(st[1]), tonumber(st[2])
@@ -105,18 +144,15 @@ if exists then
     if now < lu then
       return 'L ' .. fmt('%d', ep) .. ' ' .. fmt('%d', lu - now) .. ' ' .. ns
     end
-    -- the mark lapsed: resume empty as of its end
+    -- the mark lapsed: resume empty as of its end (what is held stays
+    -- held)
     tokens = 0
     if lu > last then last = lu end
     calm = lu + hold
     lu = nil
     redis.call('HDEL', key, 'lu')
   end
-  local elapsed = now - last
-  if elapsed < 0 then elapsed = 0 end
-  tokens = tokens + rate * elapsed / 1e6
-  if tokens > burst then tokens = burst end
-  if now > last then last = now end
+  tokens, last = refill(tokens, last)
 else
   tokens, last = burst, now
   ep, hr, ht, calm = 0, 0, now, 0
@@ -126,6 +162,10 @@ local allowed = '0'
 if tokens >= cost then
   tokens = tokens - cost
   allowed = '1'
+  if heldFor > 0 then
+    held = held + cost
+    if last + heldFor > hu then hu = last + heldFor end
+  end
 end
 count(1, tau)
 
@@ -142,5 +182,6 @@ else
   redis.call('HSET', key, 'tokens', ts, 'last', fmt('%d', last), 'hr', fmt('%.17g', hr), 'ht', fmt('%d', ht),
     'calm', fmt('%d', calm))
 end
+writeHeld()
 expire(last)
 return allowed .. ' ' .. ts .. ' ' .. ns .. promoted

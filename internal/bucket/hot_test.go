@@ -35,15 +35,15 @@ type hotCheck struct {
 	pendingAt    int64
 }
 
-func (hc *hotCheck) take(f fataler, cost float64) bucket.HotDecision {
+func (hc *hotCheck) take(f fataler, cost float64, heldFor int64) bucket.HotDecision {
 	f.Helper()
-	req := bucket.Request{Key: hc.key, Limit: hc.l, Cost: cost, Hot: &hc.h}
+	req := bucket.Request{Key: hc.key, Limit: hc.l, Cost: cost, Hot: &hc.h, HeldFor: heldFor}
 	got, err := hc.s.HotTakeRaw(context.Background(), req)
 	if err != nil {
 		f.Fatalf("take %+v: %v", req, err)
 	}
 	var want bucket.HotDecision
-	hc.st, want = bucket.ModelHotTake(hc.st, hc.exists, hc.l, hc.h, cost, got.Now)
+	hc.st, want = bucket.ModelHotTakeHeld(hc.st, hc.exists, hc.l, hc.h, cost, heldFor, got.Now)
 	hc.exists = true
 	hc.wrote(!got.Leased, got.Now)
 	if got.Allowed != want.Allowed || math.Float64bits(got.Tokens) != math.Float64bits(want.Tokens) ||
@@ -97,7 +97,7 @@ func (hc *hotCheck) wrote(w bool, now int64) {
 func (hc *hotCheck) checkState(f fataler, now int64) {
 	f.Helper()
 	ctx := context.Background()
-	v, err := hc.c.HMGet(ctx, hc.key, "tokens", "last", "lu", "ep", "hr", "ht", "calm").Result()
+	v, err := hc.c.HMGet(ctx, hc.key, "tokens", "last", "lu", "ep", "hr", "ht", "calm", "hd", "hu").Result()
 	if err != nil {
 		f.Fatalf("HMGET: %v", err)
 	}
@@ -140,7 +140,7 @@ func (hc *hotCheck) checkState(f fataler, now int64) {
 		return x
 	}
 	got := bucket.HotState{
-		State:       bucket.State{Tokens: num(0), Last: int64(num(1))},
+		State:       bucket.State{Tokens: num(0), Last: int64(num(1)), Held: num(7), HeldUntil: int64(num(8))},
 		LeasedUntil: int64(num(2)), Epoch: int64(num(3)), Rate: num(4), RateAt: int64(num(5)), Calm: int64(num(6)),
 	}
 	want := hc.st
@@ -193,8 +193,11 @@ func TestHotScriptMatchesModel(t *testing.T) {
 		steps := rapid.IntRange(1, 40).Draw(rt, "steps")
 		for i := 0; i < steps; i++ {
 			switch op := rapid.IntRange(0, 9).Draw(rt, "op"); {
+			case op <= 2:
+				hc.take(rt, cost(), 0)
 			case op <= 4:
-				hc.take(rt, cost())
+				// held takes: held past the sleeps below, or within one
+				hc.take(rt, cost(), rapid.Int64Range(1, 40_000).Draw(rt, "held for µs"))
 			case op <= 6:
 				epoch := hc.st.Epoch
 				if rapid.IntRange(0, 4).Draw(rt, "wrong epoch") == 0 {

@@ -97,11 +97,11 @@ func (m *MemoryStore) Take(_ context.Context, req Request) (Result, error) {
 		sh.buckets[req.Key] = b
 	}
 	if req.Hot != nil {
-		st, res, _, _ := HotTake(b.st, exists, req.Limit, *req.Hot, req.Cost, now)
+		st, res, _, _ := HotTakeHeld(b.st, exists, req.Limit, *req.Hot, req.Cost, req.HeldFor, now)
 		b.setHot(st, req.Limit, now)
 		return res, nil
 	}
-	st, d := take(b.st.State, exists, req.Limit, req.Cost, now)
+	st, d := take(b.st.State, exists, req.Limit, req.Cost, req.HeldFor, now)
 	b.set(st, req.Limit, now)
 	res := d.result(now)
 	if req.RequestID != "" {

@@ -21,19 +21,19 @@ func TestTake(t *testing.T) {
 		want      Result
 	}{
 		{"missing starts full", State{}, false, 3, t0,
-			State{7, t0}, Result{Allowed: true, Remaining: 7, Reset: 1500 * time.Millisecond, Now: t0}},
-		{"exact balance allowed", State{3, t0}, true, 3, t0,
-			State{0, t0}, Result{Allowed: true, Remaining: 0, Reset: 5 * time.Second, Now: t0}},
-		{"short denies with retry", State{1, t0}, true, 2, t0,
-			State{1, t0}, Result{Remaining: 1, RetryAfter: 500 * time.Millisecond, Reset: 4500 * time.Millisecond, Now: t0}},
-		{"refill", State{0, t0}, true, 1, t0 + 1_500_000,
-			State{2, t0 + 1_500_000}, Result{Allowed: true, Remaining: 2, Reset: 4 * time.Second, Now: t0 + 1_500_000}},
-		{"refill caps at burst", State{9, t0}, true, 1, t0 + 3_600_000_000,
-			State{9, t0 + 3_600_000_000}, Result{Allowed: true, Remaining: 9, Reset: 500 * time.Millisecond, Now: t0 + 3_600_000_000}},
-		{"clock back: no refill, last kept", State{1, t0}, true, 1, t0 - 5_000_000,
-			State{0, t0}, Result{Allowed: true, Remaining: 0, Reset: 5 * time.Second, Now: t0 - 5_000_000}},
-		{"clock back: deny", State{0.5, t0}, true, 1, t0 - 1,
-			State{0.5, t0}, Result{Remaining: 0.5, RetryAfter: 250 * time.Millisecond, Reset: 4750 * time.Millisecond, Now: t0 - 1}},
+			State{Tokens: 7, Last: t0}, Result{Allowed: true, Remaining: 7, Reset: 1500 * time.Millisecond, Now: t0}},
+		{"exact balance allowed", State{Tokens: 3, Last: t0}, true, 3, t0,
+			State{Tokens: 0, Last: t0}, Result{Allowed: true, Remaining: 0, Reset: 5 * time.Second, Now: t0}},
+		{"short denies with retry", State{Tokens: 1, Last: t0}, true, 2, t0,
+			State{Tokens: 1, Last: t0}, Result{Remaining: 1, RetryAfter: 500 * time.Millisecond, Reset: 4500 * time.Millisecond, Now: t0}},
+		{"refill", State{Tokens: 0, Last: t0}, true, 1, t0 + 1_500_000,
+			State{Tokens: 2, Last: t0 + 1_500_000}, Result{Allowed: true, Remaining: 2, Reset: 4 * time.Second, Now: t0 + 1_500_000}},
+		{"refill caps at burst", State{Tokens: 9, Last: t0}, true, 1, t0 + 3_600_000_000,
+			State{Tokens: 9, Last: t0 + 3_600_000_000}, Result{Allowed: true, Remaining: 9, Reset: 500 * time.Millisecond, Now: t0 + 3_600_000_000}},
+		{"clock back: no refill, last kept", State{Tokens: 1, Last: t0}, true, 1, t0 - 5_000_000,
+			State{Tokens: 0, Last: t0}, Result{Allowed: true, Remaining: 0, Reset: 5 * time.Second, Now: t0 - 5_000_000}},
+		{"clock back: deny", State{Tokens: 0.5, Last: t0}, true, 1, t0 - 1,
+			State{Tokens: 0.5, Last: t0}, Result{Remaining: 0.5, RetryAfter: 250 * time.Millisecond, Reset: 4750 * time.Millisecond, Now: t0 - 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -68,10 +68,10 @@ func TestRefund(t *testing.T) {
 		now  int64
 		want State
 	}{
-		{"adds", State{2, t0}, 3, t0, State{5, t0}},
-		{"caps at burst", State{8, t0}, 5, t0, State{10, t0}},
-		{"refills first", State{2, t0}, 3, t0 + 2_000_000, State{7, t0 + 2_000_000}},
-		{"clock back keeps last", State{2, t0}, 1, t0 - 1_000_000, State{3, t0}},
+		{"adds", State{Tokens: 2, Last: t0}, 3, t0, State{Tokens: 5, Last: t0}},
+		{"caps at burst", State{Tokens: 8, Last: t0}, 5, t0, State{Tokens: 10, Last: t0}},
+		{"refills first", State{Tokens: 2, Last: t0}, 3, t0 + 2_000_000, State{Tokens: 7, Last: t0 + 2_000_000}},
+		{"clock back keeps last", State{Tokens: 2, Last: t0}, 1, t0 - 1_000_000, State{Tokens: 3, Last: t0}},
 	}
 	for _, tt := range tests {
 		if got := Refund(tt.s, l, tt.cost, tt.now); got != tt.want {
@@ -110,10 +110,10 @@ func TestExpiresAfter(t *testing.T) {
 		now  int64
 		want int64
 	}{
-		{"rate 0 forever", State{1, t0}, Limit{10, 0}, t0, 0},
-		{"full refill plus margin", State{0, t0}, Limit{10, 4}, t0, 2_500_000 + margin},
-		{"counts from a last ahead of now", State{0, t0 + 7}, Limit{10, 4}, t0, 2_500_007 + margin},
-		{"tiny rate forever", State{0, t0}, Limit{1e12, 1e-9}, t0, 0},
+		{"rate 0 forever", State{Tokens: 1, Last: t0}, Limit{10, 0}, t0, 0},
+		{"full refill plus margin", State{Tokens: 0, Last: t0}, Limit{10, 4}, t0, 2_500_000 + margin},
+		{"counts from a last ahead of now", State{Tokens: 0, Last: t0 + 7}, Limit{10, 4}, t0, 2_500_007 + margin},
+		{"tiny rate forever", State{Tokens: 0, Last: t0}, Limit{1e12, 1e-9}, t0, 0},
 	}
 	for _, tt := range tests {
 		if got := expiresAfter(tt.s, tt.l, tt.now); got != tt.want {

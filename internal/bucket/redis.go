@@ -274,7 +274,7 @@ func (s *RedisStore) pipeline(ctx context.Context, cmds []*redis.StringCmd, eval
 // len(reqs): TakeBatch panics otherwise.
 //
 // On one server (not a Cluster), consecutive plain takes (no request id, not
-// hot) go up to maxBatchKeys at a time in one script call ("takes"), which
+// hot, not held) go up to maxBatchKeys at a time in one script call ("takes"), which
 // decides each exactly as its own call would, on one reading of the
 // server's clock: the script's call overhead, its TIME and its number
 // parsing are paid once per call instead of once per decision. An error of
@@ -313,7 +313,7 @@ func (s *RedisStore) takeBatch(ctx context.Context, reqs []Request, answer func(
 	defer wcancel()
 	_, cluster := s.c.(*redis.ClusterClient)
 	parts := make([]batchPart, 0, 1+len(reqs)/maxBatchKeys)
-	plain := func(r *Request) bool { return !cluster && r.RequestID == "" && r.Hot == nil }
+	plain := func(r *Request) bool { return !cluster && r.RequestID == "" && r.Hot == nil && r.HeldFor == 0 }
 	for i := 0; i < len(reqs); {
 		if err := reqs[i].Validate(); err != nil {
 			answer(i, takeReply{}, err)
@@ -437,7 +437,7 @@ func foreignValue(key string, size float64) error {
 	if size < 0 {
 		return fmt.Errorf("bucket: redis take: WRONGTYPE: key %q holds a value of another type, not a Ration token bucket", key)
 	}
-	return fmt.Errorf("bucket: redis take: key %q holds %v bytes, not a Ration token bucket (%d)", key, size, storedBytes)
+	return fmt.Errorf("bucket: redis take: key %q holds %v bytes, not a Ration token bucket (%d or %d)", key, size, storedBytes, heldBytes)
 }
 
 // Refund gives req.Cost back to req.Key's bucket, capped at its burst. With a
@@ -581,6 +581,8 @@ func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) 
 	args = append(args, opArg(op), s.args.number(req.Limit.Burst), s.args.number(req.Limit.Rate), s.args.number(req.Cost), s.ttl(req.Limit))
 	if req.RequestID != "" {
 		args = append(args, s.ridTTL)
+	} else if req.HeldFor > 0 {
+		args = append(args, "0", req.HeldFor)
 	}
 	return redis.NewStringCmd(ctx, args...)
 }
@@ -592,9 +594,10 @@ func (s *RedisStore) cmd(ctx context.Context, op string, req Request, sha bool) 
 // points to and reads it as one wherever it looks at keys (Cluster slot
 // routing, its batch sizing; only the command's String, a debugging aid,
 // prints it as an address). The array is as long as the longest call
-// (two keys, the request-id TTL): append never moves args off it.
+// (two keys and the request-id TTL, or one key and a held take's two
+// more): append never moves args off it.
 type scriptArgs struct {
-	args [10]any
+	args [11]any
 	keys [2]string
 }
 
@@ -732,6 +735,11 @@ func (r takeReply) result() Result {
 // storedBytes is the length of a bucket as the script stores it: tokens,
 // last and exp, three little-endian float64 (redis.lua).
 const storedBytes = 24
+
+// heldBytes is the length of a bucket while held takes hold something
+// (two more float64: held, held until); the script replies its first
+// storedBytes.
+const heldBytes = 40
 
 // parseStateReply reads the take reply of a decision just made, for limit
 // l and cost: allowed ('0' or '1'), the bucket as stored (tokens, last,

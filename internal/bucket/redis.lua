@@ -9,11 +9,14 @@
 --          value is stored and replied exactly as computed, with no decimal
 --          formatting or parsing. A bucket an earlier version kept as a hash
 --          {tokens, last} (decimal strings) is read as one and rewritten in
---          this form.
+--          this form. While held takes hold something (model.go, take),
+--          40 bytes: '<ddddd' tokens, last, exp, held, held until (µs);
+--          tokens then refill to burst - held only, until held until.
 -- KEYS[2]  optional request-id record (same slot): a hash {decision, refunded}
 -- ARGV     op ("take" | "refund"), burst, rate, cost, the bucket's TTL (ms,
 --          twice its least lifetime: see Expiry below) when last = now ("0":
---          none), request-id TTL (ms)
+--          none), request-id TTL (ms), held for (µs: a held take, which has
+--          no request id and "0" as request-id TTL)
 --
 -- takes    KEYS[1..n] buckets (one server: a batch never goes to a Cluster
 --          this way), ARGV "takes" then burst, rate, cost, TTL for each key
@@ -26,7 +29,8 @@
 --          then '<ddd' of its length in bytes (-1: another type), 0, 0, and
 --          the key is left as it was, so that one foreign key does not
 --          fail a batch's decisions on other keys; a take answers such a
---          key with an error.
+--          key with an error. A bucket that holds something is replied as
+--          its first 24 bytes (tokens, last, exp), here and to a take.
 --
 -- take   replies allowed ('0' | '1') then the stored bucket (24 bytes), now
 --        being the bucket's last; when the clock stepped back (last is
@@ -70,8 +74,11 @@ local take = takes or op == 'take'
 if not take and op ~= 'refund' then
   return error('unknown operation ' .. tostring(op) .. ': want take, takes or refund')
 end
-local rkey
-if not takes then rkey = KEYS[2] end
+local rkey, heldFor
+if not takes then
+  rkey = KEYS[2]
+  if ARGV[7] then heldFor = ARGV[7] * 1 end
+end
 
 if rkey then
   local rec = redis.call('HMGET', rkey, 'decision', 'refunded')
@@ -117,11 +124,14 @@ for i = 1, n do
   end
 
   local exp, bad
+  local held, hu = 0, 0
   tokens, last = nil, nil
   local v = redis.pcall('GET', key)
   if v then
     if #v == 24 then
       tokens, last, exp = unpack('<ddd', v)
+    elseif #v == 40 then
+      tokens, last, exp, held, hu = unpack('<ddddd', v)
     elseif v.err then
       -- not a string (pcall's error reply, a table): a bucket of an earlier
       -- version, or another type, which HMGET refuses with WRONGTYPE
@@ -136,18 +146,34 @@ for i = 1, n do
     elseif takes then
       bad = #v
     else
-      return error('bucket ' .. key .. ' holds ' .. #v .. ' bytes, not a Ration token bucket (24)')
+      return error('bucket ' .. key .. ' holds ' .. #v .. ' bytes, not a Ration token bucket (24 or 40)')
     end
   end
 
   -- A refund that finds no bucket has nothing to do: a missing bucket is
   -- full, with nothing to give back and nothing to write.
   if not bad and (take or tokens) then
+    -- cap: what the bucket refills to, burst less what is held (model.go
+    -- heldCap; burst - 0 is burst exactly)
+    local cap
     if tokens then
+      if held ~= 0 and now >= hu then
+        -- the hold ends by now: refill up to its end under it, then on
+        if hu > last then
+          tokens = tokens + rate * (hu - last) / 1e6
+          cap = burst - held
+          if cap < 0 then cap = 0 end
+          if tokens > cap then tokens = cap end
+          last = hu
+        end
+        held, hu = 0, 0
+      end
       local elapsed = now - last
       if elapsed < 0 then elapsed = 0 end
       tokens = tokens + rate * elapsed / 1e6
-      if tokens > burst then tokens = burst end
+      cap = burst - held
+      if cap < 0 then cap = 0 end
+      if tokens > cap then tokens = cap end
       if now > last then last = now end
     else
       tokens, last = burst, now
@@ -158,10 +184,14 @@ for i = 1, n do
       if tokens >= cost then
         tokens = tokens - cost
         allowed = '1'
+        if heldFor and heldFor > 0 then
+          held = held + cost
+          if last + heldFor > hu then hu = last + heldFor end
+        end
       end
     else
       tokens = tokens + cost
-      if tokens > burst then tokens = burst end
+      if tokens > cap then tokens = cap end
     end
 
     -- Expiry (model.go expiresAfter): not before the bucket would be full
@@ -175,32 +205,45 @@ for i = 1, n do
     -- TTL about once per t, not once per decision. With last = now the
     -- caller passed 2t in ms (ARGV[j + 3], the same arithmetic in Go);
     -- last ahead of now (the clock stepped back) is computed here.
+    -- A bucket holding something is full no earlier than B/r after its
+    -- hold ends: t counts from there (model.go expiresAfter).
     local ttl = ARGV[j + 3]
-    if last ~= now then
+    if last ~= now or held ~= 0 then
+      local from = last
+      if held ~= 0 and hu > from then from = hu end
       ttl = '0'
       local full = 0
       if rate > 0 then full = math.ceil(burst / rate * 1e6) end
       if full > 0 and full < 1125899906842624 then
-        local t = full + (last - now) + 1000000
+        local t = full + (from - now) + 1000000
         if t < 1125899906842624 then ttl = fmt('%d', math.ceil(t / 500)) end
       end
     end
+    local px
     if ttl == '0' then
-      s = pack('<ddd', tokens, last, 0)
-      redis.call('SET', key, s)
+      exp = 0
     else
       -- span is 2t rounded up to whole ms, so span / 2 >= t. Redis counts a
       -- TTL from its own clock, read after TIME (at most 999 µs short of
       -- now once truncated to ms): a PX of span ends after now - 1000 + span.
       local span = ttl * 1000
-      if exp and exp >= now + span / 2 and exp <= now + span then
-        s = pack('<ddd', tokens, last, exp)
-        redis.call('SET', key, s, 'KEEPTTL')
-      else
-        s = pack('<ddd', tokens, last, now - 1000 + span)
-        redis.call('SET', key, s, 'PX', ttl)
+      if not (exp and exp >= now + span / 2 and exp <= now + span) then
+        exp, px = now - 1000 + span, ttl
       end
     end
+    if held ~= 0 then
+      s = pack('<ddddd', tokens, last, exp, held, hu)
+    else
+      s = pack('<ddd', tokens, last, exp)
+    end
+    if ttl == '0' then
+      redis.call('SET', key, s)
+    elseif px then
+      redis.call('SET', key, s, 'PX', px)
+    else
+      redis.call('SET', key, s, 'KEEPTTL')
+    end
+    if held ~= 0 then s = string.sub(s, 1, 24) end
   end
   if out then
     if bad then

@@ -38,6 +38,9 @@ func (s *RedisStore) hotCmd(ctx context.Context, op string, req Request, sha boo
 	if op == opTake {
 		h := req.Hot
 		args = append(args, s.args.number(h.PromoteAbove), h.Hold, h.Tau)
+		if req.HeldFor > 0 {
+			args = append(args, req.HeldFor)
+		}
 	}
 	return redis.NewStringCmd(ctx, args...)
 }

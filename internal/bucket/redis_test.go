@@ -289,9 +289,12 @@ func (sc *scriptCheck) takes(f fataler, costs []float64) {
 	sc.checkTTL(f, got[0].Now)
 }
 
-func (sc *scriptCheck) take(f fataler, cost float64, id string) {
+func (sc *scriptCheck) take(f fataler, cost float64, id string) { sc.takeHeld(f, cost, id, 0) }
+
+// takeHeld is take, held for heldFor µs (0: not held; id must be "").
+func (sc *scriptCheck) takeHeld(f fataler, cost float64, id string, heldFor int64) {
 	f.Helper()
-	req := bucket.Request{Key: sc.key, Limit: sc.l, Cost: cost, RequestID: id}
+	req := bucket.Request{Key: sc.key, Limit: sc.l, Cost: cost, RequestID: id, HeldFor: heldFor}
 	got, err := sc.s.TakeRaw(context.Background(), req)
 	if err != nil {
 		f.Fatalf("take %+v: %v", req, err)
@@ -301,7 +304,7 @@ func (sc *scriptCheck) take(f fataler, cost float64, id string) {
 		want = rec.reply
 		want.Replayed = true
 	} else {
-		sc.st, want = bucket.ModelDecide(sc.st, sc.exists, sc.l, cost, got.Now)
+		sc.st, want = bucket.ModelDecideHeld(sc.st, sc.exists, sc.l, cost, heldFor, got.Now)
 		sc.exists, sc.hash = true, false
 		if id != "" {
 			sc.ids[id] = &idRecord{reply: want}
@@ -411,11 +414,17 @@ func writeBucket(ctx context.Context, c *redis.Client, key string, st bucket.Sta
 }
 
 // packBucket is a bucket as the script stores it: tokens, last (µs) and
-// exp (µs, 0 here: no TTL known), three little-endian float64.
+// exp (µs, 0 here: no TTL known), three little-endian float64, and held
+// and held until when it holds something.
 func packBucket(st bucket.State) string {
 	b := binary.LittleEndian.AppendUint64(nil, math.Float64bits(st.Tokens))
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(st.Last)))
-	return string(binary.LittleEndian.AppendUint64(b, 0))
+	b = binary.LittleEndian.AppendUint64(b, 0)
+	if st.Held != 0 {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(st.Held))
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(st.HeldUntil)))
+	}
+	return string(b)
 }
 
 // readBucket reads the bucket stored at key (see packBucket); ok is false
@@ -456,8 +465,16 @@ func readAnyBucket(ctx context.Context, c *redis.Client, key string) (st bucket.
 	if err != nil {
 		return st, 0, false, false, fmt.Errorf("GET %s (a %s): %w", key, typ, err)
 	}
-	if len(v) != 24 {
-		return st, 0, false, false, fmt.Errorf("GET %s = %q: %d bytes, want 24", key, v, len(v))
+	if len(v) != 24 && len(v) != 40 {
+		return st, 0, false, false, fmt.Errorf("GET %s = %q: %d bytes, want 24 or 40", key, v, len(v))
+	}
+	if len(v) == 40 {
+		st.Held = math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[24:])))
+		hu := math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[32:])))
+		if hu != math.Trunc(hu) || !(st.Held > 0) {
+			return st, 0, false, false, fmt.Errorf("GET %s: held %v until %v: want > 0 until whole microseconds", key, st.Held, hu)
+		}
+		st.HeldUntil = int64(hu)
 	}
 	last := math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[8:])))
 	if last != math.Trunc(last) {
@@ -490,8 +507,10 @@ func (sc *scriptCheck) checkState(f fataler) {
 	if ok && hash != sc.hash {
 		f.Fatalf("stored bucket %s: a hash=%v, want %v (every write stores the script's form)", sc.key, hash, sc.hash)
 	}
-	if ok && (math.Float64bits(st.Tokens) != math.Float64bits(sc.st.Tokens) || st.Last != sc.st.Last) {
-		f.Fatalf("stored tokens=%v (%x) last=%d, model %v (%x) %d", st.Tokens, math.Float64bits(st.Tokens), st.Last, sc.st.Tokens, math.Float64bits(sc.st.Tokens), sc.st.Last)
+	if ok && (math.Float64bits(st.Tokens) != math.Float64bits(sc.st.Tokens) || st.Last != sc.st.Last ||
+		math.Float64bits(st.Held) != math.Float64bits(sc.st.Held) || st.HeldUntil != sc.st.HeldUntil) {
+		f.Fatalf("stored tokens=%v (%x) last=%d held=%v until %d, model %v (%x) %d held=%v until %d", st.Tokens, math.Float64bits(st.Tokens), st.Last,
+			st.Held, st.HeldUntil, sc.st.Tokens, math.Float64bits(sc.st.Tokens), sc.st.Last, sc.st.Held, sc.st.HeldUntil)
 	}
 }
 
@@ -597,8 +616,13 @@ func TestScriptMatchesModel(t *testing.T) {
 					costs[j] = cost()
 				}
 				sc.takes(rt, costs)
-			case op <= 4:
+			case op <= 2:
 				sc.take(rt, cost(), id())
+			case op <= 4:
+				// a held take, for as long as an RLQS assignment, or
+				// for less than the sleeps below
+				held := rapid.OneOf(rapid.Int64Range(1, 5000), rapid.Int64Range(1, 10_000_000)).Draw(rt, "held for µs")
+				sc.takeHeld(rt, cost(), "", held)
 			case op == 5:
 				sc.refund(rt, cost(), id())
 			case op == 6:
@@ -607,7 +631,16 @@ func TestScriptMatchesModel(t *testing.T) {
 					rapid.Int64Range(-20_000_000, 20_000_000),
 					rapid.Int64Range(-1e13, 1e13),
 				).Draw(rt, "offset µs")
-				sc.inject(rt, bucket.State{Tokens: frac * sc.l.Burst, Last: sc.lastNow + offset}, rapid.Bool().Draw(rt, "as a hash"))
+				st := bucket.State{Tokens: frac * sc.l.Burst, Last: sc.lastNow + offset}
+				hash := rapid.Bool().Draw(rt, "as a hash")
+				if !hash && rapid.Bool().Draw(rt, "holding") {
+					// tokens + held within burst, as the script keeps them;
+					// the hold ends either side of now
+					st.Tokens *= 0.5
+					st.Held = rapid.Float64Range(1e-9, 0.5).Draw(rt, "held") * sc.l.Burst
+					st.HeldUntil = sc.lastNow + rapid.Int64Range(-5_000_000, 5_000_000).Draw(rt, "held until µs")
+				}
+				sc.inject(rt, st, hash)
 			case op == 7:
 				time.Sleep(time.Duration(rapid.IntRange(0, 3000).Draw(rt, "sleep µs")) * time.Microsecond)
 			case op == 8:

@@ -217,7 +217,7 @@ func TestParseTakeReply(t *testing.T) {
 		for _, fill := range []float64{0, 1e-9, 0.3, 1.0 / 3, 0.5, 0.999, 1} {
 			for _, costFrac := range []float64{1e-9, 0.1, 0.5, 1.0 / 7, 1} {
 				s, cost := State{Tokens: fill * l.Burst, Last: now - 7}, costFrac*l.Burst
-				_, want := take(s, true, l, cost, now)
+				_, want := take(s, true, l, cost, 0, now)
 				allowed := "0"
 				if want.allowed {
 					allowed = "1"
