@@ -64,6 +64,9 @@ type Request struct {
 	// wildcard key) or longer than MaxSubjectLen, as a subject matched
 	// from descriptors may be.
 	matched bool
+	// heldFor (µs), for an RLQS take, holds its cost that long
+	// (bucket.Request.HeldFor): Envoy spends it later.
+	heldFor int64
 }
 
 // Response is the decision.
@@ -468,7 +471,7 @@ func (s *Service) prepare(set *rules.Set, steps []step, matches []rules.Match, r
 		st := &steps[len(steps)-1]
 		st.rule, st.subject, st.item, st.rid = m.Rule, m.Subject, idx, req.RequestID
 		br := &st.req
-		br.Key, br.Limit, br.Cost, br.RequestID = key, limit, req.Cost, req.RequestID
+		br.Key, br.Limit, br.Cost, br.RequestID, br.HeldFor = key, limit, req.Cost, req.RequestID, req.heldFor
 		if err := s.checkStep(m, br, shared, lazyKey); err != nil {
 			if !m.Rule.Shadow {
 				return steps[:len(steps)-1], err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,15 +37,15 @@ func registerRLQS(g *grpc.Server, svc *Service, logger *slog.Logger, reg prometh
 }
 
 // rlqsTaker takes an RLQS assignment's cost from a rule RLQS does not lend
-// for, as one request of that cost on the agent's own decision path: the
-// rule's store bucket (one script call), a promoted auto subject's or a
-// default-share subject's lease, or the rule's failure policy (the
+// for, as one held request of that cost on the agent's own decision path:
+// the rule's store bucket (one script call), a promoted auto subject's or
+// a default-share subject's lease, or the rule's failure policy (the
 // emergency bucket of local_emergency, bounded per agent). The decision
 // is counted, recorded and refunded as any other.
 type rlqsTaker struct{ svc *Service }
 
-func (t rlqsTaker) Take(ctx context.Context, r *rules.Rule, subject string, cost float64) (rlqs.Taken, error) {
-	resp, err := t.svc.Decide(ctx, Request{Rule: r.Name, Subject: subject, Cost: cost, matched: true})
+func (t rlqsTaker) Take(ctx context.Context, r *rules.Rule, subject string, cost float64, spend time.Duration) (rlqs.Taken, error) {
+	resp, err := t.svc.Decide(ctx, Request{Rule: r.Name, Subject: subject, Cost: cost, matched: true, heldFor: heldFor(spend)})
 	if errors.Is(err, ErrUnknownRule) {
 		return rlqs.Taken{Outcome: rlqs.Gone}, nil
 	}
@@ -52,6 +53,16 @@ func (t rlqsTaker) Take(ctx context.Context, r *rules.Rule, subject string, cost
 		return rlqs.Taken{}, err
 	}
 	return rlqs.Taken{Outcome: takeOutcome(resp), RetryAfter: resp.RetryAfter}, nil
+}
+
+// heldFor is how long a held take's cost stays held, in µs of the clock
+// of the store that decides it (Redis TIME, or this host's for the local
+// stores), for Envoy to spend it for up to spend of real time after the
+// take starts: the store's clock may run slow by the drift bound, and
+// this agent may pause between the take and the send it counts from, as
+// a promotion's mark allows for.
+func heldFor(spend time.Duration) int64 {
+	return int64(math.Ceil(float64(spend.Microseconds())*(1+hotDrift)/(1-hotDrift))) + hotPause.Microseconds()
 }
 
 // takeOutcome is what a decision of one rule says of a take.

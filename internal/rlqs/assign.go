@@ -49,6 +49,10 @@ type plan struct {
 	// failure policy's, a spent lease's); denyTTL is then not kept.
 	retry bool
 	loans []lent
+	// takenAt is, for an assignment a take funds, when its first take
+	// started (the funds' clock, µs); 0 otherwise. It must be sent within
+	// SendMargin of it (stream.send).
+	takenAt int64
 }
 
 // lent is one loan made for the action being built.
@@ -207,6 +211,10 @@ func (st *stream) act(b *bucketState, now int64, p *plan) *rlqsv3.RateLimitQuota
 		if p.funded && !p.fail {
 			b.until = now + ttl*1e6
 		}
+	}
+	b.takenAt = 0
+	if strategy.GetTokenBucket() != nil {
+		b.takenAt = p.takenAt
 	}
 	if strategy.GetTokenBucket() == nil {
 		// Nothing lent is sent: the loans go back whole.

@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"reason"}),
 		takes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_rlqs_takes_total",
-			Help: "Takes asked for to fund RLQS assignments of rules RLQS does not lend for (mode redis, mode auto, lease.default_share): each asks the agent's decisions for an assignment's whole cost, by outcome (funded; open: admitted by fail_open, nothing charged; over_limit: the quota lacks it, then asked once more, smaller; unavailable: denied by the failure policy; gone: the rule was reloaded away; error: refused, the rule is not enforced).",
+			Help: "Takes asked for to fund RLQS assignments of rules RLQS does not lend for (mode redis, mode auto, lease.default_share): each asks the agent's decisions for an assignment's whole cost, by outcome (funded; open: admitted by fail_open, nothing charged; over_limit: the quota lacks it, then asked once more, smaller; unavailable: denied by the failure policy; gone: the rule was reloaded away; error: refused, the rule is not enforced; late: funded, but the assignment could not be sent within 250ms of its take, so a 1s DENY_ALL went instead, counted besides its funded outcome).",
 		}, []string{"outcome"}),
 	}
 	// Every series exists from the start, at 0: a dashboard's rate() of a

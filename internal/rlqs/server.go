@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ration-dev/ration/internal/holder"
 	"github.com/ration-dev/ration/internal/region"
@@ -251,6 +252,9 @@ type bucketState struct {
 	// next report is answered.
 	until     int64
 	shareKeys map[string]bool // quotas whose shares count it
+	// takenAt is, while the action built last for it is a token bucket a
+	// take funds and not yet sent, when that take started (plan.takenAt).
+	takenAt int64
 }
 
 // fund is one leased (rule, subject) paying for a bucket's assignments:
@@ -294,6 +298,7 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 	st.domain = domain
 	now := st.s.now()
 	resp := &rlqsv3.RateLimitQuotaResponse{}
+	var acted []*bucketState // the bucket of each action in resp
 	for _, u := range us {
 		b := st.buckets[u.key]
 		if b == nil {
@@ -329,9 +334,10 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 			continue
 		}
 		resp.BucketAction = append(resp.BucketAction, st.assign(ctx, b, now, b.demand(now)))
+		acted = append(acted, b)
 		b.asked, b.askedSince, b.acted = 0, now, true
 	}
-	return st.send(resp)
+	return st.send(resp, acted)
 }
 
 // renewDue reports whether b needs a new action at now: unless the one
@@ -372,14 +378,48 @@ func (b *bucketState) measureGap(elapsed int64) {
 	}
 }
 
-func (st *stream) send(resp *rlqsv3.RateLimitQuotaResponse) error {
+// send sends resp; acted names the bucket of each of its actions (nil:
+// none to check). A token bucket funded by a take that started more than
+// SendMargin ago is not sent: its take was held for SendMargin + TTL +
+// Delta from its start, too short for an assignment sent now.
+func (st *stream) send(resp *rlqsv3.RateLimitQuotaResponse, acted []*bucketState) error {
 	if len(resp.BucketAction) == 0 {
 		return nil
+	}
+	var now int64
+	for i, b := range acted {
+		if b.takenAt == 0 {
+			continue
+		}
+		if now == 0 {
+			now = st.s.now()
+		}
+		if now-b.takenAt > SendMargin.Microseconds() {
+			resp.BucketAction[i] = st.late(b)
+		}
+		b.takenAt = 0
 	}
 	for _, a := range resp.BucketAction {
 		st.s.m.assignments.WithLabelValues(kindOf(a)).Inc()
 	}
 	return st.g.Send(resp)
+}
+
+// late is the action sent for b in place of a taken assignment that
+// could not be sent in time: a DENY_ALL for FailTTL, asked about again at
+// the next report. The take is lost.
+func (st *stream) late(b *bucketState) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	st.s.m.takes.WithLabelValues("late").Inc()
+	b.until = 0
+	return &rlqsv3.RateLimitQuotaResponse_BucketAction{
+		BucketId: b.id,
+		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+			QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: durationpb.New(st.s.o.FailTTL),
+				RateLimitStrategy:    blanket(typev3.RateLimitStrategy_DENY_ALL),
+			},
+		},
+	}
 }
 
 func kindOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) string {
@@ -430,7 +470,7 @@ func (st *stream) tick() error {
 		}
 	}
 	st.retired = st.settleRetired(st.retired, now)
-	return st.send(resp)
+	return st.send(resp, nil)
 }
 
 // settle settles every tab of funds at now and drops drained ones (all

@@ -21,13 +21,14 @@ package rlqs
 // by the rule's store bucket, by the lease of a promoted auto subject or
 // of a default-share subject, or by the failure policy (the agent's
 // emergency bucket for local_emergency). Whichever bucket decides counts
-// c before Envoy can spend any of it, so what Envoy admits under taken
-// assignments is at most what that bucket admitted as takes: its
-// admissions, direct and taken, stay within its own B + r*T over any run
-// that starts with no taken assignment outstanding. A window that starts
-// while one is outstanding may see it spent after its take, counted up to
-// t + delta earlier: within B + r*(T + t + delta) over any window. (A
-// lease lends instead, and is exact: tab.go.)
+// c before Envoy can spend any of it, and holds it (bucket.Request.HeldFor)
+// for as long as Envoy may spend it (spendFor): until then the bucket
+// refills to B less what is held, never to B behind tokens Envoy has yet
+// to spend. So over any window [a, a+T] what the bucket admits directly
+// plus what Envoy spends under taken assignments is at most what it held
+// at a (tokens and held, together at most B) plus its refill, r*T: within
+// B + r*T over every window (bucket/model.go, take). A lease decides a
+// held take by lending its cost for as long (holder.Leases.Spend).
 //
 // What it costs: nothing of a take comes back. A bucket that carries on
 // (Envoy keeps a bucket whose sizes did not change) or whose assignment
@@ -45,11 +46,29 @@ import (
 )
 
 // Taker decides a take through the agent's own decision path
-// (agent.Service.Decide for the rule and subject, of the given cost).
-// An error means the take can never be decided as asked (an invalid
-// request: the rule cannot be enforced by RLQS).
+// (agent.Service.Decide for the rule and subject, of the given cost). The
+// take is held (bucket.Request.HeldFor): Envoy may spend its tokens for
+// up to spend after the take starts (real time; the Taker allows for its
+// store's clock), and the bucket that decides it must not refill behind
+// them until then. An error means the take can never be decided as asked
+// (an invalid request: the rule cannot be enforced by RLQS).
 type Taker interface {
-	Take(ctx context.Context, r *rules.Rule, subject string, cost float64) (Taken, error)
+	Take(ctx context.Context, r *rules.Rule, subject string, cost float64, spend time.Duration) (Taken, error)
+}
+
+// SendMargin bounds the time from a take's start to the sending of the
+// assignment it funds. A take is held for SendMargin + TTL + Delta
+// (spendFor): Envoy receives the assignment by send + Delta and applies
+// it for at most its TTL. An assignment not sent within SendMargin of its
+// take (a report naming many buckets, each take waiting on a slow store)
+// is not sent: a short DENY_ALL goes instead (stream.send), and the take
+// is lost, as any take's unspent part.
+const SendMargin = 250 * time.Millisecond
+
+// spendFor is how long after a take's start Envoy may spend under the
+// assignment it funds, of TTL ttl seconds.
+func spendFor(ttl int64, delta time.Duration) time.Duration {
+	return SendMargin + time.Duration(ttl)*time.Second + delta
 }
 
 // Taken is a take's answer.
@@ -170,12 +189,13 @@ func (st *stream) take(ctx context.Context, b *bucketState, demand float64, ms [
 		return // a policy denies it: a take now would be paid for nothing
 	}
 	funded := false
+	start := st.s.now()
 	for _, m := range todo {
-		t, err := st.takeOnce(ctx, m, cost(z, delta))
+		t, err := st.takeOnce(ctx, m, z, delta)
 		if err == nil {
 			if next := retry(m.Rule, t.Outcome, z, demand, delta); next != z {
 				z = next
-				t, err = st.takeOnce(ctx, m, cost(z, delta))
+				t, err = st.takeOnce(ctx, m, z, delta)
 			}
 		}
 		if err != nil {
@@ -209,12 +229,15 @@ func (st *stream) take(ctx context.Context, b *bucketState, demand float64, ms [
 	if funded {
 		p.limit = smaller(p.limit, z)
 		p.funded = true
+		p.takenAt = start
 	}
 }
 
-// takeOnce asks the Taker for one take of cost for m, and counts it.
-func (st *stream) takeOnce(ctx context.Context, m rules.Match, cost float64) (Taken, error) {
-	t, err := st.s.o.Taker.Take(ctx, m.Rule, m.Subject, cost)
+// takeOnce asks the Taker for one take of assignment z for m, held for as
+// long as Envoy may spend it, and counts it.
+func (st *stream) takeOnce(ctx context.Context, m rules.Match, z sizes, delta int64) (Taken, error) {
+	d := time.Duration(delta) * time.Microsecond
+	t, err := st.s.o.Taker.Take(ctx, m.Rule, m.Subject, cost(z, delta), spendFor(z.ttl, d))
 	if err != nil {
 		st.s.m.takes.WithLabelValues("error").Inc()
 		return t, err

@@ -19,12 +19,17 @@ type script struct {
 	answers []Taken
 	err     error
 	costs   []float64
+	spends  []time.Duration
+	// delay is how long each take takes
+	delay time.Duration
 }
 
-func (s *script) Take(_ context.Context, _ *rules.Rule, _ string, cost float64) (Taken, error) {
+func (s *script) Take(_ context.Context, _ *rules.Rule, _ string, cost float64, spend time.Duration) (Taken, error) {
+	time.Sleep(s.delay)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.costs = append(s.costs, cost)
+	s.spends = append(s.spends, spend)
 	if s.err != nil {
 		return Taken{}, s.err
 	}
@@ -113,6 +118,52 @@ func TestTakeOutcomes(t *testing.T) {
 			want := float64(tt.burst) + float64(tt.rate)*(float64(tt.ttl)+0.2)
 			if got := sc.costs[len(sc.costs)-1]; math.Abs(got-want) > 1e-9 {
 				t.Fatalf("the take that funded it cost %v; Envoy can spend %v under it", got, want)
+			}
+			// ... and held for as long as Envoy may spend it: from the
+			// take's start, the send (within SendMargin), the delivery
+			// (Delta) and the TTL.
+			wantSpend := SendMargin + 200*time.Millisecond + time.Duration(tt.ttl)*time.Second
+			if got := sc.spends[len(sc.spends)-1]; got < wantSpend {
+				t.Fatalf("the take that funded it was held for %v; Envoy may spend under it for %v", got, wantSpend)
+			}
+		})
+	}
+}
+
+// TestLateTakenAssignmentNotSent: a take that returns after SendMargin
+// (a slow store) was held for too short a time for an assignment sent
+// now: a DENY_ALL goes instead, and the next report asks again.
+func TestLateTakenAssignmentNotSent(t *testing.T) {
+	set, err := rules.Parse("rules.yaml", []byte("rules:\n  - name: r\n    match: {user: \"*\"}\n    burst: 100\n    rate: 50\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		delay time.Duration
+		kind  string
+	}{
+		{"in time", 0, "token_bucket"},
+		{"late", SendMargin + 50*time.Millisecond, "deny_all"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sc := &script{answers: []Taken{{Outcome: Funded}}, delay: tt.delay}
+			c := serve(t, Options{Rules: staticRules{set}, Taker: sc})
+			s, err := c.StreamRateLimitQuotas(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(map[string]string{"user": "a"}, 0, 10)}}); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := s.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := resp.GetBucketAction()[0]
+			if k := kindOf(a); k != tt.kind {
+				t.Fatalf("a take that took %v: %s, want %s", tt.delay, k, tt.kind)
 			}
 		})
 	}
