@@ -69,8 +69,7 @@ type Options struct {
 	MaxTTL time.Duration
 	// TakeTTL is the TTL of an assignment funded by a take, whole seconds
 	// (default 2s, at most MaxTTL). Every take pays for the whole TTL and
-	// gets nothing back, and the bound over a window widens by it
-	// (take.go): short. But a taken assignment is renewed only when it
+	// gets nothing back, and is held that long (take.go): short. But a taken assignment is renewed only when it
 	// would lapse before the next report, so a TTL of several report
 	// intervals makes one take last several reports: 2s is the shortest
 	// whole-second TTL that does so at reporting intervals up to about
