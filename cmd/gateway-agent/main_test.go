@@ -60,8 +60,10 @@ func TestConfigErrorsAreAllReported(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "RATION_DECISION_TIMEOUT") {
 		t.Fatalf("run with a bad env duration = %v, want it named", err)
 	}
-	err = run(context.Background(), []string{"-decision-timeout", "0s", "-http", "nope", "-grpc-workers", "-1"}, &stdout, &stderr, noEnv)
-	for _, want := range []string{"-rules", "-decision-timeout", "-http", "-grpc-workers -1: must be in [0, 4096]"} {
+	err = run(context.Background(), []string{"-decision-timeout", "0s", "-http", "nope", "-grpc-workers", "-1",
+		"-rlqs-delta", "-1s", "-rlqs-max-ttl", "1500ms", "-rlqs-take-ttl", "9s", "-rlqs-grace", "2h", "-rlqs-max-streams", "-3", "-rlqs-max-buckets", "-1"}, &stdout, &stderr, noEnv)
+	for _, want := range []string{"-rules", "-decision-timeout", "-http", "-grpc-workers -1: must be in [0, 4096]",
+		"-rlqs-delta -1s", "-rlqs-max-ttl 1.5s: must be whole seconds", "-rlqs-take-ttl 9s", "-rlqs-grace 2h0m0s", "-rlqs-max-streams -3", "-rlqs-max-buckets -1"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("run with several bad settings = %v, want %s named", err, want)
 		}

@@ -78,6 +78,10 @@ type Config struct {
 	// RedisTLS verifies and authenticates a rediss:// -redis (CA, client
 	// certificate, server name).
 	RedisTLS bucket.RedisTLS // -redis-tls-ca, -redis-tls-cert, -redis-tls-key, -redis-tls-server-name
+	// RLQS tunes the Rate Limit Quota Service served to Envoy
+	// (internal/rlqs): -rlqs-delta, -rlqs-max-ttl, -rlqs-take-ttl,
+	// -rlqs-grace, -rlqs-max-streams, -rlqs-max-buckets.
+	RLQS RLQSConfig
 
 	// DevCoordinator starts the single-node coordinator that -dev embeds
 	// when -coordinators is empty. It is not a flag: cmd/gateway-agent
@@ -96,6 +100,69 @@ type StartDevCoordinator func(ctx context.Context, logger *slog.Logger, set *rul
 type DevCoordinator interface {
 	SetRules(*rules.Set)
 	Close() error
+}
+
+// RLQSConfig is what an operator may tune of RLQS (rlqs.Options).
+type RLQSConfig struct {
+	// Delta bounds the delivery of a message between the agent and
+	// Envoy plus the lateness of Envoy's timers: the bound assumes it.
+	Delta   time.Duration
+	MaxTTL  time.Duration // longest assignment TTL, whole seconds
+	TakeTTL time.Duration // TTL of an assignment funded by a take, whole seconds
+	Grace   time.Duration // how long a report closing an assignment is awaited
+	// MaxStreams and MaxBuckets bound the streams of the agent and the
+	// buckets of one stream.
+	MaxStreams, MaxBuckets int
+}
+
+// Bounds on RLQSConfig.
+const (
+	MaxRLQSDelta   = 5 * time.Second
+	MaxRLQSTTL     = time.Minute
+	MaxRLQSGrace   = time.Minute
+	MaxRLQSStreams = 1 << 16
+	MaxRLQSBuckets = 1 << 20
+)
+
+// check reports what is out of bounds; a zero field is rlqs.Options'
+// default (a Config built without DefaultConfig).
+func (r RLQSConfig) check() []error {
+	var errs []error
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&r.Delta, 200*time.Millisecond)
+	def(&r.MaxTTL, 5*time.Second)
+	def(&r.TakeTTL, min(2*time.Second, r.MaxTTL))
+	def(&r.Grace, max(3*time.Second, r.Delta))
+	if r.MaxStreams == 0 {
+		r.MaxStreams = 256
+	}
+	if r.MaxBuckets == 0 {
+		r.MaxBuckets = 1000
+	}
+	if r.Delta <= 0 || r.Delta > MaxRLQSDelta {
+		errs = append(errs, fmt.Errorf("-rlqs-delta %v: must be in (0, %v]", r.Delta, MaxRLQSDelta))
+	}
+	whole := func(flag string, d, most time.Duration) {
+		if d < time.Second || d > most || d%time.Second != 0 {
+			errs = append(errs, fmt.Errorf("%s %v: must be whole seconds in [1s, %v] (Envoy reads the seconds of a TTL only)", flag, d, most))
+		}
+	}
+	whole("-rlqs-max-ttl", r.MaxTTL, MaxRLQSTTL)
+	whole("-rlqs-take-ttl", r.TakeTTL, r.MaxTTL)
+	if r.Grace < r.Delta || r.Grace > MaxRLQSGrace {
+		errs = append(errs, fmt.Errorf("-rlqs-grace %v: must be in [-rlqs-delta %v, %v]", r.Grace, r.Delta, MaxRLQSGrace))
+	}
+	if r.MaxStreams < 1 || r.MaxStreams > MaxRLQSStreams {
+		errs = append(errs, fmt.Errorf("-rlqs-max-streams %d: must be in [1, %d]", r.MaxStreams, MaxRLQSStreams))
+	}
+	if r.MaxBuckets < 1 || r.MaxBuckets > MaxRLQSBuckets {
+		errs = append(errs, fmt.Errorf("-rlqs-max-buckets %d: must be in [1, %d]", r.MaxBuckets, MaxRLQSBuckets))
+	}
+	return errs
 }
 
 // DefaultConfig is the production starting point.
@@ -118,6 +185,8 @@ func DefaultConfig() Config {
 		Breaker:           breaker.DefaultConfig(),
 		ShutdownTimeout:   10 * time.Second,
 		LogLevel:          "info",
+		RLQS: RLQSConfig{Delta: 200 * time.Millisecond, MaxTTL: 5 * time.Second, TakeTTL: 2 * time.Second,
+			Grace: 3 * time.Second, MaxStreams: 256, MaxBuckets: 1000},
 		LogFormat:         "text",
 	}
 }
@@ -187,6 +256,12 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "decision-timeout", Env: "DECISION_TIMEOUT", Usage: "longest a decision waits on the store before the rule's failure policy applies, at most 10s", Value: &c.DecisionTimeout},
 		{Flag: "first-grant-timeout", Env: "FIRST_GRANT_TIMEOUT", Usage: "longest the first decision of a leased quota this agent does not hold yet (a new subject of a \"*\" rule) waits for the coordinators' first grant before the rule's failure policy applies, at most 10s; later decisions of the quota never wait (docs/leases.md)", Value: &c.FirstGrantTimeout},
 		{Flag: "local-denials", Env: "LOCAL_DENIALS", Usage: "how many buckets' denials by the store the agent remembers, to deny a subject's further requests itself while the denial is certain (until the refill could pay for them; docs/failure-policies.md); at most 1048576; 0: every decision goes to the store", Value: &c.LocalDenials},
+		{Flag: "rlqs-delta", Env: "RLQS_DELTA", Usage: "RLQS: the longest delivery of a message between this agent and Envoy plus the lateness of Envoy's timers, which the bound assumes (docs/integrations/envoy-rlqs.md); assignments and their reservations last this much longer, at most 5s", Value: &c.RLQS.Delta},
+		{Flag: "rlqs-max-ttl", Env: "RLQS_MAX_TTL", Usage: "RLQS: longest assignment TTL, whole seconds, at most 1m (a lent one also ends before its lease's validity)", Value: &c.RLQS.MaxTTL},
+		{Flag: "rlqs-take-ttl", Env: "RLQS_TAKE_TTL", Usage: "RLQS: TTL of an assignment funded by a take (mode redis, auto, default-share rules), whole seconds, at most -rlqs-max-ttl: each take pays for and holds its whole TTL", Value: &c.RLQS.TakeTTL},
+		{Flag: "rlqs-grace", Env: "RLQS_GRACE", Usage: "RLQS: how long after an assignment is over a report that settles it is awaited before what it reserved is forfeit, at least -rlqs-delta, at most 1m", Value: &c.RLQS.Grace},
+		{Flag: "rlqs-max-streams", Env: "RLQS_MAX_STREAMS", Usage: "RLQS: most streams open at once (more are refused), at most 65536", Value: &c.RLQS.MaxStreams},
+		{Flag: "rlqs-max-buckets", Env: "RLQS_MAX_BUCKETS", Usage: "RLQS: most buckets one stream may report (a report naming more ends the stream), at most 1048576", Value: &c.RLQS.MaxBuckets},
 		{Flag: "reload-interval", Env: "RELOAD_INTERVAL", Usage: "how often the rules file is checked for changes", Value: &c.ReloadInterval},
 		{Flag: "breaker-threshold", Env: "BREAKER_THRESHOLD", Usage: "consecutive failed store calls (one per decision, or per call of at most 1024 charges of a batch) that open the circuit breaker", Value: &c.Breaker.Threshold},
 		{Flag: "breaker-probe-interval", Env: "BREAKER_PROBE_INTERVAL", Usage: "pause between store probes while the breaker is open", Value: &c.Breaker.ProbeInterval},
@@ -289,6 +364,7 @@ func (c Config) CheckCore() error {
 	if c.ReloadInterval <= 0 {
 		errs = append(errs, fmt.Errorf("-reload-interval %v: must be positive", c.ReloadInterval))
 	}
+	errs = append(errs, c.RLQS.check()...)
 	if c.StallTimeout != 0 && c.StallTimeout < time.Second {
 		errs = append(errs, fmt.Errorf("-stall-timeout %v: must be 0 (the default) or at least 1s", c.StallTimeout))
 	}

@@ -19,7 +19,7 @@ import (
 // ids matched as RLS descriptors are (EnvoyDomainKey set to the stream's
 // domain), leased rules' assignments lent out of the agent's leases, the
 // other rules' taken through its decisions (rlqsTaker).
-func registerRLQS(g *grpc.Server, svc *Service, logger *slog.Logger, reg prometheus.Registerer) *rlqs.Server {
+func registerRLQS(g *grpc.Server, svc *Service, cfg RLQSConfig, logger *slog.Logger, reg prometheus.Registerer) *rlqs.Server {
 	// Tick: each stream's timer wakes the agent every Tick, and at the
 	// package's 100ms the wake-ups of 16 streams cost the agent more CPU
 	// than their reports (scripts/bench-rlqs.sh). A report settles what it
@@ -27,7 +27,9 @@ func registerRLQS(g *grpc.Server, svc *Service, logger *slog.Logger, reg prometh
 	// (after a grace of seconds) and abandons idle buckets (after a
 	// minute), for which a second is resolution enough.
 	o := rlqs.Options{Rules: svc.rules, Taker: rlqsTaker{svc}, Region: svc.cfg.Region,
-		Logger: logger.With("component", "rlqs"), Registry: reg, Tick: time.Second}
+		Logger: logger.With("component", "rlqs"), Registry: reg, Tick: time.Second,
+		Delta: cfg.Delta, MaxTTL: cfg.MaxTTL, TakeTTL: cfg.TakeTTL, Grace: cfg.Grace,
+		MaxStreams: cfg.MaxStreams, MaxBuckets: cfg.MaxBuckets}
 	if f, ok := svc.leases.(rlqs.Funds); ok {
 		o.Funds = f
 	}

@@ -10,7 +10,13 @@ import (
 	"testing"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/agent"
@@ -413,4 +419,61 @@ func TestRLQSTakesFromPromotedSubject(t *testing.T) {
 	}
 	t.Logf("%d takes on the promotion's lease", taken)
 	judgeTakes(t, rec.Records(), quota, 100, 100, span)
+}
+
+// The -rlqs-* flags reach the RLQS server: -rlqs-take-ttl is the TTL of a
+// taken assignment (after a bucket's first, which lasts 1s), and
+// -rlqs-max-buckets ends a stream that reports more buckets.
+func TestRLQSFlagsApply(t *testing.T) {
+	a := startAgent(t, takenRules, func(c *agent.Config) {
+		c.RLQS.MaxTTL, c.RLQS.TakeTTL, c.RLQS.MaxBuckets = 4*time.Second, 3*time.Second, 2
+	})
+	conn, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c := rlqsv3.NewRateLimitQuotaServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	s, err := c.StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := func(users ...string) *rlqsv3.RateLimitQuotaUsageReports {
+		r := &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge"}
+		for _, u := range users {
+			r.BucketQuotaUsages = append(r.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+				BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"user": u}}, NumRequestsAllowed: 1, TimeElapsed: durationpb.New(time.Second)})
+		}
+		return r
+	}
+	var ttls []int64
+	for i := range 2 {
+		if i > 0 {
+			// The first assignment (1s) is then about to lapse: renewed.
+			time.Sleep(800 * time.Millisecond)
+		}
+		if err := s.Send(report("a")); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		qa := resp.GetBucketAction()[0].GetQuotaAssignmentAction()
+		if qa.GetRateLimitStrategy().GetTokenBucket() == nil {
+			t.Fatalf("action %d: %v, want a token bucket", i, qa)
+		}
+		ttls = append(ttls, qa.GetAssignmentTimeToLive().GetSeconds())
+	}
+	if ttls[0] != 1 || ttls[1] != 3 {
+		t.Fatalf("taken assignments' TTLs %v, want [1 3] (-rlqs-take-ttl 3s)", ttls)
+	}
+	if err := s.Send(report("a", "b", "c")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); status.Code(err) == codes.OK || !strings.Contains(err.Error(), "at most 2") {
+		t.Fatalf("a report of 3 buckets under -rlqs-max-buckets 2: %v, want the stream ended naming the bound", err)
+	}
 }

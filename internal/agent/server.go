@@ -116,7 +116,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger, leases Leases) 
 	s.grpc.RegisterService(serviceDesc(), &grpcServer{svc: svc})
 	registerEnvoy(s.grpc, svc) // envoy.service.ratelimit.v3.RateLimitService (envoy.go)
 	// envoy.service.rate_limit_quota.v3.RateLimitQuotaService (rlqs.go)
-	s.RLQS = registerRLQS(s.grpc, svc, logger, s.Registry)
+	s.RLQS = registerRLQS(s.grpc, svc, cfg.RLQS, logger, s.Registry)
 	// The standard health service lets gRPC load balancers and probes check
 	// the agent, and its Check is the cheapest unary call there is: the
 	// benchmark floor of any unary decision.
