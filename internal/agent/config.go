@@ -185,9 +185,9 @@ func DefaultConfig() Config {
 		Breaker:           breaker.DefaultConfig(),
 		ShutdownTimeout:   10 * time.Second,
 		LogLevel:          "info",
+		LogFormat:         "text",
 		RLQS: RLQSConfig{Delta: 200 * time.Millisecond, MaxTTL: 5 * time.Second, TakeTTL: 2 * time.Second,
 			Grace: 3 * time.Second, MaxStreams: 256, MaxBuckets: 1000},
-		LogFormat:         "text",
 	}
 }
 
