@@ -74,3 +74,61 @@ func TestRLQSClientsWithinBound(t *testing.T) {
 		t.Fatalf("admitted %v in %v: the assignments funded almost nothing", rep.Admitted, run)
 	}
 }
+
+// With its coordinators gone, a leased local_emergency rule's RLQS
+// buckets are funded by takes from the agent's emergency bucket for the
+// rule and subject, as its RLS requests would be: three Envoys asking far
+// more than the emergency rate admit, together, within emergency.burst +
+// emergency.rate*T over every window, not that much each.
+func TestRLQSLeasedEmergencyPerAgent(t *testing.T) {
+	const rulesYAML = `
+rules:
+  - name: hot
+    match: {hot: "*"}
+    burst: 400
+    rate: 100
+    mode: leased
+    lease: {period: 2s}
+    on_failure: emergency
+    emergency: {burst: 10, rate: 5, max_duration: 1m}
+`
+	c := harness.StartCoordinators(t, 1, rulesYAML)
+	a := startAgent(t, rulesYAML, func(cfg *agent.Config) {
+		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
+	})
+	c.Kill(0)
+	rec := admission.NewRecorder()
+	var clients []*harness.RLQSClient
+	for i := range 3 {
+		name := fmt.Sprintf("envoy-%d", i)
+		clients = append(clients, harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 200*time.Millisecond, func() { rec.Admit(name, "hot|hot=a", 1) }))
+	}
+	id := map[string]string{"hot": "a"}
+	var wg sync.WaitGroup
+	end := time.Now().Add(4 * time.Second)
+	for _, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; n < 4000 && time.Now().Before(end); n++ {
+				cl.Request(id)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, cl := range clients {
+		if err := cl.Err(); err != nil {
+			t.Fatalf("client stream: %v", err)
+		}
+	}
+	rep := admission.Check(rec.Records(), "hot|hot=a", 10, 5)
+	emergency := metricSum(t, a.srv.Registry, "ration_decisions_total", map[string]string{"rule": "hot", "path": "fallback", "result": "allowed", "reason": "emergency"})
+	t.Logf("%v takes charged to the emergency bucket; the Envoys admitted %v, overshoot %.2f of 10 + 5*T (window %v..%v)", emergency, rep.Admitted, rep.Overshoot, rep.From, rep.To)
+	if rep.Overshoot > 1e-9 {
+		t.Fatalf("the Envoys admitted over the agent's emergency bucket by %.2f (window %v..%v)", rep.Overshoot, rep.From, rep.To)
+	}
+	if emergency < 1 || rep.Admitted < 1 {
+		t.Fatalf("%v emergency takes, %v admitted: the emergency bucket funded nothing", emergency, rep.Admitted)
+	}
+}

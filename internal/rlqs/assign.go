@@ -49,6 +49,10 @@ type plan struct {
 	// failure policy's, a spent lease's); denyTTL is then not kept.
 	retry bool
 	loans []lent
+	// emergency: leased rules whose lease cannot decide and whose policy
+	// is local_emergency, to be taken from the agent's emergency bucket
+	// with the other takes (fallBack).
+	emergency []rules.Match
 	// takenAt is, for an assignment a take funds, when its first take
 	// started (the funds' clock, µs); 0 otherwise. It must be sent within
 	// SendMargin of it (stream.send).
@@ -74,7 +78,7 @@ func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand 
 	for _, m := range lend {
 		st.lend(ctx, b, now, demand, m, p)
 	}
-	st.take(ctx, b, demand, take, p)
+	st.take(ctx, b, demand, append(take, p.emergency...), p)
 	return st.act(b, now, p)
 }
 
@@ -104,7 +108,7 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	o := &st.s.o
 	r := m.Rule
 	if o.Funds == nil {
-		st.fallBack(r, p)
+		st.fallBack(m, p)
 		return
 	}
 	delta := o.Delta.Microseconds()
@@ -132,7 +136,7 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	})
 	switch {
 	case !ok:
-		st.fallBack(r, p)
+		st.fallBack(m, p)
 		return
 	case got == 0 && gotRate == 0:
 		p.deny, p.retry = true, true // the lease funds nothing now: its budget is spent
@@ -166,10 +170,23 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	p.loans = append(p.loans, lent{lt, f, z})
 }
 
-// fallBack applies leased rule r's failure policy when its lease cannot
-// decide (no valid lease: the coordinators are unreachable).
-func (st *stream) fallBack(r *rules.Rule, p *plan) {
+// fallBack applies leased rule m's failure policy when its lease cannot
+// decide (no valid lease: the coordinators are unreachable). With a Taker,
+// local_emergency is taken (take.go) as any request of the rule would be
+// decided now: by the agent's emergency bucket for the rule and subject,
+// held for as long as Envoy may spend it, so that every Envoy and direct
+// caller of this agent shares one emergency.burst + emergency.rate*T, and
+// denied past max_duration. (An unfunded token bucket of the emergency
+// sizes would give each Envoy bucket its own.) Its TTL is FailTTL: the
+// next report asks the lease again.
+func (st *stream) fallBack(m rules.Match, p *plan) {
+	r := m.Rule
 	p.fail = true
+	if r.OnFailure == rules.Emergency && st.s.o.Taker != nil {
+		p.limit.ttl = min(p.limit.ttl, int64(st.s.o.FailTTL/time.Second))
+		p.emergency = append(p.emergency, m)
+		return
+	}
 	switch v, z := failure(r, st.s.o.Funds); v {
 	case vDeny:
 		p.deny, p.retry = true, true
