@@ -1,11 +1,18 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/agent"
@@ -130,5 +137,59 @@ rules:
 	}
 	if emergency < 1 || rep.Admitted < 1 {
 		t.Fatalf("%v emergency takes, %v admitted: the emergency bucket funded nothing", emergency, rep.Admitted)
+	}
+}
+
+// A bucket of a leased quota this agent has not been granted yet is not
+// held up waiting for the first grant: its loan would be recorded as
+// sent before the wait, ending that much early in the books and past the
+// lease's validity at Envoy. It is denied briefly (not its failure
+// policy: the coordinators answer), and funded at a later report.
+func TestRLQSNewQuotaNotWaitedFor(t *testing.T) {
+	c := harness.StartCoordinators(t, 1, rlqsRules)
+	a := startAgent(t, rlqsRules, func(cfg *agent.Config) {
+		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
+	})
+	conn, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	s, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+		BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"hot": "new"}}, NumRequestsAllowed: 1, TimeElapsed: durationpb.New(time.Second)}}}
+	var kinds []string
+	for n := 0; n < 50; n++ {
+		if err := s.Send(report); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := resp.GetBucketAction()[0].GetQuotaAssignmentAction()
+		kind := "allow_all"
+		switch {
+		case a.GetRateLimitStrategy().GetTokenBucket() != nil:
+			kind = "token_bucket"
+		case a.GetRateLimitStrategy().GetBlanketRule() == typev3.RateLimitStrategy_DENY_ALL:
+			kind = "deny_all"
+		}
+		kinds = append(kinds, kind)
+		if kind == "token_bucket" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if kinds[0] != "deny_all" {
+		t.Fatalf("first action for a quota not granted yet: %s, want deny_all (asked again, not waited for)", kinds[0])
+	}
+	if kinds[len(kinds)-1] != "token_bucket" {
+		t.Fatalf("actions %v: never funded once the quota was granted", kinds)
 	}
 }

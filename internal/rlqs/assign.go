@@ -66,20 +66,34 @@ type lent struct {
 	sizes sizes
 }
 
-// assign decides a bucket's next action at now, lending and taking what
-// funds it; demand is its requests per second as last reported.
-func (st *stream) assign(ctx context.Context, b *bucketState, now int64, demand float64) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+// assign decides a bucket's next action, taking and lending what funds
+// it (lend and take: the rules it matches, match); demand is its requests
+// per second as last reported. It returns the action and now, the time it
+// is recorded as sent at, which the caller sends without delay.
+//
+// The takes come first: each waits on a store. Then the clock is read
+// once for the cut of the last action, the loans and the action: a loan
+// is recorded as sent at now, and ends (in the tab and before the
+// lease's validity) counted from it, so nothing slow may come between
+// now and the send. (A take is held from its own start, stream.send.)
+// Only a leased local_emergency rule whose lease cannot decide is taken
+// after the loans (fallBack): the coordinators are then unreachable, and
+// the other loans of the bucket, if any, rarely live.
+func (st *stream) assign(ctx context.Context, b *bucketState, demand float64, lend, take []rules.Match) (*rlqsv3.RateLimitQuotaResponse_BucketAction, int64) {
+	p := &plan{limit: sizes{burst: math.MaxUint32, rate: math.MaxUint32, ttl: int64(st.s.o.MaxTTL / time.Second)}}
+	st.take(ctx, b, demand, take, p)
+	now := st.s.now()
 	// Whatever is decided, an action for b is sent now: it ends the last
 	// one by now + Delta (before any new loan is recorded, which it must
 	// not cut).
 	st.cutAll(b, now)
-	lend, take := st.match(b)
-	p := &plan{limit: sizes{burst: math.MaxUint32, rate: math.MaxUint32, ttl: int64(st.s.o.MaxTTL / time.Second)}}
-	for _, m := range lend {
-		st.lend(ctx, b, now, demand, m, p)
+	if !p.deny {
+		for _, m := range lend {
+			st.lend(ctx, b, now, demand, m, p)
+		}
+		st.take(ctx, b, demand, p.emergency, p)
 	}
-	st.take(ctx, b, demand, append(take, p.emergency...), p)
-	return st.act(b, now, p)
+	return st.act(b, now, p), now
 }
 
 // match splits the rules b matches: leased rules lend its assignment out
@@ -126,7 +140,11 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	}
 	w := smaller(want(r, demand, p.limit.ttl), p.limit)
 	share := st.s.shares.set(key, b, demand)
-	loan, got, gotRate, ok := o.Funds.Lend(ctx, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
+	// Lend must not wait for a new quota's first grant: the loan is
+	// recorded as sent at now, and a second's wait would make it end a
+	// second early in the tab and past the lease's validity at Envoy.
+	// A quota still cold is asked about again at the next report.
+	loan, got, gotRate, ok := o.Funds.Lend(noWait, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
 		zz, fits := fit(w, offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil}, now, delta)
 		if !fits {
 			return 0, 0
@@ -135,6 +153,13 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 		return z.burst, z.rate
 	})
 	switch {
+	case !ok && o.Funds.DownFor() == 0:
+		// No valid lease while the coordinators answer: the quota's
+		// first grant is on its way (or a lease is being replaced). Not
+		// a failure: its policy (fail_open would admit all) does not
+		// apply; a short denial asks again.
+		p.deny, p.retry = true, true
+		return
 	case !ok:
 		st.fallBack(m, p)
 		return
@@ -169,6 +194,14 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	p.funded = true
 	p.loans = append(p.loans, lent{lt, f, z})
 }
+
+// noWait is a context already done: a Lend given it does not wait for a
+// quota's first grant.
+var noWait = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // fallBack applies leased rule m's failure policy when its lease cannot
 // decide (no valid lease: the coordinators are unreachable). With a Taker,

@@ -295,9 +295,16 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 		return status.Errorf(codes.ResourceExhausted, "rlqs: %d buckets on one stream, at most %d (narrow the filter's bucket_id_builder)", n, st.s.o.MaxBuckets)
 	}
 	st.domain = domain
+	// now is when the report arrived: what it counts is as of then (an
+	// earlier receipt settles less, tab.go). Each action is recorded as
+	// sent at its own time (assign), and actions already planned are
+	// sent before a bucket's takes wait on a store, or once flushAfter
+	// has passed since the oldest of them: nothing slow ages a loan, and
+	// takes are held from their own start (send).
 	now := st.s.now()
 	resp := &rlqsv3.RateLimitQuotaResponse{}
 	var acted []*bucketState // the bucket of each action in resp
+	var oldest int64
 	for _, u := range us {
 		b := st.buckets[u.key]
 		if b == nil {
@@ -332,12 +339,33 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 			// whole (take.go).
 			continue
 		}
-		resp.BucketAction = append(resp.BucketAction, st.assign(ctx, b, now, b.demand(now)))
+		lend, take := st.match(b)
+		if len(take) > 0 && len(acted) > 0 {
+			if err := st.send(resp, acted); err != nil {
+				return err
+			}
+			resp, acted = &rlqsv3.RateLimitQuotaResponse{}, nil
+		}
+		a, at := st.assign(ctx, b, b.demand(st.s.now()), lend, take)
+		if len(acted) == 0 {
+			oldest = at
+		}
+		resp.BucketAction = append(resp.BucketAction, a)
 		acted = append(acted, b)
-		b.asked, b.askedSince, b.acted = 0, now, true
+		b.asked, b.askedSince, b.acted = 0, at, true
+		if st.s.now()-oldest >= flushAfter.Microseconds() {
+			if err := st.send(resp, acted); err != nil {
+				return err
+			}
+			resp, acted = &rlqsv3.RateLimitQuotaResponse{}, nil
+		}
 	}
 	return st.send(resp, acted)
 }
+
+// flushAfter bounds how long a planned action waits for the rest of its
+// report's actions before it is sent on its own response.
+const flushAfter = 20 * time.Millisecond
 
 // renewDue reports whether b needs a new action at now: unless the one
 // it has stands (until) past the next report (expected a gap later, twice

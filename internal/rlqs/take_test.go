@@ -20,12 +20,13 @@ type script struct {
 	err     error
 	costs   []float64
 	spends  []time.Duration
-	// delay is how long each take takes
-	delay time.Duration
+	// delay is how long each take takes, slowFor longer for a subject
+	delay   time.Duration
+	slowFor map[string]time.Duration
 }
 
-func (s *script) Take(_ context.Context, _ *rules.Rule, _ string, cost float64, spend time.Duration) (Taken, error) {
-	time.Sleep(s.delay)
+func (s *script) Take(_ context.Context, _ *rules.Rule, subject string, cost float64, spend time.Duration) (Taken, error) {
+	time.Sleep(s.delay + s.slowFor[subject])
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.costs = append(s.costs, cost)
@@ -198,5 +199,38 @@ func TestTakeWantFitsTheStore(t *testing.T) {
 				t.Fatalf("takeWant = %+v costs %v, over half the store's burst %v", z, c, tt.burst)
 			}
 		})
+	}
+}
+
+// A bucket whose take is slow does not age the actions planned before it
+// in the same report: they are sent before it waits, in time, and only
+// its own assignment, sent late, is replaced by a denial.
+func TestSlowTakeDoesNotAgeOthers(t *testing.T) {
+	set, err := rules.Parse("rules.yaml", []byte("rules:\n  - name: r\n    match: {user: \"*\"}\n    burst: 100\n    rate: 50\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := &script{answers: []Taken{{Outcome: Funded}}, slowFor: map[string]time.Duration{"user=slow": SendMargin + 50*time.Millisecond}}
+	c := serve(t, Options{Rules: staticRules{set}, Taker: sc})
+	s, err := c.StreamRateLimitQuotas(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		use(map[string]string{"user": "fast"}, 0, 10), use(map[string]string{"user": "slow"}, 0, 10)}}); err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]string{}
+	for len(kinds) < 2 {
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range resp.GetBucketAction() {
+			kinds[a.GetBucketId().GetBucket()["user"]] = kindOf(a)
+		}
+	}
+	if kinds["fast"] != "token_bucket" || kinds["slow"] != "deny_all" {
+		t.Fatalf("actions %v; want the fast bucket's token bucket sent in time, the slow one's replaced by deny_all", kinds)
 	}
 }
