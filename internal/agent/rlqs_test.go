@@ -112,12 +112,14 @@ rules:
 	}
 	id := map[string]string{"hot": "a"}
 	var wg sync.WaitGroup
-	end := time.Now().Add(4 * time.Second)
+	// The agent sees its coordinator gone at its next failed request
+	// (about 2s in); until then a quota not granted yet is denied.
+	end := time.Now().Add(6 * time.Second)
 	for _, cl := range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for n := 0; n < 4000 && time.Now().Before(end); n++ {
+			for n := 0; n < 6000 && time.Now().Before(end); n++ {
 				cl.Request(id)
 				time.Sleep(time.Millisecond)
 			}
