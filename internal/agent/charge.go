@@ -6,6 +6,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/ration-dev/ration/internal/bucket"
@@ -52,7 +53,7 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 				}
 				// A run of steps of one quota (a batch of one hot key)
 				// spends through the Ref the run's first step took.
-				if st.rule == run.rule && st.subject == run.subject {
+				if st.rule == run.rule && st.subject == run.subject && st.req.HeldFor == 0 {
 					if allowed, remaining, reset, retry, src, ok := run.ref.SpendFrom(st.req.Cost, leaseNow); ok {
 						st.res = bucket.Result{Allowed: allowed, Remaining: remaining, Reset: reset, RetryAfter: retry}
 						st.src = src
@@ -60,7 +61,7 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 						continue
 					}
 				}
-				res, src, ok := s.leases.Spend(ctx, st.rule, st.subject, st.req.Cost, leaseNow)
+				res, src, ok := s.spendLease(ctx, st, st.subject, leaseNow, math.MaxInt64)
 				// A Spend may wait for a new quota's first grant (up to the
 				// decision timeout): the steps after it are checked against
 				// the clock after the wait, or they would spend leases that
@@ -131,17 +132,45 @@ func (s *Service) charge(ctx context.Context, steps []step, leaseNow int64) {
 	}
 }
 
-// spendHot decides st on the lease of its promotion k.
+// spendHot decides st on the lease of its promotion k. A held step's
+// hold must end before the mark seen last lapses: the store's bucket
+// resumes empty then, as if nothing of the leased phase were still to be
+// spent.
 func (s *Service) spendHot(ctx context.Context, st *step, k *hotKey, now int64) {
 	st.hot = k
-	if res, src, ok := s.leases.Spend(ctx, st.rule, k.subject, st.req.Cost, now); ok {
+	if res, src, ok := s.spendLease(ctx, st, k.subject, now, k.until.Load()); ok {
 		st.path, st.res, st.allowed, st.charged = pathLeased, res, res.Allowed, res.Allowed
 		st.src = src
 		st.reason = verdict(res.Allowed)
-		k.count.Add(1)
+		if st.fundFor == 0 {
+			k.count.Add(1)
+		}
 		return
 	}
 	st.path = pathFallback
+}
+
+// spendLease spends st's cost from the lease of (st.rule, subject) at
+// now. A held step (an RLQS take: Envoy spends its tokens later) is lent
+// instead, until its hold ends, which must be by until (leases' clock) and
+// while the lease may be spent; one that would outlast either is refused
+// (denied, nothing charged, st.fundFor set). Its tokens are never
+// refunded: they are Envoy's.
+func (s *Service) spendLease(ctx context.Context, st *step, subject string, now, until int64) (bucket.Result, holder.Source, bool) {
+	if st.req.HeldFor == 0 {
+		return s.leases.Spend(ctx, st.rule, subject, st.req.Cost, now)
+	}
+	hs, ok := s.leases.(heldSpender)
+	if !ok {
+		// Leases that cannot lend would let their balance refill behind
+		// Envoy's tokens: the take is refused, and charged nowhere.
+		return bucket.Result{}, holder.Source{}, true
+	}
+	h, ok := hs.SpendHeld(ctx, st.rule, subject, st.req.Cost, now, st.req.HeldFor, until)
+	if h.Short {
+		st.fundFor = max(1, h.Fund)
+	}
+	return h.Result, holder.Source{}, ok
 }
 
 // adoptPromotions follows the promotions the store reported: a step the

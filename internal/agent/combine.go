@@ -99,8 +99,10 @@ func respond(dst *Response, st *step, allowed bool, r Reason) {
 	dst.Allowed, dst.Reason, dst.RetryAfter = allowed, r, 0
 	dst.Remaining, dst.Limit, dst.Rate, dst.Reset = st.res.Remaining, st.req.Limit.Burst, st.req.Limit.Rate, st.res.Reset
 	dst.Rule = st.rule.Name
+	dst.fundFor = 0
 	if !allowed {
 		dst.RetryAfter = st.res.RetryAfter
+		dst.fundFor = st.fundFor
 	}
 }
 

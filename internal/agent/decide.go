@@ -79,6 +79,10 @@ type Response struct {
 	Reset      time.Duration // until the deciding rule's bucket is full
 	Rule       string        // the deciding rule ("" when none matched)
 	Reason     Reason
+	// fundFor is, for a held request (Request.heldFor) refused only
+	// because its hold would outlast the lease that decided it, how long
+	// that lease could hold one now (µs, leases' clock); 0 otherwise.
+	fundFor int64
 }
 
 // Store is what the agent needs of a bucket store (Redis or memory).
@@ -106,6 +110,14 @@ type Leases interface {
 	// DownFor is how long the coordinators have been unreachable (0 while
 	// they answer): the emergency policy's clock for leased rules.
 	DownFor() time.Duration
+}
+
+// heldSpender is the optional part of Leases (holder.Leases has it) that
+// decides a held step (an RLQS take, bucket.Request.HeldFor) on a lease:
+// its cost is lent until the hold ends, not spent, so that the lease does
+// not refill behind tokens Envoy has yet to spend.
+type heldSpender interface {
+	SpendHeld(ctx context.Context, rule *rules.Rule, subject string, cost float64, now, heldFor, until int64) (holder.Held, bool)
 }
 
 // leasePreparer is the optional part of Leases (holder.Leases has it):
@@ -175,6 +187,9 @@ type step struct {
 	// probe: the lapsed local denial this step asks the store about for
 	// every request of its bucket (denials.go); released once answered.
 	probe *denial
+	// fundFor: a held step refused because its hold would outlast its
+	// lease (Response.fundFor).
+	fundFor int64
 }
 
 // item is one request of a batch while it is being decided.

@@ -54,7 +54,18 @@ func (t rlqsTaker) Take(ctx context.Context, r *rules.Rule, subject string, cost
 	if err != nil {
 		return rlqs.Taken{}, err
 	}
-	return rlqs.Taken{Outcome: takeOutcome(resp), RetryAfter: resp.RetryAfter}, nil
+	tk := rlqs.Taken{Outcome: takeOutcome(resp), RetryAfter: resp.RetryAfter}
+	if resp.fundFor > 0 && tk.Outcome == rlqs.Over {
+		tk.Short, tk.Within = true, spendWithin(resp.fundFor)
+	}
+	return tk, nil
+}
+
+// spendWithin is the longest spend (real time) whose hold (heldFor) fits
+// in fund µs of the leases' clock: heldFor's inverse, rounded down.
+func spendWithin(fund int64) time.Duration {
+	us := math.Floor(float64(fund-hotPause.Microseconds()) * (1 - hotDrift) / (1 + hotDrift))
+	return time.Duration(max(0, us)) * time.Microsecond
 }
 
 // heldFor is how long a held take's cost stays held, in µs of the clock
@@ -83,7 +94,13 @@ func takeOutcome(resp Response) rlqs.Outcome {
 	case resp.Allowed:
 		return rlqs.Funded // ReasonOK (store, lease) or ReasonEmergency
 	case resp.Reason == ReasonOverLimit, resp.Reason == ReasonEmergency:
-		return rlqs.Over // the quota, or the emergency bucket, lacks the cost
+		// The quota, or the emergency bucket, lacks the cost; or (fundFor)
+		// a lease cannot be spent for as long as the take is held. That
+		// one is over-limit too, not unavailable: the coordinators answer,
+		// and unavailable would have fail_open admit everything for want
+		// of a longer validity. Denied for a short while, the bucket asks
+		// again, for a TTL that fits (rlqs.Taken.Within).
+		return rlqs.Over
 	default:
 		return rlqs.Unavailable // fail_closed, or emergency past its allowance
 	}

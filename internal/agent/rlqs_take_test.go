@@ -350,15 +350,17 @@ rules:
     burst: 100
     rate: 100
     mode: auto
-    auto: {promote_above: 40, demote_below: 10, hold: 400ms}
+    auto: {promote_above: 40, demote_below: 10, hold: 2s}
     lease: {period: 2s}
 `
 
 // A mode auto subject promoted by its direct traffic is decided on the
 // promotion's lease, and so is an RLQS bucket of it: the bucket's takes
-// are spent from that lease (the admission log shows them on path leased,
+// are lent from that lease (the admission log shows them on path leased,
 // at their cost), and the Envoy's and the direct callers' admissions stay
-// within B + r*T over the run.
+// within B + r*T over the run. The hold is the default 2s: a take is held
+// for its assignment's life, which must end before the promotion's mark
+// can lapse, and a mark of 400ms would fund none.
 func TestRLQSTakesFromPromotedSubject(t *testing.T) {
 	c := harness.StartCoordinators(t, 1, takenAutoRules)
 	log := filepath.Join(t.TempDir(), "admissions.log")

@@ -200,6 +200,8 @@ type Leases struct {
 	lastErr atomic.Value
 	// linked: the coordinators answered once (Linked).
 	linked atomic.Bool
+	// held are the loans of held spends (SpendHeld) not repaid yet.
+	held heldLoans
 	// stepped is when the loop last took a step (unix nanos): woke for a
 	// round, or started a call. A live loop steps at least once a second
 	// (maxSleep) or once a RequestTimeout; Stepped lets a watchdog tell one
@@ -275,6 +277,8 @@ func (l *Leases) Run(ctx context.Context) {
 		l.stepped.Store(time.Now().UnixNano())
 		select {
 		case <-ctx.Done():
+			// Holds over by now no longer keep their leases from going back.
+			l.repayHeld(l.Now())
 			rctx, cancel := l.callCtx(context.WithoutCancel(ctx))
 			l.release(rctx, l.snapshot())
 			cancel()
@@ -331,13 +335,18 @@ func (l *Leases) Round(ctx context.Context) { l.round(ctx) }
 
 // Due is the earliest time on Now at which a Round has work: at once
 // (after any backoff) when new or flagged quotas wait, else the next full
-// scan. Run need not ask: it looks at every tick.
+// scan; and the end of the first hold of a held spend not repaid yet. Run need not ask: it looks at every tick.
 func (l *Leases) Due() int64 {
 	l.mu.Lock()
 	waiting := len(l.fresh)+len(l.early) > 0
 	l.mu.Unlock()
+	due := max(l.nextScan, l.retryAt)
 	if waiting {
-		return l.retryAt
+		due = l.retryAt
 	}
-	return max(l.nextScan, l.retryAt)
+	if h := l.held.due(); h != 0 {
+		// Repaying is local: no backoff delays it.
+		due = min(due, h)
+	}
+	return due
 }

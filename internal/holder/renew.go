@@ -198,6 +198,9 @@ func (l *Leases) renewAt(q *quota) int64 {
 // quota only at nextScan; otherwise it looks at new and flagged ones.
 func (l *Leases) round(ctx context.Context) {
 	now := l.Now()
+	// Local bookkeeping, due whatever the coordinators answer: not held
+	// back by a backoff.
+	l.repayHeld(now)
 	if now < l.retryAt {
 		return
 	}
@@ -336,8 +339,12 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 		it := q.h.Renewal(now, renewSeq, demand, 0)
 		if q.isDefault {
 			// Give back only what every copy gives back.
+			// Confirm no less than a copy has lent (a held spend): its
+			// delegate may spend that under the older, larger cap.
 			q.mirror(func(c *lease.Holding) {
-				it.Unused = min(it.Unused, c.Renewal(now, renewSeq, demand, 0).Unused)
+				ci := c.Renewal(now, renewSeq, demand, 0)
+				it.Unused = min(it.Unused, ci.Unused)
+				it.ConfirmedCap = max(it.ConfirmedCap, ci.ConfirmedCap)
 			})
 		}
 		q.dryAsk = dryAsk
@@ -554,7 +561,7 @@ func (l *Leases) releaseOnce(ctx context.Context, qs []*quota) {
 			q.mu.Unlock()
 			continue
 		}
-		if q.h.Lent > 0 || q.h.LentRate > 0 {
+		if q.lending() {
 			// A delegate (an Envoy RLQS assignment) may still spend what
 			// was lent to it: a release would end the lease's reservation
 			// under it. Spending stops here; the lease expires instead,
@@ -584,4 +591,25 @@ func (l *Leases) releaseOnce(ctx context.Context, qs []*quota) {
 		// local spending before the call.
 		l.o.Logger.Warn("lease release failed; unused tokens are lost until the leases expire", "err", err, "leases", len(req.Items))
 	}
+}
+
+// lending reports whether a delegate may still spend tokens or a rate
+// lent from q's lease: its own loans, or, for a rule's default quota, a
+// copy's (a held spend of a subject); q.mu held.
+func (q *quota) lending() bool {
+	if q.h.Lent > 0 || q.h.LentRate > 0 {
+		return true
+	}
+	if !q.isDefault {
+		return false
+	}
+	for c := range q.copies {
+		c.mu.Lock()
+		lent := c.cp != nil && c.def == q && c.cp.Lent > 0
+		c.mu.Unlock()
+		if lent {
+			return true
+		}
+	}
+	return false
 }

@@ -88,13 +88,16 @@ func (q *quota) evictable(now int64) bool {
 	if cp == nil {
 		return true
 	}
-	return !q.owesLess && (!cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap)
+	// A copy with tokens lent (a held spend) is not forgotten: a new clone
+	// would refill behind the tokens its delegate has yet to spend.
+	return !q.owesLess && cp.Lent == 0 && (!cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap)
 }
 
 // takeShared decides cost for subject of r, a rule with a default share:
 // from the subject's copy of the default lease first, then from its own
-// lease, asked for the first time the copy cannot pay.
-func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64) (bucket.Result, Source, bool) {
+// lease, asked for the first time the copy cannot pay. hd, for a held
+// spend (SpendHeld), lends the cost instead; nil for a plain one.
+func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64, hd *hold) (bucket.Result, Source, bool) {
 	d := l.lookup(r.Name, rules.DefaultSubject)
 	if d == nil {
 		d = l.addDefault(r)
@@ -133,10 +136,16 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		}
 	}
 	q.count(cost, now)
-	if q.cp.Spend(now, cost) {
-		res, src := result(q.cp, true, cost), q.copySource()
+	if hd == nil {
+		if q.cp.Spend(now, cost) {
+			res, src := result(q.cp, true, cost), q.copySource()
+			q.mu.Unlock()
+			return res, src, true
+		}
+	} else if l.lendHeld(q, q.cp, q.cp, cost, now, hd) {
+		res := result(q.cp, true, cost)
 		q.mu.Unlock()
-		return res, src, true
+		return res, Source{}, true // lent: nothing to refund
 	}
 	copyValid := q.cp.Valid(now)
 	if !ownPart || q.invalid {
@@ -164,8 +173,15 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		now = l.waitFirst(ctx, q, now, limit)
 		q.mu.Lock()
 	}
-	res, ok, flag := l.spendOwn(q, cost, now)
-	src := q.ownSource()
+	var res bucket.Result
+	var ok, flag bool
+	var src Source
+	if hd == nil {
+		res, ok, flag = l.spendOwn(q, cost, now)
+		src = q.ownSource()
+	} else {
+		res, ok, flag = l.lendOwn(q, cost, now, hd)
+	}
 	if !ok && copyValid && q.cp != nil {
 		// No own lease yet (or any more), but a valid copy that is dry:
 		// a denial, not a failure.

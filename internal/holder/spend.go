@@ -30,7 +30,7 @@ func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost 
 			// here; no caller may make a quota its own copy.
 			return bucket.Result{}, Source{}, false
 		}
-		return l.takeShared(ctx, r, subject, cost, now)
+		return l.takeShared(ctx, r, subject, cost, now, nil)
 	}
 	q := l.lookup(r.Name, subject)
 	if q == nil {

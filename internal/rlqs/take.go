@@ -28,7 +28,15 @@ package rlqs
 // plus what Envoy spends under taken assignments is at most what it held
 // at a (tokens and held, together at most B) plus its refill, r*T: within
 // B + r*T over every window (bucket/model.go, take). A lease decides a
-// held take by lending its cost for as long (holder.Leases.Spend).
+// held take by lending its cost for as long (holder.Leases.SpendHeld), and
+// refuses it when the hold would outlast the lease's validity or a
+// promoted subject's mark (Taken.Short): the take is asked again with a
+// TTL short enough, if one of at least 1s fits, else denied for a while.
+// A promoted auto subject's mark runs about its hold (auto.hold, 2s by
+// default) ahead, so at the default TakeTTL of 2s its assignments get a
+// TTL of 1s; with a hold under about 1.6s, none fits and the bucket is
+// denied (DENY_ALL for a second at a time) while the subject is promoted:
+// drive such a subject with RLS, or raise its hold.
 //
 // What it costs: nothing of a take comes back. A bucket that carries on
 // (Envoy keeps a bucket whose sizes did not change) or whose assignment
@@ -76,6 +84,12 @@ type Taken struct {
 	Outcome Outcome
 	// RetryAfter is, for Over, when the quota may hold the cost again.
 	RetryAfter time.Duration
+	// Short is, for Over, that the quota refused the take only because it
+	// would be held longer than the lease deciding it may be spent (a
+	// lease's validity, a promotion's mark), charging nothing; a take
+	// held for at most Within (the Taker's spend) could be funded now.
+	Short  bool
+	Within time.Duration
 }
 
 // Outcome is what a take did.
@@ -193,7 +207,7 @@ func (st *stream) take(ctx context.Context, b *bucketState, demand float64, ms [
 	for _, m := range todo {
 		t, err := st.takeOnce(ctx, m, z, delta)
 		if err == nil {
-			if next := retry(m.Rule, t.Outcome, z, demand, delta); next != z {
+			if next := retry(m.Rule, t, z, demand, delta); next != z {
 				z = next
 				t, err = st.takeOnce(ctx, m, z, delta)
 			}
@@ -247,12 +261,22 @@ func (st *stream) takeOnce(ctx context.Context, m rules.Match, z sizes, delta in
 }
 
 // retry is the assignment to ask for again after a take of z by rule r
-// came out as out (z itself: not again). A spent quota is asked for the
-// smallest assignment. A local_emergency rule whose store is down is
-// asked for what fits its emergency bucket (the agent's, per agent, which
-// refuses a cost over its burst as unavailable), at most z.
-func retry(r *rules.Rule, out Outcome, z sizes, demand float64, delta int64) sizes {
+// came out as t (z itself: not again). A take refused for its hold's
+// length is asked again with the TTL that fits (its rate and burst kept:
+// a promoted subject's lease may well hold them), or not at all when not
+// even a TTL of 1s fits. A spent quota is asked for the smallest
+// assignment. A local_emergency rule whose store is down is asked for
+// what fits its emergency bucket (the agent's, per agent, which refuses a
+// cost over its burst as unavailable), at most z.
+func retry(r *rules.Rule, t Taken, z sizes, demand float64, delta int64) sizes {
+	out := t.Outcome
 	switch {
+	case out == Over && t.Short:
+		d := time.Duration(delta) * time.Microsecond
+		if ttl := int64((t.Within - SendMargin - d) / time.Second); ttl >= 1 && ttl < z.ttl {
+			z.ttl = ttl
+		}
+		return z
 	case out == Over:
 		return minTake
 	case out == Unavailable && r.OnFailure == rules.Emergency:
