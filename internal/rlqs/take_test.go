@@ -234,3 +234,32 @@ func TestSlowTakeDoesNotAgeOthers(t *testing.T) {
 		t.Fatalf("actions %v; want the fast bucket's token bucket sent in time, the slow one's replaced by deny_all", kinds)
 	}
 }
+
+// A take refused only because its hold would outlast the lease deciding
+// it (Taken.Short) is asked again with the longest TTL whose spend fits
+// in what the lease can fund, its rate and burst kept; not again when not
+// even a TTL of 1s fits, or the TTL would not shrink. A plain Over asks
+// for the smallest assignment.
+func TestRetryShortensTTLToFitTheHold(t *testing.T) {
+	const delta = 200_000
+	r := &rules.Rule{Name: "r", Burst: 1000, Rate: 1000}
+	z := sizes{burst: 9, rate: 18, ttl: 2}
+	d := time.Duration(delta) * time.Microsecond
+	tests := []struct {
+		name string
+		t    Taken
+		want sizes
+	}{
+		{"a 1s TTL fits", Taken{Outcome: Over, Short: true, Within: spendFor(1, d)}, sizes{burst: 9, rate: 18, ttl: 1}},
+		{"a 1s TTL fits, 2s not quite", Taken{Outcome: Over, Short: true, Within: spendFor(2, d) - time.Microsecond}, sizes{burst: 9, rate: 18, ttl: 1}},
+		{"nothing fits", Taken{Outcome: Over, Short: true, Within: spendFor(1, d) - time.Microsecond}, z},
+		{"over limit", Taken{Outcome: Over}, minTake},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := retry(r, tt.t, z, 100, delta); got != tt.want {
+				t.Fatalf("retry after %+v = %+v, want %+v", tt.t, got, tt.want)
+			}
+		})
+	}
+}
