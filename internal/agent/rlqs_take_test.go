@@ -343,28 +343,43 @@ rules:
 	}
 }
 
-const takenAutoRules = `
+// takenAutoRules is a mode auto rule whose promotions' marks last hold.
+func takenAutoRules(hold string) string {
+	return `
 rules:
   - name: api
     match: {tenant: "*"}
     burst: 100
     rate: 100
     mode: auto
-    auto: {promote_above: 40, demote_below: 10, hold: 2s}
+    auto: {promote_above: 40, demote_below: 10, hold: ` + hold + `}
     lease: {period: 2s}
 `
+}
 
 // A mode auto subject promoted by its direct traffic is decided on the
 // promotion's lease, and so is an RLQS bucket of it: the bucket's takes
 // are lent from that lease (the admission log shows them on path leased,
 // at their cost), and the Envoy's and the direct callers' admissions stay
-// within B + r*T over the run. The hold is the default 2s: a take is held
-// for its assignment's life, which must end before the promotion's mark
-// can lapse, and a mark of 400ms would fund none.
+// within B + r*T over every window. A take is held for its assignment's
+// life, which must end before the promotion's mark can lapse: with the
+// default hold (2s) takes of a 1s TTL fit; a mark of 400ms funds none
+// (the bucket is denied while the subject is promoted), though the lease
+// itself would.
 func TestRLQSTakesFromPromotedSubject(t *testing.T) {
-	c := harness.StartCoordinators(t, 1, takenAutoRules)
+	for _, tt := range []struct {
+		hold  string
+		taken bool
+	}{{"2s", true}, {"400ms", false}} {
+		t.Run("hold "+tt.hold, func(t *testing.T) { takesFromPromotedSubject(t, tt.hold, tt.taken) })
+	}
+}
+
+func takesFromPromotedSubject(t *testing.T, hold string, wantTaken bool) {
+	rulesYAML := takenAutoRules(hold)
+	c := harness.StartCoordinators(t, 1, rulesYAML)
 	log := filepath.Join(t.TempDir(), "admissions.log")
-	a := startAgent(t, takenAutoRules, func(cfg *agent.Config) {
+	a := startAgent(t, rulesYAML, func(cfg *agent.Config) {
 		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
 		cfg.Record = log
 	})
@@ -416,11 +431,20 @@ func TestRLQSTakesFromPromotedSubject(t *testing.T) {
 			taken++
 		}
 	}
-	if taken == 0 {
+	t.Logf("%d takes on the promotion's lease", taken)
+	if wantTaken && taken == 0 {
 		t.Fatalf("no take on the promotion's lease in %d logged decisions", len(logged))
 	}
-	t.Logf("%d takes on the promotion's lease", taken)
-	judgeTakes(t, rec.Records(), quota, 100, 100, span)
+	if !wantTaken && taken > 0 {
+		t.Fatalf("%d takes on the promotion's lease, held longer than its %s mark", taken, hold)
+	}
+	if wantTaken {
+		judgeTakes(t, rec.Records(), quota, 100, 100, span)
+		return
+	}
+	if rep := admission.Check(rec.Records(), quota, 100, 100); rep.Overshoot > recordSlack {
+		t.Fatalf("admissions overshoot B + r*T by %.2f in a window (%v..%v)", rep.Overshoot, rep.From, rep.To)
+	}
 }
 
 // The -rlqs-* flags reach the RLQS server: -rlqs-take-ttl is the TTL of a
