@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-
 	"os"
 	"path/filepath"
 	"strings"
