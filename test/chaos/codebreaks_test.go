@@ -34,8 +34,8 @@ var codeBreaks = map[string][]codeEdit{
 	// (tokens the subject already spent) goes back to the pool at the
 	// next renewal or release.
 	"S19": {{File: "internal/holder/shared.go",
-		Old: "return !q.owesLess && (!cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap)",
-		New: "return !cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap"}},
+		Old: "return !q.owesLess && cp.Lent == 0 && (!cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap)",
+		New: "return cp.Lent == 0 && (!cp.Valid(now) || cp.Available(now) >= cp.Lease.Cap)"}},
 	// An agent spends a promotion's lease for as long as the lease is
 	// valid, not only within the mark it was told of: its marks never run
 	// out, and a "gone" does not stop them.
