@@ -320,6 +320,7 @@ func TestS12RegionCutOffWithinSafeShares(t *testing.T) {
 	hr := startHierarchy(t, safeRules, 1, 1, 1, []string{"eu", "us"})
 	const period = time.Second
 	var cutAt, healAt atomic.Int64
+	var funded atomic.Int64 // eu's funding as the cut came: µs past its state's clock
 	hr.drive("g", "x", 6*time.Second, func(a *regionAgent, at time.Duration) float64 {
 		switch {
 		case at >= time.Second+3*period:
@@ -328,11 +329,24 @@ func TestS12RegionCutOffWithinSafeShares(t *testing.T) {
 			}
 		case at >= time.Second:
 			if cutAt.CompareAndSwap(0, int64(at)) {
+				funded.Store(fundedAhead(hr.regions["eu"]))
 				hr.h.Cut("eu")
 			}
 		}
 		return 60
 	})
+	// No sublease outlives the upstream lease: eu is funded until that
+	// lease's validity ends, at most one period after the renewal that
+	// funded it, which the state's clock has passed (the funding is
+	// stamped after its answer came). Half a period more is slack, not
+	// needed: funding that outlived the lease by even one term would show.
+	// (The admissions below show it too, but only as far as the load
+	// reaches while the test runs: a loaded run once missed it there.)
+	ahead := time.Duration(funded.Load()) * time.Microsecond
+	t.Logf("as the cut came, eu was funded for %v more", ahead)
+	if ahead <= 0 || ahead > period*3/2 {
+		t.Fatalf("as the cut came, eu was funded for %v more; want (0, one lease period %v]", ahead, period)
+	}
 	recs := hr.rec.Records()
 	rep := admission.Check(recs, "g|x", 40, 60)
 	cut, heal := time.Duration(cutAt.Load()), time.Duration(healAt.Load())
@@ -387,6 +401,26 @@ func TestS12OvershootWithinReportedBound(t *testing.T) {
 	if within.Overshoot > 1e-6 {
 		t.Fatalf("admitted beyond the reported bound: overshoot %.3f tokens in [%v, %v]", within.Overshoot, within.From, within.To)
 	}
+}
+
+// fundedAhead is how far past its state's clock node 0 of region c (a
+// group of one: its leader) has the quotas it holds upstream funded (the
+// latest funding's NotAfter); 0 when none is. It runs on a drive's
+// goroutine: no testing.T.
+func fundedAhead(c *harness.Coordinators) int64 {
+	n := c.Node(0)
+	if n == nil {
+		return 0
+	}
+	var ahead int64
+	n.ReadState(func(s *lease.State) {
+		for _, name := range s.Quotas() {
+			if q, ok := s.Quota(name); ok && q.Fund.Active(s.Now()) {
+				ahead = max(ahead, q.Fund.NotAfter-s.Now())
+			}
+		}
+	})
+	return ahead
 }
 
 // adminOf is a client of node i's admin listener in c, with the
