@@ -3,7 +3,6 @@ package agent_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -416,24 +415,10 @@ func takesFromPromotedSubject(t *testing.T, hold string, wantTaken bool) {
 	if err := cl.Err(); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	logged, err := admission.Read(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var taken int
-	for _, r := range logged {
-		if r.Quota == quota && r.Path == "leased" && r.Allowed && r.Cost > 1 {
-			taken++
-		}
-	}
+	taken := lentTakes(t, log)[quota]
 	t.Logf("%d takes on the promotion's lease", taken)
 	if wantTaken && taken == 0 {
-		t.Fatalf("no take on the promotion's lease in %d logged decisions", len(logged))
+		t.Fatalf("no take on the promotion's lease in the admission log")
 	}
 	if !wantTaken && taken > 0 {
 		t.Fatalf("%d takes on the promotion's lease, held longer than its %s mark", taken, hold)

@@ -41,7 +41,6 @@ rules:
 func TestRLQSClientsWithinBound(t *testing.T) {
 	c := harness.StartCoordinators(t, 3, rlqsRules)
 	rec := admission.NewRecorder()
-	var wg sync.WaitGroup
 	const run = 5 * time.Second
 	var clients []*harness.RLQSClient
 	for i := range 2 {
@@ -54,24 +53,7 @@ func TestRLQSClientsWithinBound(t *testing.T) {
 			clients = append(clients, cl)
 		}
 	}
-	id := map[string]string{"hot": "a"}
-	for _, cl := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			end := time.Now().Add(run)
-			for n := 0; n < 20000 && time.Now().Before(end); n++ {
-				cl.Request(id)
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
-	wg.Wait()
-	for _, cl := range clients {
-		if err := cl.Err(); err != nil {
-			t.Fatalf("client stream: %v", err)
-		}
-	}
+	driveRLQS(t, clients, map[string]string{"hot": "a"}, run)
 	rep := admission.Check(rec.Records(), "hot|hot=a", 400, 100)
 	t.Logf("admitted %v in %d requests; overshoot %.2f, utilisation %.2f", rep.Admitted, rep.Count, rep.Overshoot, rep.Utilisation)
 	if rep.Overshoot > 1e-9 {
@@ -110,27 +92,9 @@ rules:
 		name := fmt.Sprintf("envoy-%d", i)
 		clients = append(clients, harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 200*time.Millisecond, func() { rec.Admit(name, "hot|hot=a", 1) }))
 	}
-	id := map[string]string{"hot": "a"}
-	var wg sync.WaitGroup
 	// The agent sees its coordinator gone at its next failed request
 	// (about 2s in); until then a quota not granted yet is denied.
-	end := time.Now().Add(6 * time.Second)
-	for _, cl := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; n < 6000 && time.Now().Before(end); n++ {
-				cl.Request(id)
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
-	wg.Wait()
-	for _, cl := range clients {
-		if err := cl.Err(); err != nil {
-			t.Fatalf("client stream: %v", err)
-		}
-	}
+	driveRLQS(t, clients, map[string]string{"hot": "a"}, 6*time.Second)
 	rep := admission.Check(rec.Records(), "hot|hot=a", 10, 5)
 	emergency := metricSum(t, a.srv.Registry, "ration_decisions_total", map[string]string{"rule": "hot", "path": "fallback", "result": "allowed", "reason": "emergency"})
 	t.Logf("%v takes charged to the emergency bucket; the Envoys admitted %v, overshoot %.2f of 10 + 5*T (window %v..%v)", emergency, rep.Admitted, rep.Overshoot, rep.From, rep.To)
@@ -193,5 +157,29 @@ func TestRLQSNewQuotaNotWaitedFor(t *testing.T) {
 	}
 	if kinds[len(kinds)-1] != "token_bucket" {
 		t.Fatalf("actions %v: never funded once the quota was granted", kinds)
+	}
+}
+
+// driveRLQS has every client ask for bucket id once a millisecond for run
+// (at most 20,000 times each), then fails the test on a broken stream.
+func driveRLQS(t *testing.T, clients []*harness.RLQSClient, id map[string]string, run time.Duration) {
+	t.Helper()
+	var wg sync.WaitGroup
+	end := time.Now().Add(run)
+	for _, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; n < 20000 && time.Now().Before(end); n++ {
+				cl.Request(id)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, cl := range clients {
+		if err := cl.Err(); err != nil {
+			t.Fatalf("client stream: %v", err)
+		}
 	}
 }

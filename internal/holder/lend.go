@@ -2,7 +2,6 @@ package holder
 
 import (
 	"context"
-	"math"
 
 	"github.com/ration-dev/ration/internal/rules"
 )
@@ -33,13 +32,15 @@ type Plan func(o Offer) (tokens, rate float64)
 // the quota's lock so that no decision spends between the plan and the
 // loan. prev is the delegate's loan so far, of which it holds held rate:
 // if it is of the same lease, the new loan supersedes it (lease.Holding.
-// Lend). Like a first Spend it adds the quota and waits out its cold
-// start. ok is false when there is no valid lease (the caller applies the
+// Lend). Like a first Spend it adds the quota, but it never waits for its
+// first grant: a loan is counted from the now it was planned at, which a
+// wait would make stale (an unanswered quota is not valid: ok false, and
+// the delegate asks again). ok is false when there is no valid lease (the caller applies the
 // rule's failure policy); tokens and rate are 0 when the plan asked for
 // nothing or more than the lease holds. Rules with lease.default_share
 // lend nothing (their subjects spend copies of one lease: ok false, see
 // internal/rlqs).
-func (l *Leases) Lend(ctx context.Context, r *rules.Rule, subject string, now int64, prev Loan, held float64, plan Plan) (loan Loan, tokens, rate float64, ok bool) {
+func (l *Leases) Lend(_ context.Context, r *rules.Rule, subject string, now int64, prev Loan, held float64, plan Plan) (loan Loan, tokens, rate float64, ok bool) {
 	if r.Lease.DefaultShare > 0 {
 		return Loan{}, 0, 0, false
 	}
@@ -47,7 +48,6 @@ func (l *Leases) Lend(ctx context.Context, r *rules.Rule, subject string, now in
 	if q == nil {
 		q = l.add(r.Name, subject, r.Rate, true)
 	}
-	now = l.waitFirst(ctx, q, now, math.MaxInt64)
 	q.mu.Lock()
 	if !q.h.Valid(now) {
 		q.mu.Unlock()

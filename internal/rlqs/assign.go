@@ -140,11 +140,10 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	}
 	w := smaller(want(r, demand, p.limit.ttl), p.limit)
 	share := st.s.shares.set(key, b, demand)
-	// Lend must not wait for a new quota's first grant: the loan is
-	// recorded as sent at now, and a second's wait would make it end a
-	// second early in the tab and past the lease's validity at Envoy.
-	// A quota still cold is asked about again at the next report.
-	loan, got, gotRate, ok := o.Funds.Lend(noWait, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
+	// Lend never waits for a new quota's first grant: the loan is
+	// recorded as sent at now. A quota still cold is asked about again
+	// at the next report.
+	loan, got, gotRate, ok := o.Funds.Lend(ctx, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
 		zz, fits := fit(w, offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil}, now, delta)
 		if !fits {
 			return 0, 0
@@ -194,14 +193,6 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	p.funded = true
 	p.loans = append(p.loans, lent{lt, f, z})
 }
-
-// noWait is a context already done: a Lend given it does not wait for a
-// quota's first grant.
-var noWait = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
 
 // fallBack applies leased rule m's failure policy when its lease cannot
 // decide (no valid lease: the coordinators are unreachable). With a Taker,
