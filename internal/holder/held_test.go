@@ -36,9 +36,7 @@ type heldHolder struct {
 
 func startHeldHolder(t *testing.T, c *harness.Coordinators, id string) *heldHolder {
 	t.Helper()
-	hh := &heldHolder{}
-	hh.clock.Store(1)
-	hh.Leases, _ = runHolder(t, c, holder.Options{Holder: id, Clock: hh.clock.Load})
+	hh, _ := startHeldHolderVia(t, c, holder.Options{Holder: id}, nil)
 	return hh
 }
 
