@@ -168,3 +168,7 @@ func (s *RedisStore) ScriptArgv(req Request) []string {
 	}
 	return out
 }
+
+// SetNodeConnHook makes f run where concurrent first uses of a Cluster
+// master race (nodeConn), before s serves any decision.
+func SetNodeConnHook(s *RedisStore, f func()) { s.nodeConnHook = f }

@@ -97,6 +97,9 @@ type RedisStore struct {
 	// nodeAPs caches each master client's pipeliner (go-redis takes a
 	// lock to hand it out) and whether it is warm (redis_rewarm.go).
 	nodeAPs sync.Map // *redis.Client -> *nodeConn
+	// nodeConnHook, for tests, runs in nodeConn between a missed lookup
+	// and the store of a new entry: where concurrent first uses race.
+	nodeConnHook func()
 	// warmups counts the new masters warmed after a topology change, by
 	// cause; outageWarmups the nodes WarmNode warmed again.
 	warmups       [2]atomic.Int64

@@ -72,16 +72,19 @@ func (s *RedisStore) nodeConn(n *redis.Client) (*nodeConn, error) {
 	if v, ok := s.nodeAPs.Load(n); ok {
 		return v.(*nodeConn), nil
 	}
+	// One pipeliner per client, cached by go-redis: concurrent first
+	// uses of a master all get the same one. A call that loses the race
+	// below must not close it: that would close the winner's too, and
+	// every later decision on the master would fail ("client is closed").
 	ap, err := n.AsyncAutoPipeline()
 	if err != nil {
 		return nil, err
 	}
-	nc := &nodeConn{ap: ap, done: make(chan struct{})}
-	if v, loaded := s.nodeAPs.LoadOrStore(n, nc); loaded {
-		_ = ap.Close() // another call made it first
-		return v.(*nodeConn), nil
+	if s.nodeConnHook != nil {
+		s.nodeConnHook()
 	}
-	return nc, nil
+	v, _ := s.nodeAPs.LoadOrStore(n, &nodeConn{ap: ap, done: make(chan struct{})})
+	return v.(*nodeConn), nil
 }
 
 // startWarm runs nc's first warm-up once, in the background, on the

@@ -11,6 +11,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -191,6 +192,52 @@ func TestRedisStoreCluster(t *testing.T) {
 			if o.Err != nil || o.Result.Allowed {
 				t.Errorf("batch on spent buckets across nodes [%d] %s: %+v, want denied", i, batch[i].Key, o)
 			}
+		}
+	})
+
+	// Concurrent first decisions on a master race to cache its pipeliner;
+	// go-redis hands each the same one, and whichever loses must leave it
+	// open: the decisions after them are served.
+	t.Run("first uses of a master race", func(t *testing.T) {
+		s := bucket.NewRedisStore(openRedis(t, spec, testTimeout), bucket.RedisOptions{Timeout: testTimeout})
+		var arrived atomic.Int32
+		both := make(chan struct{})
+		bucket.SetNodeConnHook(s, func() {
+			// The first two callers pass only together: each has missed
+			// the cache and holds the pipeliner before either stores it.
+			switch arrived.Add(1) {
+			case 1:
+				select {
+				case <-both:
+				case <-time.After(5 * time.Second):
+				}
+			case 2:
+				close(both)
+			}
+		})
+		req := bucket.Request{Key: bucket.Key("race", "first"), Limit: bucket.Limit{Burst: 10, Rate: 0}, Cost: 1}
+		var wg sync.WaitGroup
+		errs := make(chan error, 2)
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := s.Take(ctx, req)
+				errs <- err
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		if arrived.Load() < 2 {
+			t.Fatalf("%d first uses met in nodeConn, want 2", arrived.Load())
+		}
+		for err := range errs {
+			if err != nil {
+				t.Errorf("racing first take: %v", err)
+			}
+		}
+		if res, err := s.Take(ctx, req); err != nil || !res.Allowed || res.Remaining != 7 {
+			t.Fatalf("take after the race = %+v, %v; want allowed with 7 left", res, err)
 		}
 	})
 
