@@ -11,7 +11,9 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ration-dev/ration/internal/admission"
@@ -181,5 +183,31 @@ func driveRLQS(t *testing.T, clients []*harness.RLQSClient, id map[string]string
 		if err := cl.Err(); err != nil {
 			t.Fatalf("client stream: %v", err)
 		}
+	}
+}
+
+// A graceful shutdown ends the agent's RLQS streams (Envoy opens them
+// again elsewhere) instead of waiting for them to its time limit, past
+// which the agent stops without releasing its leases and closing its
+// store.
+func TestShutdownEndsRLQSStreams(t *testing.T) {
+	a := startAgent(t, `
+rules:
+  - name: api
+    match: {tenant: "*"}
+    burst: 100
+    rate: 100
+`)
+	cl := harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 100*time.Millisecond, nil)
+	id := map[string]string{"tenant": "a"}
+	waitFor(t, "an RLQS assignment", func() bool { cl.Request(id); return cl.Kind(id) != "" })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown with an RLQS stream open: %v, want a graceful stop", err)
+	}
+	waitFor(t, "the stream's end at the client", func() bool { return cl.Err() != nil })
+	if err := cl.Err(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("the client's stream ended with %v, want Unavailable (the agent is shutting down)", err)
 	}
 }

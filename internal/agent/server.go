@@ -223,6 +223,10 @@ func (s *Server) Reload() error { return s.core.Reload() }
 func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
 	s.health.Shutdown()
+	// RLQS streams last as long as Envoy keeps them, and GracefulStop
+	// waits for them: they are ended first (Envoy opens them again on
+	// another agent).
+	s.RLQS.Stop()
 	stopped := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(stopped) }()
 	select {

@@ -41,7 +41,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_rlqs_refused_total",
-			Help: "RLQS streams ended by the agent, by reason (invalid: a report broke the protocol or a bound; streams: too many streams; buckets: too many buckets on one stream).",
+			Help: "RLQS streams ended by the agent, by reason (invalid: a report broke the protocol or a bound; streams: too many streams; buckets: too many buckets on one stream; unread: Envoy took no response for the send timeout).",
 		}, []string{"reason"}),
 		takes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_rlqs_takes_total",

@@ -87,9 +87,15 @@ type Options struct {
 	// MaxStreams and MaxBuckets bound the streams of the agent and the
 	// buckets of one stream (defaults 256 and 1000).
 	MaxStreams, MaxBuckets int
-	Tick                   time.Duration // settling resolution (default 100ms)
-	Logger                 *slog.Logger
-	Registry               prometheus.Registerer
+	// SendTimeout ends a stream whose Envoy has not taken a response
+	// within it (default 5s): a client that stops reading would otherwise
+	// block its stream's handler in Send, and with it the abandoning of
+	// its buckets and the settling of their reservations, for as long as
+	// its connection stays open.
+	SendTimeout time.Duration
+	Tick        time.Duration // settling resolution (default 100ms)
+	Logger      *slog.Logger
+	Registry    prometheus.Registerer
 }
 
 func (o *Options) defaults() {
@@ -106,6 +112,7 @@ func (o *Options) defaults() {
 	def(&o.FailTTL, time.Second)
 	def(&o.AbandonAfter, time.Minute)
 	def(&o.Tick, 100*time.Millisecond)
+	def(&o.SendTimeout, 5*time.Second)
 	o.MaxTTL = max(time.Second, o.MaxTTL.Truncate(time.Second))
 	o.TakeTTL = min(o.MaxTTL, max(time.Second, o.TakeTTL.Truncate(time.Second)))
 	o.OpenTTL = max(time.Second, o.OpenTTL.Truncate(time.Second))
@@ -139,12 +146,25 @@ type Server struct {
 	unenforced sync.Map
 	// rates integrates the refill rate lent to Envoys over time.
 	rates rateLedger
+	// stopping is closed by Stop: every stream ends.
+	stopping chan struct{}
+	stopOnce sync.Once
 }
+
+// errStopping ends the streams of an agent shutting down: Envoy opens
+// its stream again, to another agent.
+var errStopping = status.Error(codes.Unavailable, "rlqs: the agent is shutting down")
+
+// Stop ends every stream, open or opened later. A stream otherwise lasts
+// as long as its Envoy keeps it, and a graceful stop of the gRPC server
+// waits for it: to the end of the shutdown's time limit, past which the
+// agent no longer releases its leases.
+func (s *Server) Stop() { s.stopOnce.Do(func() { close(s.stopping) }) }
 
 // New builds a Server.
 func New(o Options) *Server {
 	o.defaults()
-	s := &Server{o: o, m: newMetrics(o.Registry), start: time.Now(), shares: shares{d: map[string]map[*bucketState]float64{}}}
+	s := &Server{o: o, m: newMetrics(o.Registry), start: time.Now(), shares: shares{d: map[string]map[*bucketState]float64{}}, stopping: make(chan struct{})}
 	o.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "ration_rlqs_rate_tokens_total",
 		Help: "Tokens RLQS assignments' refill rates (tokens_per_fill, lent out of the leases' own refill) could have added to Envoy's buckets: the rate lent, integrated over the time it was lent. With ration_rlqs_tokens_reserved_total less ration_rlqs_tokens_returned_total, the most this agent's Envoys can have admitted under its leases.",
@@ -170,14 +190,21 @@ func (s *Server) Draining() int64 { return s.draining.Load() }
 // answered with an action for each bucket it names; a timer settles
 // reservations and abandons idle buckets in between.
 func (s *Server) StreamRateLimitQuotas(g rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	select {
+	case <-s.stopping:
+		return errStopping
+	default:
+	}
 	if n := s.streams.Add(1); n > int64(s.o.MaxStreams) {
 		s.streams.Add(-1)
 		s.m.refused.WithLabelValues("streams").Inc()
 		return status.Errorf(codes.ResourceExhausted, "rlqs: %d streams open, at most %d per agent", n-1, s.o.MaxStreams)
 	}
 	s.m.streams.Inc()
-	st := &stream{s: s, g: g, buckets: map[string]*bucketState{}}
+	out := newSender(g, s.o.SendTimeout, s.stopping)
+	st := &stream{s: s, out: out, buckets: map[string]*bucketState{}}
 	defer func() {
+		out.close()
 		s.streams.Add(-1)
 		s.m.streams.Dec()
 		st.end()
@@ -217,6 +244,8 @@ func (s *Server) StreamRateLimitQuotas(g rlqsv3.RateLimitQuotaService_StreamRate
 				return nil
 			}
 			return err
+		case <-s.stopping:
+			return errStopping
 		}
 	}
 }
@@ -224,7 +253,7 @@ func (s *Server) StreamRateLimitQuotas(g rlqsv3.RateLimitQuotaService_StreamRate
 // stream is one Envoy's stream; only its handler's goroutine touches it.
 type stream struct {
 	s       *Server
-	g       rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer
+	out     *sender
 	domain  string
 	buckets map[string]*bucketState
 	retired []*fund // funds of gone buckets whose reservations are out
@@ -429,7 +458,13 @@ func (st *stream) send(resp *rlqsv3.RateLimitQuotaResponse, acted []*bucketState
 	for _, a := range resp.BucketAction {
 		st.s.m.assignments.WithLabelValues(kindOf(a)).Inc()
 	}
-	return st.g.Send(resp)
+	if err := st.out.send(resp); err != nil {
+		if errors.As(err, new(unreadError)) {
+			st.s.m.refused.WithLabelValues("unread").Inc()
+		}
+		return err
+	}
+	return nil
 }
 
 // late is the action sent for b in place of a taken assignment that

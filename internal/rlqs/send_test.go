@@ -1,0 +1,129 @@
+package rlqs
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// serveServer serves a Server of o on a real socket and returns it with a
+// client connection whose flow-control windows stay at 64KiB (no growth):
+// a stream its caller never reads stalls the server's Send once about
+// 128KiB of responses are unread.
+func serveServer(t *testing.T, o Options) (*Server, *grpc.Server, rlqsv3.RateLimitQuotaServiceClient) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	s := New(o)
+	s.Register(g)
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(65535), grpc.WithInitialConnWindowSize(65535))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return s, g, rlqsv3.NewRateLimitQuotaServiceClient(conn)
+}
+
+// fatReport names n new buckets, from, each id of 60 entries of 250
+// bytes: each action for one echoes 15KB.
+func fatReport(from, n int) *rlqsv3.RateLimitQuotaUsageReports {
+	rep := &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge"}
+	for i := from; i < from+n; i++ {
+		id := map[string]string{}
+		for k := range 60 {
+			id[fmt.Sprintf("pad%d", k)] = fmt.Sprintf("%04d%s", i, strings.Repeat("p", 246))
+		}
+		rep.BucketQuotaUsages = append(rep.BucketQuotaUsages, use(id, 1, 0))
+	}
+	return rep
+}
+
+// waitUntil polls cond every 10ms, at most for d (a bound far above what
+// is waited for, not a timing assertion).
+func waitUntil(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// A client that sends reports but never reads the answers would block its
+// stream's handler in Send for as long as its connection stays open: no
+// timer of the stream runs, no bucket of it is abandoned, no reservation
+// settles. The handler gives up after SendTimeout and ends the stream.
+func TestUnreadStreamEnded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, _, c := serveServer(t, Options{SendTimeout: 300 * time.Millisecond, Registry: reg})
+	st, err := c.StreamRateLimitQuotas(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 3 reports of 8 buckets: about 360KB of answers, never read.
+	for r := range 3 {
+		if err := st.Send(fatReport(r*8, 8)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !waitUntil(20*time.Second, func() bool { return s.streams.Load() == 0 }) {
+		t.Fatalf("a stream whose answers go unread is still open (%d streams): its handler is blocked in Send", s.streams.Load())
+	}
+	if n := testutil.ToFloat64(s.m.refused.WithLabelValues("unread")); n != 1 {
+		t.Fatalf("ration_rlqs_refused_total{reason=unread} = %v, want 1", n)
+	}
+	// The client, reading at last, finds its stream ended as unread.
+	for range 100 {
+		if _, err := st.Recv(); err != nil {
+			if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "unread") {
+				t.Fatalf("stream ended with %v, want DeadlineExceeded naming the unread responses", err)
+			}
+			return
+		}
+	}
+	t.Fatal("the stream answered 100 responses and did not end")
+}
+
+// Stop ends every open stream with Unavailable, and refuses new ones: a
+// graceful stop of the gRPC server does not wait on Envoys.
+func TestStopEndsStreams(t *testing.T) {
+	s, g, c := serveServer(t, Options{})
+	st, err := c.StreamRateLimitQuotas(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(map[string]string{"a": "b"}, 1, 0)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	s.Stop()
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	if _, err := st.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("open stream after Stop: %v, want Unavailable", err)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(20 * time.Second):
+		t.Fatal("GracefulStop still waits after Stop ended the streams")
+	}
+}
