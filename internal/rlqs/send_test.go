@@ -104,8 +104,12 @@ func TestUnreadStreamEnded(t *testing.T) {
 // Stop ends every open stream with Unavailable, and refuses new ones: a
 // graceful stop of the gRPC server does not wait on Envoys.
 func TestStopEndsStreams(t *testing.T) {
-	s, g, c := serveServer(t, Options{})
-	st, err := c.StreamRateLimitQuotas(context.Background())
+	// Nothing else ends the stream within the test's bound (20s): no
+	// bucket is abandoned.
+	s, g, c := serveServer(t, Options{AbandonAfter: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := c.StreamRateLimitQuotas(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
