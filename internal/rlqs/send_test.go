@@ -131,3 +131,58 @@ func TestStopEndsStreams(t *testing.T) {
 		t.Fatal("GracefulStop still waits after Stop ended the streams")
 	}
 }
+
+// padded is a bucket id of n entries of 250 bytes, distinct by i.
+func padded(i, n int) map[string]string {
+	id := map[string]string{}
+	for k := range n {
+		id[fmt.Sprintf("pad%d", k)] = fmt.Sprintf("%04d%s", i, strings.Repeat("p", 246))
+	}
+	return id
+}
+
+// What the bucket ids of all streams hold is bounded: a report whose new
+// buckets would pass MaxBucketBytes is refused with ResourceExhausted,
+// and a bucket gives its bytes back when its stream ends or it is
+// abandoned (a leak would end by refusing every bucket).
+func TestBucketIDBytesBounded(t *testing.T) {
+	one := idBytes(padded(0, 10)) + 2*int64(len("domain")+len("edge")) + 64
+	s, _, c := serveServer(t, Options{MaxBucketBytes: one + one/2, AbandonAfter: 500 * time.Millisecond, Tick: 50 * time.Millisecond})
+	report := func(ctx context.Context, i int) (rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient, error) {
+		st, err := c.StreamRateLimitQuotas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(padded(i, 10), 1, 0)}}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = st.Recv()
+		return st, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := report(ctx, 1); err != nil {
+		t.Fatalf("first bucket: %v", err)
+	}
+	if got := s.idBytes.Load(); got != one {
+		t.Fatalf("one bucket counted as %d bytes, want %d", got, one)
+	}
+	if _, err := report(context.Background(), 2); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "bytes") {
+		t.Fatalf("a second bucket past the bound: %v, want ResourceExhausted naming the bytes", err)
+	}
+	cancel() // the first stream ends: its bucket's bytes come back
+	if !waitUntil(20*time.Second, func() bool { return s.idBytes.Load() == 0 }) {
+		t.Fatalf("%d bytes still counted after the only stream ended", s.idBytes.Load())
+	}
+	// A bucket that reports no request is abandoned after 500ms: its
+	// bytes come back with the stream still open.
+	st, err := report(context.Background(), 3)
+	if err != nil {
+		t.Fatalf("a bucket after the first stream ended: %v", err)
+	}
+	if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(padded(3, 10), 0, 0)}}); err != nil {
+		t.Fatal(err)
+	}
+	if !waitUntil(20*time.Second, func() bool { return s.idBytes.Load() == 0 }) {
+		t.Fatalf("%d bytes still counted after the only bucket was abandoned", s.idBytes.Load())
+	}
+}

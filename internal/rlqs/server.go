@@ -93,9 +93,14 @@ type Options struct {
 	// its buckets and the settling of their reservations, for as long as
 	// its connection stays open.
 	SendTimeout time.Duration
-	Tick        time.Duration // settling resolution (default 100ms)
-	Logger      *slog.Logger
-	Registry    prometheus.Registerer
+	// MaxBucketBytes bounds the memory the bucket ids of all streams may
+	// hold, as idBytes counts it (default 256MiB): a report whose new
+	// buckets would pass it is refused. MaxStreams × MaxBuckets ids of
+	// the largest size would otherwise hold tens of GB.
+	MaxBucketBytes int64
+	Tick           time.Duration // settling resolution (default 100ms)
+	Logger         *slog.Logger
+	Registry       prometheus.Registerer
 }
 
 func (o *Options) defaults() {
@@ -113,6 +118,9 @@ func (o *Options) defaults() {
 	def(&o.AbandonAfter, time.Minute)
 	def(&o.Tick, 100*time.Millisecond)
 	def(&o.SendTimeout, 5*time.Second)
+	if o.MaxBucketBytes <= 0 {
+		o.MaxBucketBytes = 256 << 20
+	}
 	o.MaxTTL = max(time.Second, o.MaxTTL.Truncate(time.Second))
 	o.TakeTTL = min(o.MaxTTL, max(time.Second, o.TakeTTL.Truncate(time.Second)))
 	o.OpenTTL = max(time.Second, o.OpenTTL.Truncate(time.Second))
@@ -146,6 +154,8 @@ type Server struct {
 	unenforced sync.Map
 	// rates integrates the refill rate lent to Envoys over time.
 	rates rateLedger
+	// idBytes is what the bucket ids of all streams hold (idBytes).
+	idBytes atomic.Int64
 	// stopping is closed by Stop: every stream ends.
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -169,6 +179,10 @@ func New(o Options) *Server {
 		Name: "ration_rlqs_rate_tokens_total",
 		Help: "Tokens RLQS assignments' refill rates (tokens_per_fill, lent out of the leases' own refill) could have added to Envoy's buckets: the rate lent, integrated over the time it was lent. With ration_rlqs_tokens_reserved_total less ration_rlqs_tokens_returned_total, the most this agent's Envoys can have admitted under its leases.",
 	}, func() float64 { return s.rates.read(s.now()) }))
+	o.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "ration_rlqs_bucket_id_bytes",
+		Help: "Memory the bucket ids of all RLQS streams hold, roughly; a report whose new buckets would take it past the bound (256MiB) is refused.",
+	}, func() float64 { return float64(s.idBytes.Load()) }))
 	return s
 }
 
@@ -280,6 +294,7 @@ type bucketState struct {
 	// next report is answered.
 	until     int64
 	shareKeys map[string]bool // quotas whose shares count it
+	size      int64           // its id's bytes, as idBytes counts them
 	// takenAt is, while the action built last for it is a token bucket a
 	// take funds and not yet sent, when that take started (plan.takenAt).
 	takenAt int64
@@ -313,15 +328,22 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 	if err != nil {
 		return st.invalid(err)
 	}
-	fresh := 0
+	fresh, size := 0, int64(0)
 	for _, u := range us {
 		if st.buckets[u.key] == nil {
 			fresh++
+			size += idBytes(u.pairs)
 		}
 	}
 	if n := len(st.buckets) + fresh; n > st.s.o.MaxBuckets {
 		st.s.m.refused.WithLabelValues("buckets").Inc()
 		return status.Errorf(codes.ResourceExhausted, "rlqs: %d buckets on one stream, at most %d (narrow the filter's bucket_id_builder)", n, st.s.o.MaxBuckets)
+	}
+	// Checked, then counted as each bucket is made (a bucket named twice
+	// is made once): streams racing here may pass the bound by a report.
+	if held := st.s.idBytes.Load() + size; held > st.s.o.MaxBucketBytes {
+		st.s.m.refused.WithLabelValues("buckets").Inc()
+		return status.Errorf(codes.ResourceExhausted, "rlqs: this report's %d new buckets would make the agent's bucket ids hold %d bytes, at most %d (narrow the filter's bucket_id_builder)", fresh, held, st.s.o.MaxBucketBytes)
 	}
 	st.domain = domain
 	// now is when the report arrived: what it counts is as of then (an
@@ -337,7 +359,8 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 	for _, u := range us {
 		b := st.buckets[u.key]
 		if b == nil {
-			b = &bucketState{id: u.id, pairs: u.pairs, funds: map[string]*fund{}, busy: now}
+			b = &bucketState{id: u.id, pairs: u.pairs, funds: map[string]*fund{}, busy: now, size: idBytes(u.pairs)}
+			st.s.idBytes.Add(b.size)
 			st.buckets[u.key] = b
 			st.s.m.buckets.Inc()
 		}
@@ -390,6 +413,17 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 		}
 	}
 	return st.send(resp, acted)
+}
+
+// idBytes is what a bucket of id pairs holds, roughly: each entry's key
+// and value twice (the id as received, and pairs) and a map entry's
+// overhead, plus the bucket's own state.
+func idBytes(pairs map[string]string) int64 {
+	n := int64(512)
+	for k, v := range pairs {
+		n += 2*int64(len(k)+len(v)) + 64
+	}
+	return n
 }
 
 // flushAfter bounds how long a planned action waits for the rest of its
@@ -528,6 +562,7 @@ func (st *stream) tick() error {
 			}
 			st.s.shares.drop(b)
 			delete(st.buckets, k)
+			st.s.idBytes.Add(-b.size)
 			st.s.m.buckets.Dec()
 		}
 	}
@@ -577,6 +612,7 @@ func (st *stream) end() {
 			fs = append(fs, f)
 		}
 		st.s.shares.drop(b)
+		st.s.idBytes.Add(-b.size)
 	}
 	st.s.m.buckets.Sub(float64(len(st.buckets)))
 	st.buckets = nil
