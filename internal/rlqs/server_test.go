@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -25,12 +26,18 @@ func (r staticRules) Current() *rules.Set { return r.s }
 
 func serve(t *testing.T, o Options) rlqsv3.RateLimitQuotaServiceClient {
 	t.Helper()
+	return serveOn(t, New(o))
+}
+
+// serveOn serves srv on a real socket and returns a client of it.
+func serveOn(t *testing.T, srv *Server) rlqsv3.RateLimitQuotaServiceClient {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer()
-	New(o).Register(g)
+	srv.Register(g)
 	go func() { _ = g.Serve(ln) }()
 	t.Cleanup(g.Stop)
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -46,15 +53,24 @@ func use(id map[string]string, allowed, denied uint64) *rlqsv3.RateLimitQuotaUsa
 }
 
 // Hostile or broken reports end the stream with InvalidArgument naming
-// the problem, and nothing of them is answered; bounds on buckets end it
-// with ResourceExhausted.
+// the problem, counted as refused (invalid), and nothing of them is
+// answered; bounds on buckets end it with ResourceExhausted.
 func TestInvalidReportsRefused(t *testing.T) {
 	set, err := rules.Parse("r.yaml", []byte("rules:\n  - name: hot\n    match: {hot: \"*\"}\n    burst: 10\n    rate: 10\n    mode: leased\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := serve(t, Options{Rules: staticRules{set}, MaxBuckets: 3})
+	srv := New(Options{Rules: staticRules{set}, MaxBuckets: 3})
+	c := serveOn(t, srv)
 	ok := map[string]string{"hot": "a"}
+	refused := func() float64 { return testutil.ToFloat64(srv.m.refused.WithLabelValues("invalid")) }
+	sent := func() float64 {
+		n := 0.0
+		for _, k := range []string{"token_bucket", "allow_all", "deny_all", "abandon"} {
+			n += testutil.ToFloat64(srv.m.assignments.WithLabelValues(k))
+		}
+		return n
+	}
 	tests := []struct {
 		name string
 		rep  *rlqsv3.RateLimitQuotaUsageReports
@@ -69,6 +85,10 @@ func TestInvalidReportsRefused(t *testing.T) {
 		{"negative elapsed", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: &rlqsv3.BucketId{Bucket: ok}, TimeElapsed: durationpb.New(-1)}}}, codes.InvalidArgument, "time_elapsed"},
 		{"too many buckets", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
 			use(map[string]string{"hot": "a"}, 1, 0), use(map[string]string{"hot": "b"}, 1, 0), use(map[string]string{"hot": "c"}, 1, 0), use(map[string]string{"hot": "d"}, 1, 0)}}, codes.InvalidArgument, "at most 3"},
+		// Envoy names a bucket once a report: twice would count it, and
+		// answer it, twice.
+		{"same bucket twice", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			use(ok, 1, 0), use(map[string]string{"hot": "b"}, 1, 0), use(map[string]string{"hot": "a"}, 2, 0)}}, codes.InvalidArgument, "bucket_quota_usages[0] and [2]: the same bucket_id, a duplicate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -76,6 +96,7 @@ func TestInvalidReportsRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			before, sentBefore := refused(), sent()
 			if err := s.Send(tt.rep); err != nil {
 				t.Fatal(err)
 			}
@@ -83,7 +104,39 @@ func TestInvalidReportsRefused(t *testing.T) {
 			if status.Code(err) != tt.code || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, %v; want %v naming %q", resp, err, tt.code, tt.want)
 			}
+			if got := refused() - before; tt.code == codes.InvalidArgument && got != 1 {
+				t.Errorf("ration_rlqs_refused_total{reason=\"invalid\"} rose by %v, want 1", got)
+			}
+			if got := sent() - sentBefore; got != 0 {
+				t.Errorf("%v actions sent for a refused report", got)
+			}
 		})
+	}
+	// A report naming one new bucket twice, on a stream one bucket short
+	// of MaxBuckets: refused as a duplicate, not counted as two buckets
+	// (ResourceExhausted), and nothing of it answered.
+	dup, err := c.StreamRateLimitQuotas(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"a", "b"} {
+		if err := dup.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(map[string]string{"hot": v}, 1, 0)}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dup.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c2 := map[string]string{"hot": "c"}
+	sentBefore := sent()
+	if err := dup.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(c2, 1, 0), use(c2, 1, 0)}}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := dup.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "bucket_quota_usages[0] and [1]") {
+		t.Fatalf("one new bucket named twice beside 2 of at most 3: got %v, %v; want InvalidArgument naming bucket_quota_usages[0] and [1]", resp, err)
+	}
+	if got := sent() - sentBefore; got != 0 {
+		t.Errorf("%v actions sent for a refused report", got)
 	}
 	// Buckets over several reports: the fourth is refused.
 	s, err := c.StreamRateLimitQuotas(context.Background())

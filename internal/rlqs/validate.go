@@ -35,11 +35,20 @@ func (st *stream) validate(r *rlqsv3.RateLimitQuotaUsageReports) (string, []usag
 		return "", nil, fmt.Errorf("%d bucket usages in one report, at most %d", len(us), st.s.o.MaxBuckets)
 	}
 	out := make([]usage, 0, len(us))
+	// first is where each bucket was named: Envoy names a bucket once a
+	// report, and a bucket named twice would be counted, and answered,
+	// twice.
+	first := make(map[string]int, len(us))
 	for i, u := range us {
 		b := u.GetBucketId().GetBucket()
 		if len(b) == 0 {
 			return "", nil, fmt.Errorf("bucket_quota_usages[%d]: empty bucket_id", i)
 		}
+		key := bucketKey(b)
+		if j, ok := first[key]; ok {
+			return "", nil, fmt.Errorf("bucket_quota_usages[%d] and [%d]: the same bucket_id, a duplicate (a report names each bucket once)", j, i)
+		}
+		first[key] = i
 		pairs := make(map[string]string, len(b)+1)
 		for k, v := range b {
 			pairs[k] = v
@@ -60,7 +69,7 @@ func (st *stream) validate(r *rlqsv3.RateLimitQuotaUsageReports) (string, []usag
 		if a > MaxCount || d > MaxCount {
 			return "", nil, fmt.Errorf("bucket_quota_usages[%d]: %d allowed, %d denied: at most %d each", i, a, d, uint64(MaxCount))
 		}
-		out = append(out, usage{key: bucketKey(b), id: u.GetBucketId(), pairs: pairs, allowed: float64(a), denied: float64(d)})
+		out = append(out, usage{key: key, id: u.GetBucketId(), pairs: pairs, allowed: float64(a), denied: float64(d)})
 	}
 	return domain, out, nil
 }
