@@ -3,6 +3,7 @@ package rlqs
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -48,6 +49,15 @@ func serveOn(t *testing.T, srv *Server) rlqsv3.RateLimitQuotaServiceClient {
 	return rlqsv3.NewRateLimitQuotaServiceClient(conn)
 }
 
+// entries is a bucket id of n entries, one of them hot (the rule's).
+func entries(n int) map[string]string {
+	id := map[string]string{"hot": "a"}
+	for i := 1; i < n; i++ {
+		id[fmt.Sprintf("k%02d", i)] = "v"
+	}
+	return id
+}
+
 func use(id map[string]string, allowed, denied uint64) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
 	return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: id}, NumRequestsAllowed: allowed, NumRequestsDenied: denied}
 }
@@ -85,6 +95,9 @@ func TestInvalidReportsRefused(t *testing.T) {
 		{"negative elapsed", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: &rlqsv3.BucketId{Bucket: ok}, TimeElapsed: durationpb.New(-1)}}}, codes.InvalidArgument, "time_elapsed"},
 		{"too many buckets", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
 			use(map[string]string{"hot": "a"}, 1, 0), use(map[string]string{"hot": "b"}, 1, 0), use(map[string]string{"hot": "c"}, 1, 0), use(map[string]string{"hot": "d"}, 1, 0)}}, codes.InvalidArgument, "at most 3"},
+		// The domain is one of a bucket's 64 descriptors, as in RLS.
+		{"64 entries and the domain", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			use(entries(rules.MaxDescriptors), 1, 0)}}, codes.InvalidArgument, "bucket_quota_usages[0]: bucket_id: 64 entries besides the domain, at most 63"},
 		// Envoy names a bucket once a report: twice would count it, and
 		// answer it, twice.
 		{"same bucket twice", &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
@@ -111,6 +124,22 @@ func TestInvalidReportsRefused(t *testing.T) {
 				t.Errorf("%v actions sent for a refused report", got)
 			}
 		})
+	}
+	// At the limit: 63 entries and the domain, or 64 of which one is the
+	// domain itself.
+	named := entries(rules.MaxDescriptors - 1)
+	named["domain"] = "d"
+	for _, id := range []map[string]string{entries(rules.MaxDescriptors - 1), named} {
+		s, err := c.StreamRateLimitQuotas(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{use(id, 1, 0)}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Recv(); err != nil {
+			t.Fatalf("a bucket id of %d entries, the domain %s: %v", len(id), map[bool]string{true: "among them", false: "besides"}[id["domain"] != ""], err)
+		}
 	}
 	// A report naming one new bucket twice, on a stream one bucket short
 	// of MaxBuckets: refused as a duplicate, not counted as two buckets

@@ -57,6 +57,14 @@ func (st *stream) validate(r *rlqsv3.RateLimitQuotaUsageReports) (string, []usag
 			return "", nil, fmt.Errorf("bucket_quota_usages[%d]: entry %q = %q conflicts with the domain %q (the domain is passed as %q)", i, DomainKey, trunc(v), trunc(domain), DomainKey)
 		}
 		pairs[DomainKey] = domain
+		if len(pairs) > rules.MaxDescriptors {
+			// The domain is one of the bucket's descriptors, as an RLS
+			// request's is one of each descriptor's (agent.rlsRequests):
+			// say so, rather than count one more than the client sent.
+			own := len(pairs) - 1
+			return "", nil, fmt.Errorf("bucket_quota_usages[%d]: bucket_id: %d entries besides the domain, at most %d (the stream's domain is one of a bucket's %d descriptors, entry %q, as in RLS)",
+				i, own, rules.MaxDescriptors-1, rules.MaxDescriptors, DomainKey)
+		}
 		if err := rules.ValidateDescriptors(pairs); err != nil {
 			return "", nil, fmt.Errorf("bucket_quota_usages[%d]: bucket_id: %w", i, err)
 		}
