@@ -231,3 +231,78 @@ func TestEnvoyInvalidUTF8IsInvalidArgument(t *testing.T) {
 		})
 	}
 }
+
+// TestRLQSInvalidUTF8IsInvalidArgument: an RLQS usage report whose domain
+// or bucket id key or value is not UTF-8 (raw bytes, as a client not
+// built on Go's protobuf can send them), through a real agent's gRPC
+// server and codec, ends the stream INVALID_ARGUMENT naming the report
+// entry and the key, as rlqs refuses any invalid report: counted in
+// ration_rlqs_refused_total{reason="invalid"}, no action sent, no bucket
+// kept. It used to end INTERNAL "grpc: failed to unmarshal the received
+// message", naming nothing, counted nowhere. The connection goes on.
+func TestRLQSInvalidUTF8IsInvalidArgument(t *testing.T) {
+	a := startAgent(t, strictRules)
+	conn, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	// RateLimitQuotaUsageReports{domain: 1, bucket_quota_usages: 2
+	// {bucket_id: 1 {bucket: 1 {entry}}, num_requests_allowed: 3}}.
+	report := func(domain string, entry []byte) []byte {
+		id := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), entry)
+		u := protowire.AppendVarint(protowire.AppendTag(protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), id), 3, protowire.VarintType), 1)
+		return protowire.AppendBytes(protowire.AppendTag(appendStr(nil, 1, domain), 2, protowire.BytesType), u)
+	}
+	kv := func(k, v string) []byte { return appendStr(appendStr(nil, 1, k), 2, v) }
+	const method = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+	one := func(ctx context.Context, in []byte) error {
+		s, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method, grpc.ForceCodec(rawCodec{}))
+		if err != nil {
+			return err
+		}
+		if err := s.SendMsg(&in); err != nil {
+			return err
+		}
+		var out []byte
+		return s.RecvMsg(&out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sent := func() float64 { return metricSum(t, a.srv.Registry, "ration_rlqs_assignments_total", nil) }
+	refused := func() float64 {
+		return metricSum(t, a.srv.Registry, "ration_rlqs_refused_total", map[string]string{"reason": "invalid"})
+	}
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		want string
+	}{
+		{"bucket id value", report("edge", kv("tenant", "\xff\xfe")), `bucket_quota_usages[0]: bucket_id: invalid descriptors: key "tenant": value is not valid UTF-8`},
+		{"bucket id key", report("edge", kv("ten\xc3ant", "acme")), `bucket_quota_usages[0]: bucket_id: invalid descriptors: key "ten\xc3ant": key is not valid UTF-8`},
+		// An entry's value before its key: the key is still named.
+		{"value before its key", report("edge", append(appendStr(nil, 2, "\xed\xa0\x80"), appendStr(nil, 1, "tenant")...)), `key "tenant": value is not valid UTF-8`},
+		{"domain", report("ed\x80ge", kv("tenant", "acme")), "domain is not valid UTF-8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, sentBefore := refused(), sent()
+			err := one(ctx, tc.in)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("a report with a %s not UTF-8: %v; want INVALID_ARGUMENT naming %q", tc.name, err, tc.want)
+			}
+			if got := refused() - before; got != 1 {
+				t.Errorf(`ration_rlqs_refused_total{reason="invalid"} rose by %v, want 1`, got)
+			}
+			if got := sent() - sentBefore; got != 0 {
+				t.Errorf("%v actions sent for a refused report", got)
+			}
+			waitFor(t, "no RLQS stream or bucket left", func() bool {
+				return metricValue(t, a.srv.Registry, "ration_rlqs_streams", nil) == 0 && metricValue(t, a.srv.Registry, "ration_rlqs_active_buckets", nil) == 0
+			})
+		})
+	}
+	// The same connection: a good report is answered.
+	if err := one(ctx, report("edge", kv("tenant", "acme"))); err != nil {
+		t.Fatalf("a good report after the bad ones: %v", err)
+	}
+}

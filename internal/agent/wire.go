@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/encoding/proto"
@@ -292,24 +293,42 @@ func bytesField(m string, off int, b []byte) (string, int) {
 
 // decodeEntry reads a map entry (and Envoy's descriptor Entry, the same
 // shape): key 1 and value 2, both strings, each missing one empty, the
-// last of each given winning.
-func decodeEntry(e string) (k, v string, err error) {
+// last of each given winning. A string that is not UTF-8 ends the
+// reading, as in proto.Unmarshal (entryUTF8Error names it).
+func decodeEntry(e string) (k, v string, err error) { return readEntry(e, false) }
+
+// readEntry is decodeEntry; with keep, the first string that is not
+// UTF-8 is kept rather than refused at once: the entry is read to its
+// end (a value's key may come after it), no later string replaces it,
+// and the error is errWireUTF8, what proto.Unmarshal would have said
+// first, whatever follows. Its caller refuses the entry, naming its key
+// (decodeRLQS).
+func readEntry(e string, keep bool) (k, v string, err error) {
+	var bad protowire.Number // the field of the kept string, if any
 	for off := 0; off < len(e); {
 		b := unsafe.Slice(unsafe.StringData(e[off:]), len(e)-off)
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return "", "", errWire
+			return badEntry(k, v, bad, errWire)
 		}
 		off += n
 		b = b[n:]
 		if (num == 1 || num == 2) && typ == protowire.BytesType {
 			str, n := bytesField(e, off, b)
 			if n < 0 {
-				return "", "", errWire
+				return badEntry(k, v, bad, errWire)
 			}
 			off += n
+			if num == bad {
+				continue
+			}
 			if !utf8.ValidString(str) {
-				return "", "", entryUTF8Error(num == 1, k, str)
+				if !keep {
+					return "", "", entryUTF8Error(num == 1, k, str)
+				}
+				if bad == 0 {
+					bad = num
+				}
 			}
 			if num == 1 {
 				k = str
@@ -320,9 +339,21 @@ func decodeEntry(e string) (k, v string, err error) {
 		}
 		n, err := skipField(num, typ, b)
 		if err != nil {
-			return "", "", err
+			return badEntry(k, v, bad, err)
 		}
 		off += n
+	}
+	return badEntry(k, v, bad, nil)
+}
+
+// badEntry is readEntry's answer: errWireUTF8 once a string was kept
+// (bad), whatever else went wrong after it; err otherwise.
+func badEntry(k, v string, bad protowire.Number, err error) (string, string, error) {
+	switch {
+	case bad != 0:
+		return k, v, errWireUTF8
+	case err != nil:
+		return "", "", err
 	}
 	return k, v, nil
 }
@@ -403,6 +434,8 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	case *rlsWire:
 		w.reset()
 		return decodeRLS(data.Materialize(), w)
+	case *rlqsv3.RateLimitQuotaUsageReports:
+		return c.unmarshalRLQS(data, w)
 	}
 	return c.CodecV2.Unmarshal(data, v)
 }

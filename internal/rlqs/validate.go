@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc/codes"
@@ -26,6 +27,10 @@ func (st *stream) validate(r *rlqsv3.RateLimitQuotaUsageReports) (string, []usag
 		return "", nil, fmt.Errorf("domain %q differs from the stream's %q (open a new stream for another domain)", trunc(domain), trunc(st.domain))
 	case len(domain) > rules.MaxKeyLen:
 		return "", nil, fmt.Errorf("domain is %d bytes, at most %d", len(domain), rules.MaxKeyLen)
+	case !utf8.ValidString(domain):
+		// Reaches here through the agent's codec (agent.decodeRLQS),
+		// as a bucket id's key or value does.
+		return "", nil, fmt.Errorf("domain is not valid UTF-8")
 	}
 	if domain == "" {
 		domain = st.domain
