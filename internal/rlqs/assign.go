@@ -139,11 +139,14 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 		pl, held = prev.loan, prev.t.rate
 	}
 	w := smaller(want(r, demand, p.limit.ttl), p.limit)
-	share := st.s.shares.set(key, b, demand)
+	st.s.shares.set(key, b, demand, r.Rate)
 	// Lend never waits for a new quota's first grant: the loan is
 	// recorded as sent at now. A quota still cold is asked about again
 	// at the next report.
 	loan, got, gotRate, ok := o.Funds.Lend(ctx, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
+		// Of what fit may lend of the lease's rate, as the quota's
+		// demands stand now.
+		share := st.s.shares.share(key, b, of.LeaseRate*(1-reserve))
 		zz, fits := fit(w, offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil}, now, delta)
 		if !fits {
 			return 0, 0

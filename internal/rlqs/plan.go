@@ -39,8 +39,11 @@ func want(r *rules.Rule, demand float64, maxTTL int64) sizes {
 // the bucket's share of the lease's rate among the buckets it funds).
 type offer struct {
 	tokens, rate, leaseRate float64
-	share                   float64 // (0, 1]
-	validUntil              int64
+	// share is the bucket's part of the lease's rate less the reserve,
+	// per second (shares.share): a rate, not a fraction, so that a fair
+	// level of whole tokens is not floored one below by rounding.
+	share      float64
+	validUntil int64
 }
 
 // fit shrinks z to what o funds with the assignment ending (sent at now,
@@ -54,7 +57,7 @@ func fit(z sizes, o offer, now, delta int64) (sizes, bool) {
 	if z.ttl < 1 {
 		return sizes{}, false
 	}
-	z.rate = math.Floor(min(z.rate, o.rate, o.leaseRate*(1-reserve)*max(0, min(1, o.share))))
+	z.rate = math.Floor(min(z.rate, o.rate, o.leaseRate*(1-reserve), max(0, o.share)))
 	z.burst = math.Floor(min(z.burst, max(1, o.tokens/2), o.tokens))
 	if z.burst < 1 || z.rate < 1 {
 		return sizes{}, false

@@ -24,7 +24,7 @@ func TestFitWithinLease(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			z, ok := fit(w, offer{tokens: tt.avail, rate: 1e6, leaseRate: 1e6, share: 1, validUntil: tt.validUntil}, tt.now, delta)
+			z, ok := fit(w, offer{tokens: tt.avail, rate: 1e6, leaseRate: 1e6, share: 1e6, validUntil: tt.validUntil}, tt.now, delta)
 			if ok != tt.ok {
 				t.Fatalf("fit = %+v, %v; want ok %v", z, ok, tt.ok)
 			}
