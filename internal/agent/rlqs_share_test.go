@@ -37,7 +37,7 @@ rules:
 //
 //   - hot=a: the honest Envoy asks far above the rule's rate, one bucket
 //     claims 2^40 (split by demand, it took everything: 0 admitted);
-//   - hot=b: the honest Envoy asks 5/s, five buckets claim 2^40 each: any
+//   - hot=b: the honest Envoy asks 5/s, eight buckets claim 2^40 each: any
 //     split in proportion to demand, even of demands capped at the rule's
 //     rate, leaves it under 1/s, which lends it nothing.
 func TestRLQSDemandClaimCannotStarve(t *testing.T) {
@@ -49,7 +49,7 @@ func TestRLQSDemandClaimCannotStarve(t *testing.T) {
 		subject string
 		every   time.Duration // between the honest Envoy's requests
 		claims  int
-	}{{"a", 10 * time.Millisecond, 1}, {"b", 200 * time.Millisecond, 5}}
+	}{{"a", 10 * time.Millisecond, 1}, {"b", 200 * time.Millisecond, 8}}
 	type result struct{ before, after int }
 	results := make([]result, len(cases))
 	errs := make([]error, len(cases))
