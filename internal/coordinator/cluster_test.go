@@ -516,17 +516,22 @@ func TestFollowerRedirects(t *testing.T) {
 	leader, ln := c.Leader(t)
 	f := (leader + 1) % 3
 	fn := c.Node(f)
+	admin := harness.AdminClient(t, fn.AdminAddr())
+	ctx := timeout(t, 30*time.Second)
 	// The follower learns the leader's address from the replicated member
-	// entry; wait until it has applied it.
+	// entry, and the third member from the configuration the leader
+	// replicates once it joined; wait until it has applied both.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, addr := fn.Leader(); addr == ln.GRPCAddr() {
-			if _, admin := fn.LeaderAdmin(); admin == ln.AdminAddr() {
-				break
+			if _, la := fn.LeaderAdmin(); la == ln.AdminAddr() {
+				if st, err := admin.Status(ctx, &rationv1.StatusRequest{}); err == nil && len(st.Servers) == 3 {
+					break
+				}
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("follower never learned the leader's gRPC address")
+			t.Fatalf("follower never learned the leader's gRPC address and the 3 members")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -535,8 +540,6 @@ func TestFollowerRedirects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	admin := harness.AdminClient(t, fn.AdminAddr())
-	ctx := timeout(t, 30*time.Second)
 	calls := []struct {
 		name string
 		call func(opt grpc.CallOption) error
