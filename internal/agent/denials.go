@@ -154,8 +154,11 @@ func (d *denials) lookup(st *step) *denial {
 // either becomes the one request that asks the store again (st.probe, to
 // be released by probed once answered) or waits for that request's answer
 // (at most its decision timeout: the store call is bounded) and looks
-// again; ctx is st's caller's. A probe this same call claimed is never
-// waited for (a batch of one key): that step goes to the store.
+// again; ctx is st's caller's. A batch that holds a probe of its own
+// (an earlier step claimed one) never waits: it answers that probe only
+// after its last step, so waiting could close a cycle (batch A holds x's
+// probe and waits on y's, B holds y's and waits on x's) that only the
+// callers' deadlines would break, and a call without one never.
 func (d *denials) denyLocally(ctx context.Context, st *step, steps []step) bool {
 	for waited := false; ; waited = true {
 		e := d.lookup(st)
@@ -170,7 +173,7 @@ func (d *denials) denyLocally(ctx context.Context, st *step, steps []step) bool 
 			st.probe = e
 			return false
 		}
-		if waited || claimed(steps, e) {
+		if waited || holdsProbe(steps) {
 			return false
 		}
 		select {
@@ -181,10 +184,11 @@ func (d *denials) denyLocally(ctx context.Context, st *step, steps []step) bool 
 	}
 }
 
-// claimed says whether one of steps is the probe of e.
-func claimed(steps []step, e *denial) bool {
+// holdsProbe says whether one of steps claimed a probe, to be released
+// once the batch is answered (probed).
+func holdsProbe(steps []step) bool {
 	for i := range steps {
-		if steps[i].probe == e {
+		if steps[i].probe != nil {
 			return true
 		}
 	}

@@ -151,3 +151,43 @@ func (d *denials) certain(st *step, now int64) (res bucket.Result, ok bool) {
 	}
 	return bucket.Result{}, false
 }
+
+// Two batches that each claimed the probe of one lapsed denial, then meet
+// the other's, go on to the store: neither waits for a probe the other
+// answers only after its own last step. (They waited for each other until
+// their callers' deadlines: a -dev agent under load stalled every batch
+// call of a bench run for its 5s timeout, and its /healthz failed.)
+func TestBatchesHoldingProbesNeverWaitForEachOther(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDenials(4)
+		rule := &rules.Rule{Name: "r", Mode: rules.ModeRedis}
+		reqs := map[string]bucket.Request{}
+		for _, k := range []string{"x", "y"} {
+			reqs[k] = bucket.Request{Key: k, Limit: bucket.Limit{Burst: 10, Rate: 1}, Cost: 1}
+			d.record(&step{rule: rule, req: reqs[k]}, bucket.Result{Remaining: 0}, sinceStart()-int64(10*time.Second))
+		}
+		batch := func(first, second string) []step {
+			return []step{{rule: rule, req: reqs[first], path: pathRedis}, {rule: rule, req: reqs[second], path: pathRedis}}
+		}
+		a, b := batch("x", "y"), batch("y", "x")
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		if d.denyLocally(ctx, &a[0], a) || a[0].probe == nil {
+			t.Fatal("batch A's x: want it the probe")
+		}
+		if d.denyLocally(ctx, &b[0], b) || b[0].probe == nil {
+			t.Fatal("batch B's y: want it the probe")
+		}
+		var returned atomic.Int32
+		for _, s := range [][]step{a, b} {
+			go func() {
+				d.denyLocally(ctx, &s[1], s)
+				returned.Add(1)
+			}()
+		}
+		synctest.Wait()
+		if n := returned.Load(); n != 2 {
+			t.Fatalf("%d of 2 batches went on to the store; the others wait for a probe its holder answers only after them", n)
+		}
+	})
+}
