@@ -3,7 +3,6 @@ package rlqs
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,44 +12,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
-// serveServer serves a Server of o on a real socket and returns it with a
-// client connection whose flow-control windows stay at 64KiB (no growth):
-// a stream its caller never reads stalls the server's Send once about
-// 128KiB of responses are unread.
-func serveServer(t *testing.T, o Options) (*Server, *grpc.Server, rlqsv3.RateLimitQuotaServiceClient) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	s := New(o)
-	s.Register(g)
-	go func() { _ = g.Serve(ln) }()
-	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(65535), grpc.WithInitialConnWindowSize(65535))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return s, g, rlqsv3.NewRateLimitQuotaServiceClient(conn)
-}
+// smallWindows keeps a client connection's flow-control windows at
+// 64KiB (no growth): a stream its caller never reads stalls the server's
+// Send once about 128KiB of responses are unread.
+var smallWindows = []grpc.DialOption{grpc.WithInitialWindowSize(65535), grpc.WithInitialConnWindowSize(65535)}
 
 // fatReport names n new buckets, from, each id of 60 entries of 250
 // bytes: each action for one echoes 15KB.
 func fatReport(from, n int) *rlqsv3.RateLimitQuotaUsageReports {
 	rep := &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge"}
 	for i := from; i < from+n; i++ {
-		id := map[string]string{}
-		for k := range 60 {
-			id[fmt.Sprintf("pad%d", k)] = fmt.Sprintf("%04d%s", i, strings.Repeat("p", 246))
-		}
-		rep.BucketQuotaUsages = append(rep.BucketQuotaUsages, use(id, 1, 0))
+		rep.BucketQuotaUsages = append(rep.BucketQuotaUsages, use(padded(i, 60), 1, 0))
 	}
 	return rep
 }
@@ -72,7 +47,8 @@ func waitUntil(d time.Duration, cond func() bool) bool {
 // settles. The handler gives up after SendTimeout and ends the stream.
 func TestUnreadStreamEnded(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s, _, c := serveServer(t, Options{SendTimeout: 300 * time.Millisecond, Registry: reg})
+	s := New(Options{SendTimeout: 300 * time.Millisecond, Registry: reg})
+	_, c := serveOn(t, s, smallWindows...)
 	st, err := c.StreamRateLimitQuotas(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +82,8 @@ func TestUnreadStreamEnded(t *testing.T) {
 func TestStopEndsStreams(t *testing.T) {
 	// Nothing else ends the stream within the test's bound (20s): no
 	// bucket is abandoned.
-	s, g, c := serveServer(t, Options{AbandonAfter: time.Hour})
+	s := New(Options{AbandonAfter: time.Hour})
+	g, c := serveOn(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	st, err := c.StreamRateLimitQuotas(ctx)
@@ -147,7 +124,8 @@ func padded(i, n int) map[string]string {
 // abandoned (a leak would end by refusing every bucket).
 func TestBucketIDBytesBounded(t *testing.T) {
 	one := idBytes(padded(0, 10)) + 2*int64(len("domain")+len("edge")) + 64
-	s, _, c := serveServer(t, Options{MaxBucketBytes: one + one/2, AbandonAfter: 500 * time.Millisecond, Tick: 50 * time.Millisecond})
+	s := New(Options{MaxBucketBytes: one + one/2, AbandonAfter: 500 * time.Millisecond, Tick: 50 * time.Millisecond})
+	_, c := serveOn(t, s)
 	report := func(ctx context.Context, i int) (rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient, error) {
 		st, err := c.StreamRateLimitQuotas(ctx)
 		if err != nil {

@@ -27,11 +27,13 @@ func (r staticRules) Current() *rules.Set { return r.s }
 
 func serve(t *testing.T, o Options) rlqsv3.RateLimitQuotaServiceClient {
 	t.Helper()
-	return serveOn(t, New(o))
+	_, c := serveOn(t, New(o))
+	return c
 }
 
-// serveOn serves srv on a real socket and returns a client of it.
-func serveOn(t *testing.T, srv *Server) rlqsv3.RateLimitQuotaServiceClient {
+// serveOn serves srv on a real socket and returns its gRPC server and a
+// client of it, dialed with opts.
+func serveOn(t *testing.T, srv *Server, opts ...grpc.DialOption) (*grpc.Server, rlqsv3.RateLimitQuotaServiceClient) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -41,12 +43,12 @@ func serveOn(t *testing.T, srv *Server) rlqsv3.RateLimitQuotaServiceClient {
 	srv.Register(g)
 	go func() { _ = g.Serve(ln) }()
 	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(ln.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return rlqsv3.NewRateLimitQuotaServiceClient(conn)
+	return g, rlqsv3.NewRateLimitQuotaServiceClient(conn)
 }
 
 // entries is a bucket id of n entries, one of them hot (the rule's).
@@ -71,7 +73,7 @@ func TestInvalidReportsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := New(Options{Rules: staticRules{set}, MaxBuckets: 3})
-	c := serveOn(t, srv)
+	_, c := serveOn(t, srv)
 	ok := map[string]string{"hot": "a"}
 	refused := func() float64 { return testutil.ToFloat64(srv.m.refused.WithLabelValues("invalid")) }
 	sent := func() float64 {
