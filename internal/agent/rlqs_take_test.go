@@ -11,9 +11,7 @@ import (
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -443,18 +441,7 @@ func TestRLQSFlagsApply(t *testing.T) {
 	a := startAgent(t, takenRules, func(c *agent.Config) {
 		c.RLQS.MaxTTL, c.RLQS.TakeTTL, c.RLQS.MaxBuckets = 4*time.Second, 3*time.Second, 2
 	})
-	conn, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c := rlqsv3.NewRateLimitQuotaServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	s, err := c.StreamRateLimitQuotas(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openRLQS(t, a)
 	report := func(users ...string) *rlqsv3.RateLimitQuotaUsageReports {
 		r := &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge"}
 		for _, u := range users {

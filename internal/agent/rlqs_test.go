@@ -118,17 +118,7 @@ func TestRLQSNewQuotaNotWaitedFor(t *testing.T) {
 	a := startAgent(t, rlqsRules, func(cfg *agent.Config) {
 		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
 	})
-	conn, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	s, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openRLQS(t, a)
 	report := &rlqsv3.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
 		BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"hot": "new"}}, NumRequestsAllowed: 1, TimeElapsed: durationpb.New(time.Second)}}}
 	var kinds []string
@@ -210,4 +200,22 @@ rules:
 	if err := cl.Err(); status.Code(err) != codes.Unavailable {
 		t.Fatalf("the client's stream ended with %v, want Unavailable (the agent is shutting down)", err)
 	}
+}
+
+// openRLQS opens a raw RLQS stream to a, for a test to speak the protocol
+// itself; it ends with the test, or after 30s.
+func openRLQS(t *testing.T, a *testAgent) rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient {
+	t.Helper()
+	conn, err := grpc.NewClient(a.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	s, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
