@@ -46,89 +46,107 @@ func (c codec) unmarshalRLQS(data mem.BufferSlice, r *rlqsv3.RateLimitQuotaUsage
 // Unknown fields are skipped, not kept.
 func decodeRLQS(buf []byte, r *rlqsv3.RateLimitQuotaUsageReports) error {
 	proto.Reset(r)
-	for len(buf) > 0 {
-		num, typ, n := protowire.ConsumeTag(buf)
-		if n < 0 {
-			return errWireRLQS
-		}
-		buf = buf[n:]
-		switch {
-		case num == 1 && typ == protowire.BytesType: // domain
-			v, n := protowire.ConsumeBytes(buf)
-			if n < 0 {
-				return errWireRLQS
-			}
+	return eachField(buf, func(num protowire.Number, v []byte) error {
+		switch num {
+		case 1: // domain
 			r.Domain = string(v)
 			if !utf8.Valid(v) {
 				return errWireUTF8
 			}
-			buf = buf[n:]
-		case num == 2 && typ == protowire.BytesType: // bucket_quota_usages
-			v, n := protowire.ConsumeBytes(buf)
-			if n < 0 {
-				return errWireRLQS
-			}
+		case 2: // bucket_quota_usages
 			u := &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{}
 			r.BucketQuotaUsages = append(r.BucketQuotaUsages, u)
-			if err := decodeUsage(v, u); err != nil {
-				return err
-			}
-			buf = buf[n:]
-		default:
-			n, err := skipField(num, typ, buf)
-			if err != nil {
-				return errWireRLQS
-			}
-			buf = buf[n:]
+			return decodeUsage(v, u)
 		}
-	}
-	return nil
+		return nil
+	}, nil)
 }
 
 // decodeUsage reads a BucketQuotaUsage into u, merging a message field
 // given twice as proto.Unmarshal does.
 func decodeUsage(buf []byte, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) error {
+	return eachField(buf, func(num protowire.Number, v []byte) error {
+		switch num {
+		case 1: // bucket_id
+			if u.BucketId == nil {
+				u.BucketId = &rlqsv3.BucketId{}
+			}
+			return decodeBucketID(v, u.BucketId)
+		case 2: // time_elapsed
+			if u.TimeElapsed == nil {
+				u.TimeElapsed = &durationpb.Duration{}
+			}
+			return decodeDuration(v, u.TimeElapsed)
+		}
+		return nil
+	}, func(num protowire.Number, x uint64) {
+		switch num {
+		case 3:
+			u.NumRequestsAllowed = x
+		case 4:
+			u.NumRequestsDenied = x
+		}
+	})
+}
+
+// decodeBucketID adds a BucketId's entries to id's (readEntry, keeping a
+// string that is not UTF-8).
+func decodeBucketID(buf []byte, id *rlqsv3.BucketId) error {
+	return eachField(buf, func(num protowire.Number, e []byte) error {
+		if num != 1 { // bucket
+			return nil
+		}
+		k, v, err := readEntry(string(e), true)
+		if err != nil && !errors.Is(err, errWireUTF8) {
+			return errWireRLQS
+		}
+		if id.Bucket == nil {
+			id.Bucket = map[string]string{}
+		}
+		id.Bucket[k] = v
+		return err
+	}, nil)
+}
+
+// decodeDuration merges a google.protobuf.Duration into d.
+func decodeDuration(buf []byte, d *durationpb.Duration) error {
+	return eachField(buf, nil, func(num protowire.Number, x uint64) {
+		switch num {
+		case 1:
+			d.Seconds = int64(x)
+		case 2:
+			d.Nanos = int32(x)
+		}
+	})
+}
+
+// eachField reads the fields of a message: a length-delimited one goes to
+// bytes, a varint to varint (each may be nil, and ignores the numbers it
+// does not know), any other is skipped. The first error bytes returns
+// ends the reading; a malformed field is errWireRLQS.
+func eachField(buf []byte, bytes func(protowire.Number, []byte) error, varint func(protowire.Number, uint64)) error {
 	for len(buf) > 0 {
 		num, typ, n := protowire.ConsumeTag(buf)
-		if n < 0 {
+		if n < 0 || num > protowire.MaxValidNumber {
 			return errWireRLQS
 		}
 		buf = buf[n:]
 		switch {
-		case num == 1 && typ == protowire.BytesType: // bucket_id
+		case typ == protowire.BytesType && bytes != nil:
 			v, n := protowire.ConsumeBytes(buf)
 			if n < 0 {
 				return errWireRLQS
 			}
-			if u.BucketId == nil {
-				u.BucketId = &rlqsv3.BucketId{}
-			}
-			if err := decodeBucketID(v, u.BucketId); err != nil {
+			if err := bytes(num, v); err != nil {
 				return err
 			}
 			buf = buf[n:]
-		case num == 2 && typ == protowire.BytesType: // time_elapsed
-			v, n := protowire.ConsumeBytes(buf)
-			if n < 0 {
-				return errWireRLQS
-			}
-			if u.TimeElapsed == nil {
-				u.TimeElapsed = &durationpb.Duration{}
-			}
-			if err := decodeDuration(v, u.TimeElapsed); err != nil {
-				return err
-			}
-			buf = buf[n:]
-		case (num == 3 || num == 4) && typ == protowire.VarintType: // num_requests_allowed, num_requests_denied
+		case typ == protowire.VarintType && varint != nil:
 			x, n := protowire.ConsumeVarint(buf)
 			if n < 0 {
 				return errWireRLQS
 			}
-			if num == 3 {
-				u.NumRequestsAllowed = x
-			} else {
-				u.NumRequestsDenied = x
-			}
+			varint(num, x)
 			buf = buf[n:]
 		default:
 			n, err := skipField(num, typ, buf)
@@ -137,73 +155,6 @@ func decodeUsage(buf []byte, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsa
 			}
 			buf = buf[n:]
 		}
-	}
-	return nil
-}
-
-// decodeBucketID adds a BucketId's entries to id's (readEntry, keeping a
-// string that is not UTF-8).
-func decodeBucketID(buf []byte, id *rlqsv3.BucketId) error {
-	for len(buf) > 0 {
-		num, typ, n := protowire.ConsumeTag(buf)
-		if n < 0 {
-			return errWireRLQS
-		}
-		buf = buf[n:]
-		if num == 1 && typ == protowire.BytesType { // bucket
-			e, n := protowire.ConsumeBytes(buf)
-			if n < 0 {
-				return errWireRLQS
-			}
-			k, v, err := readEntry(string(e), true)
-			if err != nil && !errors.Is(err, errWireUTF8) {
-				return errWireRLQS
-			}
-			if id.Bucket == nil {
-				id.Bucket = map[string]string{}
-			}
-			id.Bucket[k] = v
-			if err != nil {
-				return err
-			}
-			buf = buf[n:]
-			continue
-		}
-		n, err := skipField(num, typ, buf)
-		if err != nil {
-			return errWireRLQS
-		}
-		buf = buf[n:]
-	}
-	return nil
-}
-
-// decodeDuration merges a google.protobuf.Duration into d.
-func decodeDuration(buf []byte, d *durationpb.Duration) error {
-	for len(buf) > 0 {
-		num, typ, n := protowire.ConsumeTag(buf)
-		if n < 0 {
-			return errWireRLQS
-		}
-		buf = buf[n:]
-		if (num == 1 || num == 2) && typ == protowire.VarintType { // seconds, nanos
-			x, n := protowire.ConsumeVarint(buf)
-			if n < 0 {
-				return errWireRLQS
-			}
-			if num == 1 {
-				d.Seconds = int64(x)
-			} else {
-				d.Nanos = int32(x)
-			}
-			buf = buf[n:]
-			continue
-		}
-		n, err := skipField(num, typ, buf)
-		if err != nil {
-			return errWireRLQS
-		}
-		buf = buf[n:]
 	}
 	return nil
 }
