@@ -191,7 +191,9 @@ rules:
 	cl := harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", 100*time.Millisecond, nil)
 	id := map[string]string{"tenant": "a"}
 	waitFor(t, "an RLQS assignment", func() bool { cl.Request(id); return cl.Kind(id) != "" })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// A bound far above a graceful stop's (milliseconds), so that only
+	// a stop that waits for the stream reaches it.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if err := a.srv.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown with an RLQS stream open: %v, want a graceful stop", err)
