@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -161,15 +162,22 @@ func TestBatchesHoldingProbesNeverWaitForEachOther(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := newDenials(4)
 		rule := &rules.Rule{Name: "r", Mode: rules.ModeRedis}
+		// The table's seed is random: two keys share a slot one time in
+		// four, and the second denial recorded would evict the first.
+		// The second key is the first one that lands in a slot of its own.
+		y := "y"
+		for i := 0; d.slot(y) == d.slot("x"); i++ {
+			y = fmt.Sprintf("y%d", i)
+		}
 		reqs := map[string]bucket.Request{}
-		for _, k := range []string{"x", "y"} {
+		for _, k := range []string{"x", y} {
 			reqs[k] = bucket.Request{Key: k, Limit: bucket.Limit{Burst: 10, Rate: 1}, Cost: 1}
 			d.record(&step{rule: rule, req: reqs[k]}, bucket.Result{Remaining: 0}, sinceStart()-int64(10*time.Second))
 		}
 		batch := func(first, second string) []step {
 			return []step{{rule: rule, req: reqs[first], path: pathRedis}, {rule: rule, req: reqs[second], path: pathRedis}}
 		}
-		a, b := batch("x", "y"), batch("y", "x")
+		a, b := batch("x", y), batch(y, "x")
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		if d.denyLocally(ctx, &a[0], a) || a[0].probe == nil {
