@@ -49,6 +49,9 @@ run_worker() {
     name=$(basename "$p" .patch)
     res="$tmp/$(printf '%03d' "$i")-$name.res"
     read -r pkg pattern <<<"$(sed -n 's/^test: //p' "$p")"
+    # args: extra go test flags, e.g. a property test's fixed seed and
+    # enough checks that it finds the bug on every run.
+    read -r -a args <<<"$(sed -n 's/^args: //p' "$p")"
     if [ -z "${pkg:-}" ] || [ -z "${pattern:-}" ]; then
       echo "mutations: $name: no 'test: <package> <pattern>' line" >"$res"
       bad=1
@@ -62,7 +65,7 @@ run_worker() {
     fi
     out="$tmp/$name.txt"
     start=$SECONDS
-    if go test -overlay "$dir/overlay.json" -count=1 -timeout 5m -run "$pattern" "$pkg" >"$out" 2>&1; then
+    if go test -overlay "$dir/overlay.json" -count=1 -timeout 5m -run "$pattern" "$pkg" "${args[@]}" >"$out" 2>&1; then
       { echo "mutations: $name NOT caught by $pkg $pattern:"; sed -n 's/^breaks: /  breaks: /p' "$p"; } >"$res"
       bad=1
     elif grep -q -e '^--- FAIL' -e '^panic: ' "$out"; then

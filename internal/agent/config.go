@@ -113,6 +113,10 @@ type RLQSConfig struct {
 	// MaxStreams and MaxBuckets bound the streams of the agent and the
 	// buckets of one stream.
 	MaxStreams, MaxBuckets int
+	// NoCarry charges every token bucket assignment its whole
+	// max_tokens, unchanged ones too: for Envoys that start a new bucket
+	// on every assignment (rlqs.Options.NoCarry).
+	NoCarry bool
 }
 
 // Bounds on RLQSConfig.
@@ -260,6 +264,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "rlqs-max-ttl", Env: "RLQS_MAX_TTL", Usage: "RLQS: longest assignment TTL, whole seconds, at most 1m (a lent one also ends before its lease's validity)", Value: &c.RLQS.MaxTTL},
 		{Flag: "rlqs-take-ttl", Env: "RLQS_TAKE_TTL", Usage: "RLQS: TTL of an assignment funded by a take (mode redis, auto, default-share rules), whole seconds, at most -rlqs-max-ttl: each take pays for and holds its whole TTL", Value: &c.RLQS.TakeTTL},
 		{Flag: "rlqs-grace", Env: "RLQS_GRACE", Usage: "RLQS: how long after an assignment is over a report that settles it is awaited before what it reserved is forfeit, at least -rlqs-delta, at most 1m", Value: &c.RLQS.Grace},
+		{Flag: "rlqs-no-carry", Env: "RLQS_NO_CARRY", Usage: "RLQS: charge every token bucket assignment its whole max_tokens, unchanged ones too; only for Envoys that start a new, full bucket on every assignment (Envoy's filter carries an unchanged one on; docs/integrations/envoy-rlqs.md)", Value: &c.RLQS.NoCarry},
 		{Flag: "rlqs-max-streams", Env: "RLQS_MAX_STREAMS", Usage: "RLQS: most streams open at once (more are refused), at most 65536", Value: &c.RLQS.MaxStreams},
 		{Flag: "rlqs-max-buckets", Env: "RLQS_MAX_BUCKETS", Usage: "RLQS: most buckets one stream may report (a report naming more ends the stream), at most 1048576", Value: &c.RLQS.MaxBuckets},
 		{Flag: "reload-interval", Env: "RELOAD_INTERVAL", Usage: "how often the rules file is checked for changes", Value: &c.ReloadInterval},

@@ -36,10 +36,10 @@ rules:
 // for far more than the rule's rate for a few seconds. Every admission a
 // client's own token buckets made is recorded and the whole is judged
 // against B + r*T over every window: no overshoot, whatever the clients
-// do with restarts of full buckets. Utilisation is about 0.5 here: each
-// assignment's max_tokens is charged in full and the burst reaches Envoys
-// only through it (docs/integrations/envoy-rlqs.md, Limits); the floor
-// below only says that assignments were funded at all.
+// do with restarts of full buckets. Utilisation is about 0.7 here (the
+// burst reaches Envoys only through max_tokens: docs/integrations/
+// envoy-rlqs.md, Limits); the floor below only says that assignments were
+// funded at all (TestRLQSGreedyEnvoysReachTheBudget judges utilisation).
 func TestRLQSClientsWithinBound(t *testing.T) {
 	c := harness.StartCoordinators(t, 3, rlqsRules)
 	rec := admission.NewRecorder()

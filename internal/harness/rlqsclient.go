@@ -43,6 +43,18 @@ type RLQSClient struct {
 	reports         uint64 // bucket usages reported since the start
 	err             error
 	sendMu          sync.Mutex
+	// restarts: start a new, full bucket on every token bucket
+	// assignment, as Envoys before the filter's global client did.
+	restarts bool
+}
+
+// RestartBuckets makes c start a new, full bucket on every token bucket
+// assignment, unchanged ones too: an Envoy older than the filter's global
+// client (the agent's -rlqs-no-carry).
+func (c *RLQSClient) RestartBuckets() {
+	c.mu.Lock()
+	c.restarts = true
+	c.mu.Unlock()
 }
 
 type rlqsBucket struct {
@@ -50,9 +62,13 @@ type rlqsBucket struct {
 	allowed, denied uint64 // since the last report
 	kind            string // "", token_bucket, allow_all, deny_all
 	max, rate       float64
-	level           float64
-	updated         time.Time
-	expires         time.Time
+	// perFill and nanos are the assignment's tokens_per_fill and its
+	// fill_interval's nanos: with max_tokens, what Envoy compares.
+	perFill uint32
+	nanos   int32
+	level   float64
+	updated time.Time
+	expires time.Time
 }
 
 // DialRLQS opens an RLQS stream to addr for domain and starts reporting
@@ -259,13 +275,20 @@ func (c *RLQSClient) applyLocked(a *rlqsv3.RateLimitQuotaResponse_BucketAction, 
 	// Envoy reads the TTL's whole seconds only.
 	b.expires = now.Add(time.Duration(qa.GetAssignmentTimeToLive().GetSeconds()) * time.Second)
 	if tb := s.GetTokenBucket(); tb != nil {
-		m, r := float64(tb.GetMaxTokens()), float64(tb.GetTokensPerFill().GetValue())/float64(tb.GetFillInterval().GetSeconds())
-		if b.kind != "token_bucket" || b.max != m || b.rate != r {
+		// Envoy refills at tokens_per_fill over the interval's whole
+		// seconds, and carries a bucket on when max_tokens,
+		// tokens_per_fill and the interval's nanos (not its seconds) are
+		// those of the one it holds.
+		iv := tb.GetFillInterval()
+		secs := (time.Duration(iv.GetSeconds())*time.Second + time.Duration(iv.GetNanos())) / time.Second
+		m, f := float64(tb.GetMaxTokens()), tb.GetTokensPerFill().GetValue()
+		r := float64(f) / float64(secs)
+		if c.restarts || b.kind != "token_bucket" || b.max != m || b.perFill != f || b.nanos != iv.GetNanos() {
 			b.level = m // a new bucket starts full
 		} else {
-			b.level = min(m, b.level+r*now.Sub(b.updated).Seconds()) // carried on
+			b.level = min(m, b.level+b.rate*now.Sub(b.updated).Seconds()) // carried on
 		}
-		b.kind, b.max, b.rate, b.updated = "token_bucket", m, r, now
+		b.kind, b.max, b.rate, b.perFill, b.nanos, b.updated = "token_bucket", m, r, f, iv.GetNanos(), now
 		return
 	}
 	if s.GetBlanketRule().String() == "DENY_ALL" {

@@ -21,7 +21,12 @@ type Loan struct {
 // before it).
 type Offer struct {
 	Tokens, Rate, LeaseRate float64
-	ValidUntil              int64
+	// Cap is the most the lease holds and lends at once.
+	Cap        float64
+	ValidUntil int64
+	// Continues: the delegate's loan so far (Lend's prev) is of this
+	// lease, so what it lent still counts here.
+	Continues bool
 }
 
 // Plan sizes a loan from what the lease offers: the tokens and the rate to
@@ -61,7 +66,7 @@ func (l *Leases) Lend(_ context.Context, r *rules.Rule, subject string, now int6
 	held = min(max(0, held), q.h.LentRate)
 	wantT, wantR := plan(Offer{
 		Tokens: q.h.Available(now), Rate: max(0, q.h.Lease.Rate-q.h.LentRate+held),
-		LeaseRate: q.h.Lease.Rate, ValidUntil: q.h.ValidUntil,
+		LeaseRate: q.h.Lease.Rate, Cap: q.h.Lease.Cap, ValidUntil: q.h.ValidUntil, Continues: prev == loan,
 	})
 	if (wantT > 0 || wantR > 0) && q.h.Lend(now, wantT, wantR, held) {
 		tokens, rate = wantT, wantR
@@ -71,6 +76,21 @@ func (l *Leases) Lend(_ context.Context, r *rules.Rule, subject string, now int6
 	}
 	q.mu.Unlock()
 	return loan, tokens, rate, true
+}
+
+// ValidUntil is when the lease of (r, subject) may no longer be spent,
+// on Now: 0 when there is none valid.
+func (l *Leases) ValidUntil(r *rules.Rule, subject string) int64 {
+	q := l.lookup(r.Name, subject)
+	if q == nil {
+		return 0
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.h.Valid(l.Now()) {
+		return 0
+	}
+	return q.h.ValidUntil
 }
 
 // Repay ends lent tokens and rate of loan: the delegate can no longer
@@ -92,14 +112,18 @@ func (l *Leases) Repay(loan Loan, lent, rate, back float64) {
 }
 
 // Count records n tokens asked for at now by a delegate (what an Envoy
-// reported as allowed and denied), for the quota's demand: the renewal
-// reports the delegate's use, not the loans' lumps.
-func (l *Leases) Count(r *rules.Rule, subject string, n float64, now int64) {
+// reported as allowed and denied over the last over µs), for the quota's
+// demand: the renewal reports the delegate's use, not the loans' lumps.
+// Such counts come in lumps, one per reporting interval (quota.window).
+func (l *Leases) Count(r *rules.Rule, subject string, n float64, now, over int64) {
 	q := l.lookup(r.Name, subject)
 	if q == nil || !(n > 0) {
 		return
 	}
 	q.mu.Lock()
 	q.count(n, now)
+	if over > 0 {
+		q.lump = over
+	}
 	q.mu.Unlock()
 }

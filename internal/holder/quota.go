@@ -27,6 +27,9 @@ type quota struct {
 	demand      float64
 	reportedAt  int64
 	sinceReport float64
+	// lump is how long the last delegate's count covered (µs; see
+	// window).
+	lump int64
 	// Reasons to renew before the renew point: the leader nudged it, the
 	// last answer shrank it (confirm at once, giving back the excess), or
 	// a request found the slice dry.
@@ -106,11 +109,21 @@ func (q *quota) demandAt(now int64) float64 {
 		return q.rate
 	}
 	el := now - q.sampledAt
-	w := demandWindow.Microseconds()
+	w := q.window()
 	if el >= w {
 		return q.requested / (float64(el) / 1e6)
 	}
 	return (q.requested + q.recent*float64(w-max(el, 0))/1e6) / (float64(w) / 1e6)
+}
+
+// window is the shortest window a demand is measured over: demandWindow,
+// or two of a delegate's reporting intervals. An Envoy counts its
+// requests in one lump per interval, so a shorter window is either a
+// lump or nothing: read as a demand, the empty one handed the quota's
+// rate to its other holders and emptied this agent's lease until the
+// next lump.
+func (q *quota) window() int64 {
+	return max(demandWindow.Microseconds(), 2*q.lump)
 }
 
 // sample closes a measurement window once it is at least demandWindow long
@@ -123,7 +136,7 @@ func (q *quota) sample(now int64) {
 		return
 	}
 	el := now - q.sampledAt
-	w := demandWindow.Microseconds()
+	w := q.window()
 	if el < w || q.requested < sampleRequests && el < 8*w {
 		return
 	}
@@ -163,7 +176,7 @@ const fellZ = 2.5
 // upstream). q.mu held.
 func (q *quota) fell(now int64) bool {
 	el := now - q.reportedAt
-	if q.isDefault || el < demandWindow.Microseconds() {
+	if q.isDefault || el < q.window() {
 		return false
 	}
 	expected := q.demand * float64(el) / 1e6

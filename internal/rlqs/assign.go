@@ -49,6 +49,9 @@ type plan struct {
 	// failure policy's, a spent lease's); denyTTL is then not kept.
 	retry bool
 	loans []lent
+	// single: the bucket matches one rule, which lends: only then may an
+	// unchanged assignment be carried on (lend).
+	single bool
 	// emergency: leased rules whose lease cannot decide and whose policy
 	// is local_emergency, to be taken from the agent's emergency bucket
 	// with the other takes (fallBack).
@@ -81,8 +84,10 @@ type lent struct {
 // the other loans of the bucket, if any, rarely live.
 func (st *stream) assign(ctx context.Context, b *bucketState, demand float64, lend, take []rules.Match) (*rlqsv3.RateLimitQuotaResponse_BucketAction, int64) {
 	p := &plan{limit: sizes{burst: math.MaxUint32, rate: math.MaxUint32, ttl: int64(st.s.o.MaxTTL / time.Second)}}
+	p.single = len(lend) == 1 && len(take) == 0
 	st.take(ctx, b, demand, take, p)
 	now := st.s.now()
+	b.retry = 0
 	// Whatever is decided, an action for b is sent now: it ends the last
 	// one by now + Delta (before any new loan is recorded, which it must
 	// not cut).
@@ -128,8 +133,15 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	delta := o.Delta.Microseconds()
 	key := r.Name + "\x00" + m.Subject
 	f := b.funds[key]
+	if f == nil {
+		// Recorded before anything is lent: b's reports count as the
+		// quota's demand (server.go) while it waits for a share too, or
+		// a lease granted empty would never be asked to grow.
+		f = &fund{rule: r, subject: m.Subject}
+		b.funds[key] = f
+	}
 	var prev *loanTab
-	if f != nil && len(f.tabs) > 0 {
+	if len(f.tabs) > 0 {
 		prev = f.tabs[len(f.tabs)-1]
 	}
 	var z sizes
@@ -140,15 +152,59 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	}
 	w := smaller(want(r, demand, p.limit.ttl), p.limit)
 	st.s.shares.set(key, b, demand, r.Rate)
+	// The last action sent for b is this tab's last assignment: one of
+	// the same sizes now is carried on by Envoy (tab.carries).
+	carry := !o.NoCarry && p.single && prev != nil && b.lastSent != 0 &&
+		len(prev.t.as) > 0 && prev.t.as[len(prev.t.as)-1].sent == b.lastSent &&
+		now+delta < b.lastSent+b.last.ttl*1e6 // Envoy still holds it (tab.carries)
+	turnOver := f.turn != 0 && now-f.turn >= turn.Microseconds()
 	// Lend never waits for a new quota's first grant: the loan is
 	// recorded as sent at now. A quota still cold is asked about again
 	// at the next report.
 	loan, got, gotRate, ok := o.Funds.Lend(ctx, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
 		// Of what fit may lend of the lease's rate, as the quota's
 		// demands stand now.
-		share := st.s.shares.share(key, b, of.LeaseRate*(1-reserve))
-		zz, fits := fit(w, offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil}, now, delta)
+		share, n := st.s.shares.share(key, b, of.LeaseRate*(1-reserve), int(of.Cap/2))
+		ov := offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil,
+			// A burst of its part of the cap, so that as many buckets
+			// as may hold a token at once can be funded side by side.
+			maxBurst: max(1, math.Floor(of.Cap/float64(2*max(1, n))))}
+		if st.s.shares.yield(key, b, f.turn, now, of.Tokens, b.last.rate) {
+			// Its turn is over and others wait: it waits behind them.
+			// The loan it holds ends with the denial sent now, and its
+			// max_tokens comes back under the lease's cap once settled.
+			return 0, 0
+		}
+		ahead := st.s.shares.ahead(key, b)
+		if carry {
+			// Kept unless: it was refused requests since its last action
+			// (it has spent what it held) and the balance can fund a
+			// new, full bucket (act flips gen) with nobody waiting; or
+			// it holds more than its fair part of the rate (it came when
+			// fewer buckets shared it) and its turn is over.
+			refresh := b.refused > 0 && of.Tokens >= float64(2+ahead)
+			resize := turnOver && b.last.rate > 1.05*share && of.Tokens >= 1
+			if best, _, ok := rateWithin(min(w.rate, ov.lendable(), share)); ok && b.last.rate < 0.95*best && of.Tokens >= float64(2+ahead) {
+				resize = true // it may grow: fewer share the rate now
+			}
+			if !refresh && !resize {
+				if zz, keep := keeps(b.last, w, ov, now, delta); keep && of.Continues {
+					z = zz
+					return 0, z.rate
+				}
+			}
+			carry = false
+		}
+		if float64(ahead) > of.Tokens-1 {
+			return 0, 0 // the tokens are for the buckets that waited longer
+		}
+		zz, fits := fit(w, ov, now, delta)
 		if !fits {
+			if ahead == 0 && p.single {
+				// First in line, or the lease's validity is too short
+				// for a second's TTL now: it may fund b in a moment.
+				b.retry = now + renewCheck.Microseconds()
+			}
 			return 0, 0
 		}
 		z = zz
@@ -159,35 +215,47 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 		// No valid lease while the coordinators answer: the quota's
 		// first grant is on its way (or a lease is being replaced). Not
 		// a failure: its policy (fail_open would admit all) does not
-		// apply; a short denial asks again.
+		// apply; a short denial asks again, soon.
 		p.deny, p.retry = true, true
+		if p.single {
+			b.retry = now + renewCheck.Microseconds()
+		}
 		return
 	case !ok:
 		st.fallBack(m, p)
 		return
 	case got == 0 && gotRate == 0:
-		p.deny, p.retry = true, true // the lease funds nothing now: its budget is spent
+		// The lease funds nothing now: its budget is spent, or lent to
+		// the quota's other buckets. b waits for its turn.
+		st.s.shares.waitFor(key, b, now)
+		f.turn = 0
+		p.deny, p.retry = true, true
 		return
+	}
+	st.s.shares.funded(key, b)
+	if !carry && turnOver {
+		f.turn = now // a new turn, at its new size
 	}
 	// The lease lent gotRate beyond the rate the superseded loan held
 	// (lease.Holding.Lend).
 	st.s.rates.change(now, max(0, gotRate-held))
-	if f == nil {
-		f = &fund{rule: r, subject: m.Subject}
-		b.funds[key] = f
+	if f.turn == 0 {
+		f.turn = now
 	}
 	lt := prev
 	if lt == nil || lt.loan != loan {
 		lt = &loanTab{loan: loan, t: newTab(delta, o.Grace.Microseconds())}
 		f.tabs = append(f.tabs, lt)
 	}
-	c, l := lt.t.assign(now, z.burst, z.rate, z.ttl*1e6)
+	c, l := lt.t.assign(now, z.burst, z.rate, z.ttl*1e6, carry)
 	st.apply(lt, c)
 	if math.Abs(l.lend-got) > 1e-6 || math.Abs(l.lendRate-gotRate) > 1e-6 {
 		// The plan and the tab size a loan alike; a mismatch is a bug:
-		// repay the loan and lend nothing.
-		tok, rate := lt.t.unassign()
-		o.Funds.Repay(loan, tok, rate, tok)
+		// repay what the lease lent (not what the tab counted) and lend
+		// nothing.
+		_, rate := lt.t.unassign()
+		o.Funds.Repay(loan, got, rate, got)
+		o.Logger.Error("rlqs: a loan and its tab disagree; the bucket is denied for now", "rule", r.Name, "lent", got, "tab", l.lend, "rate", gotRate, "tab_rate", l.lendRate)
 		st.s.rates.change(now, -rate)
 		p.deny, p.retry = true, true
 		return
@@ -229,6 +297,13 @@ func (st *stream) act(b *bucketState, now int64, p *plan) *rlqsv3.RateLimitQuota
 	var strategy *typev3.RateLimitStrategy
 	ttl := int64(o.OpenTTL / time.Second)
 	b.until = 0
+	for _, l := range p.loans {
+		if a := l.lt.t.as[len(l.lt.t.as)-1]; a.carried && l.sizes != p.limit {
+			// Envoy would start a new bucket, which no loan paid for
+			// (lend carries only a bucket that one rule sizes alone).
+			p.deny, p.retry = true, true
+		}
+	}
 	switch {
 	case p.deny:
 		strategy = blanket(typev3.RateLimitStrategy_DENY_ALL)
@@ -256,9 +331,22 @@ func (st *stream) act(b *bucketState, now int64, p *plan) *rlqsv3.RateLimitQuota
 			b.until = now + ttl*1e6
 		}
 	}
-	b.takenAt = 0
+	carried := false
+	for _, l := range p.loans {
+		carried = carried || l.lt.t.as[len(l.lt.t.as)-1].carried
+	}
+	if strategy.GetTokenBucket() != nil && b.lastSent != 0 && same(p.limit, b.last) {
+		// Carried on: the bucket Envoy holds. Otherwise its max_tokens
+		// was lent or taken anew, and Envoy must start a new bucket with
+		// them, not carry on the one it holds.
+		p.limit.gen = b.last.gen != !carried
+		strategy = tokenBucket(p.limit)
+	}
+	b.takenAt, b.lastSent, b.lent = 0, 0, false
 	if strategy.GetTokenBucket() != nil {
 		b.takenAt = p.takenAt
+		b.last, b.lastSent = p.limit, now
+		b.lent = p.funded && p.takenAt == 0 && len(p.loans) > 0
 	}
 	if strategy.GetTokenBucket() == nil {
 		// Nothing lent is sent: the loans go back whole.
@@ -269,7 +357,9 @@ func (st *stream) act(b *bucketState, now int64, p *plan) *rlqsv3.RateLimitQuota
 		}
 	} else {
 		for _, l := range p.loans {
-			st.s.m.lent.Add(l.lt.t.as[len(l.lt.t.as)-1].cap)
+			if a := l.lt.t.as[len(l.lt.t.as)-1]; !a.carried {
+				st.s.m.lent.Add(a.cap)
+			}
 			if l.sizes != p.limit {
 				st.apply(l.lt, l.lt.t.lower(p.limit.burst, p.limit.rate, p.limit.ttl*1e6))
 			}
@@ -311,10 +401,11 @@ func blanket(b typev3.RateLimitStrategy_BlanketRule) *typev3.RateLimitStrategy {
 }
 
 func tokenBucket(z sizes) *typev3.RateLimitStrategy {
+	f, k := z.perFill()
 	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
 		MaxTokens:     uint32(z.burst),
-		TokensPerFill: wrapperspb.UInt32(uint32(z.rate)),
-		FillInterval:  durationpb.New(time.Second),
+		TokensPerFill: wrapperspb.UInt32(f),
+		FillInterval:  &durationpb.Duration{Seconds: k, Nanos: intervalNanos(k, z.gen)},
 	}}}
 }
 

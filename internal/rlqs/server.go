@@ -27,7 +27,10 @@ type Funds interface {
 	Now() int64
 	Lend(ctx context.Context, r *rules.Rule, subject string, now int64, prev holder.Loan, held float64, plan holder.Plan) (loan holder.Loan, tokens, rate float64, ok bool)
 	Repay(loan holder.Loan, lent, rate, back float64)
-	Count(r *rules.Rule, subject string, n float64, now int64)
+	Count(r *rules.Rule, subject string, n float64, now, over int64)
+	// ValidUntil is when the agent's lease of (r, subject) may no longer
+	// be spent, on Now (0: it holds none valid).
+	ValidUntil(r *rules.Rule, subject string) int64
 	// DownFor is how long the coordinators have been unreachable.
 	DownFor() time.Duration
 }
@@ -93,6 +96,12 @@ type Options struct {
 	// its buckets and the settling of their reservations, for as long as
 	// its connection stays open.
 	SendTimeout time.Duration
+	// NoCarry: the Envoys start a new, full bucket on every token bucket
+	// assignment, even one of unchanged sizes (Envoys older than the
+	// filter's global client, which carries such a bucket on). Every
+	// assignment is then charged its whole max_tokens, as the bound needs
+	// (tab.go); by default an unchanged one is charged nothing.
+	NoCarry bool
 	// MaxBucketBytes bounds the memory the bucket ids of all streams may
 	// hold, as idBytes counts it (default 256MiB): a report whose new
 	// buckets would pass it is refused. MaxStreams × MaxBuckets ids of
@@ -156,6 +165,7 @@ type Server struct {
 	rates rateLedger
 	// idBytes is what the bucket ids of all streams hold (idBytes).
 	idBytes atomic.Int64
+	seq     atomic.Uint64 // buckets made so far
 	// stopping is closed by Stop: every stream ends.
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -174,7 +184,7 @@ func (s *Server) Stop() { s.stopOnce.Do(func() { close(s.stopping) }) }
 // New builds a Server.
 func New(o Options) *Server {
 	o.defaults()
-	s := &Server{o: o, m: newMetrics(o.Registry), start: time.Now(), shares: shares{d: map[string]map[*bucketState]float64{}}, stopping: make(chan struct{})}
+	s := &Server{o: o, m: newMetrics(o.Registry), start: time.Now(), shares: newShares(), stopping: make(chan struct{})}
 	o.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "ration_rlqs_rate_tokens_total",
 		Help: "Tokens RLQS assignments' refill rates (tokens_per_fill, lent out of the leases' own refill) could have added to Envoy's buckets: the rate lent, integrated over the time it was lent. With ration_rlqs_tokens_reserved_total less ration_rlqs_tokens_returned_total, the most this agent's Envoys can have admitted under its leases.",
@@ -243,12 +253,20 @@ func (s *Server) StreamRateLimitQuotas(g rlqsv3.RateLimitQuotaService_StreamRate
 	}()
 	t := time.NewTicker(s.o.Tick)
 	defer t.Stop()
+	renew := time.NewTimer(time.Hour)
+	defer renew.Stop()
 	for {
 		select {
 		case r := <-reports:
 			if err := st.report(ctx, r); err != nil {
 				return err
 			}
+			st.schedule(renew)
+		case <-renew.C:
+			if err := st.renew(ctx); err != nil {
+				return err
+			}
+			st.schedule(renew)
 		case <-t.C:
 			if err := st.tick(); err != nil {
 				return err
@@ -287,7 +305,16 @@ type bucketState struct {
 	// action was sent (acted: one was): its demand (see demand).
 	asked      float64
 	askedSince int64
-	acted      bool
+	// refused is the requests it reported denied since the last action.
+	refused float64
+	// sized is the demand its last answer to a report was sized for.
+	sized float64
+	// check is when renew next looks at its lease's validity (renewAt).
+	check int64
+	// retry is when a bucket denied until its lease can fund it is asked
+	// about again (renewAt); 0: at its next report.
+	retry int64
+	acted bool
 	// until is when the last action sent, if one that stands until it
 	// is about to lapse (a funded token bucket, a spent quota's denial),
 	// may expire at Envoy at the earliest (sent + TTL); 0 otherwise: the
@@ -298,6 +325,15 @@ type bucketState struct {
 	// takenAt is, while the action built last for it is a token bucket a
 	// take funds and not yet sent, when that take started (plan.takenAt).
 	takenAt int64
+	// last is the last action sent for it when that was a token bucket
+	// (lastSent: when; 0 otherwise): an assignment of the same sizes is
+	// one Envoy carries on (tab.carries).
+	last     sizes
+	lastSent int64
+	seq      uint64 // the order buckets were made in (shares.ahead)
+	// lent: the last action sent is a token bucket that loans alone
+	// fund (no take): renew may send it again.
+	lent bool
 }
 
 // fund is one leased (rule, subject) paying for a bucket's assignments:
@@ -307,6 +343,10 @@ type fund struct {
 	rule    *rules.Rule
 	subject string
 	tabs    []*loanTab
+	// turn is when the bucket's current run of loans of the quota began
+	// (0: it holds none): it gives them up after a turn if others wait
+	// (shares.turnOver).
+	turn int64
 }
 
 type loanTab struct {
@@ -359,7 +399,7 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 	for _, u := range us {
 		b := st.buckets[u.key]
 		if b == nil {
-			b = &bucketState{id: u.id, pairs: u.pairs, funds: map[string]*fund{}, busy: now, size: idBytes(u.pairs)}
+			b = &bucketState{id: u.id, pairs: u.pairs, funds: map[string]*fund{}, busy: now, size: idBytes(u.pairs), seq: st.s.seq.Add(1)}
 			st.s.idBytes.Add(b.size)
 			st.buckets[u.key] = b
 			st.s.m.buckets.Inc()
@@ -378,13 +418,14 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 		// own assignments' admissions only lowers what it gives back.
 		for _, f := range b.funds {
 			if st.s.o.Funds != nil {
-				st.s.o.Funds.Count(f.rule, f.subject, u.allowed+u.denied, now)
+				st.s.o.Funds.Count(f.rule, f.subject, u.allowed+u.denied, now, elapsed)
 			}
 			for _, lt := range f.tabs {
 				st.apply(lt, lt.t.report(now, u.allowed))
 			}
 		}
 		b.asked += u.allowed + u.denied
+		b.refused += u.denied
 		if !st.renewDue(b, now) {
 			// Envoy's assignment carries on past the next report: a new
 			// one would be charged its M again (tab.go), or taken again
@@ -398,19 +439,135 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 			}
 			resp, acted = &rlqsv3.RateLimitQuotaResponse{}, nil
 		}
-		a, at := st.assign(ctx, b, b.demand(st.s.now()), lend, take)
+		b.sized = b.demand(st.s.now())
+		a, at := st.assign(ctx, b, b.sized, lend, take)
 		if len(acted) == 0 {
 			oldest = at
 		}
 		resp.BucketAction = append(resp.BucketAction, a)
 		acted = append(acted, b)
-		b.asked, b.askedSince, b.acted = 0, at, true
+		b.asked, b.askedSince, b.acted, b.refused = 0, at, true, 0
 		if st.s.now()-oldest >= flushAfter.Microseconds() {
 			if err := st.send(resp, acted); err != nil {
 				return err
 			}
 			resp, acted = &rlqsv3.RateLimitQuotaResponse{}, nil
 		}
+	}
+	return st.send(resp, acted)
+}
+
+// renewLead is how long before a lent assignment must reach Envoy to be
+// carried on (its TTL there not yet over: send + TTL - Delta) the stream
+// sends it again: the time to plan and send it.
+const renewLead = 50 * time.Millisecond
+
+// renewAt is when b's lent assignment is sent again unasked (renew): a
+// TTL is bounded by its lease's validity, often a second or two, shorter
+// than Envoy's report interval plus Delta, and an assignment that lapses
+// at Envoy leaves its bucket to its no-assignment behaviour (denied) until
+// the next report's answer, which then starts a new bucket charged its
+// whole max_tokens. 0: none, because b has no lent assignment standing or
+// its last report counted no request, or none came for two report
+// intervals (an idle bucket is left to lapse: its share of the lease's
+// rate goes back).
+//
+// An assignment's TTL, a whole second at least, must end before its
+// lease's validity, which the holder extends by steps as it renews the
+// lease: at the last moment the validity may not leave a second. So the
+// stream also looks every renewCheck before that (renew), and sends it
+// early when the validity leaves a second now but would not then.
+//
+// A bucket denied only until its lease can fund it (its first grant on
+// the way, a validity too short for a second's TTL, or the first in line
+// for a turn) is asked about again at retry, not left denied until its
+// Envoy's next report.
+func (st *stream) renewAt(b *bucketState) int64 {
+	due := st.renewBy(b)
+	if due == 0 {
+		if b.retry != 0 && st.reporting(b) {
+			return b.retry
+		}
+		return 0
+	}
+	return min(due, max(b.check, b.lastSent+renewCheck.Microseconds()))
+}
+
+// reporting says whether b's Envoy still reports requests for it: its
+// last report counted some, and came within two report intervals.
+func (st *stream) reporting(b *bucketState) bool {
+	return !b.abandoned && b.busy == b.reported &&
+		st.s.now()-b.reported <= 2*max(b.gap, time.Second.Microseconds())+st.s.o.Delta.Microseconds()
+}
+
+// renewBy is the last moment b's lent assignment can be sent again and
+// still reach Envoy before it expires there; 0: none to send (renewAt).
+func (st *stream) renewBy(b *bucketState) int64 {
+	if b.until == 0 || b.lastSent == 0 || !b.lent || !st.reporting(b) {
+		return 0 // none, or its Envoy stopped reporting: left to lapse
+	}
+	return b.lastSent + b.last.ttl*1e6 - st.s.o.Delta.Microseconds() - renewLead.Microseconds()
+}
+
+// renewCheck is how often a lent assignment's lease validity is looked
+// at before its renewal is due (renewAt).
+const renewCheck = 100 * time.Millisecond
+
+// schedule sets timer for the earliest renewAt of the stream's buckets.
+func (st *stream) schedule(timer *time.Timer) {
+	var next int64
+	for _, b := range st.buckets {
+		if at := st.renewAt(b); at != 0 && (next == 0 || at < next) {
+			next = at
+		}
+	}
+	if next == 0 {
+		timer.Reset(time.Hour)
+		return
+	}
+	timer.Reset(max(time.Millisecond, time.Duration(next-st.s.now())*time.Microsecond))
+}
+
+// renew sends again the lent assignments due (renewAt), as the answer to
+// a report would: unchanged, one is carried on by Envoy and lends no
+// tokens (tab.carries).
+func (st *stream) renew(ctx context.Context) error {
+	now := st.s.now()
+	resp := &rlqsv3.RateLimitQuotaResponse{}
+	var acted []*bucketState
+	ttl := (time.Second + st.s.o.Delta + renewLead).Microseconds()
+	for _, b := range st.buckets {
+		if at := st.renewAt(b); at == 0 || at > now {
+			continue
+		}
+		lend, take := st.match(b)
+		if len(take) > 0 || len(lend) != 1 {
+			b.lent = false // the rules changed: the next report decides
+			continue
+		}
+		v := st.s.o.Funds.ValidUntil(lend[0].Rule, lend[0].Subject)
+		switch due := st.renewBy(b); {
+		case due == 0:
+			// A retry (renewAt): only once the lease can fund a TTL.
+			if v != 0 && v-now < ttl {
+				b.retry = now + renewCheck.Microseconds()
+				continue
+			}
+		case now < due:
+			// A look before the due time: send now only if the lease's
+			// validity leaves a second's TTL now, but would not at the
+			// next look, nor at due.
+			if v-now < ttl || v-(now+renewCheck.Microseconds()) >= ttl || v-due >= ttl {
+				b.check = now + renewCheck.Microseconds()
+				continue
+			}
+		}
+		// No report came since the last action: its demand is still the
+		// one that action was sized for, and what is asked from now on
+		// counts from then.
+		a, _ := st.assign(ctx, b, b.sized, lend, take)
+		resp.BucketAction = append(resp.BucketAction, a)
+		acted = append(acted, b)
 	}
 	return st.send(resp, acted)
 }
@@ -506,7 +663,7 @@ func (st *stream) send(resp *rlqsv3.RateLimitQuotaResponse, acted []*bucketState
 // the next report. The take is lost.
 func (st *stream) late(b *bucketState) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	st.s.m.takes.WithLabelValues("late").Inc()
-	b.until = 0
+	b.until, b.lastSent = 0, 0
 	return &rlqsv3.RateLimitQuotaResponse_BucketAction{
 		BucketId: b.id,
 		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
@@ -550,9 +707,15 @@ func (st *stream) tick() error {
 	idle := st.s.o.AbandonAfter.Microseconds()
 	for k, b := range st.buckets {
 		st.settle(b.funds, now)
+		if (b.until == 0 || now >= b.until) && now-b.reported > 2*max(b.gap, time.Second.Microseconds())+st.s.o.Delta.Microseconds() {
+			// No loan of its stands and its Envoy stopped reporting:
+			// its demand (a claim made once, say) no longer dilutes the
+			// shares of those that report.
+			st.s.shares.drop(b)
+		}
 		if !b.abandoned && now-b.busy > idle {
 			st.cutAll(b, now)
-			b.abandoned = true
+			b.abandoned, b.lastSent = true, 0
 			resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{
 				BucketId:     b.id,
 				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}},

@@ -113,8 +113,12 @@ type tab struct {
 // the tokens lent for it (M).
 type assignment struct {
 	sent, end   int64
+	expires     int64 // sent + TTL: Envoy holds it at least until then
 	burst, rate float64
 	cap         float64
+	// carried: Envoy carries on the previous assignment's bucket under it
+	// (see carries); its cap is the previous one's, moved, not lent anew.
+	carried bool
 }
 
 // move is what a tab step asks of the lease: lend tokens and rate (before
@@ -163,28 +167,63 @@ func (t *tab) release(now int64) float64 {
 // assign records a token bucket assignment {burst, rate per second, ttl}
 // sent at now, after cutting the previous one, and returns the moves: the
 // cut's (and any rate no longer needed) and the new assignment's loan: its
-// M, and the rate it needs beyond what the tab holds (held).
-func (t *tab) assign(now int64, burst, rate float64, ttl int64) (cutMove, loan move) {
+// M, and the rate it needs beyond what the tab holds (held). With carry
+// (the caller's word that the last action sent for the bucket is the
+// tab's last assignment, of the same sizes and fill interval) and when
+// carries agrees, the new assignment lends no tokens: Envoy keeps the
+// bucket it has (see carries).
+func (t *tab) assign(now int64, burst, rate float64, ttl int64, carry bool) (cutMove, loan move) {
+	carry = carry && t.carries(now, burst, rate)
 	cutMove = t.cut(now)
 	if len(t.as) == 0 {
 		t.reset()
 	}
-	a := assignment{sent: now, end: now + ttl + t.delta, burst: burst, rate: rate, cap: burst}
-	t.as = append(t.as, a)
-	t.lent += a.cap
+	a := assignment{sent: now, end: now + ttl + t.delta, expires: now + ttl, burst: burst, rate: rate, cap: burst}
 	loan = move{lend: a.cap, lendRate: rate, held: t.rate}
+	if carry {
+		prev := &t.as[len(t.as)-1]
+		a.cap, prev.cap, a.carried = prev.cap, 0, true
+		loan.lend = 0
+	} else {
+		t.lent += a.cap
+	}
+	t.as = append(t.as, a)
 	t.rate = max(t.rate, rate)
 	return cutMove, loan
 }
 
+// carries says whether an assignment of burst and rate sent at now is
+// taken by Envoy as the one it holds, carried on: the tab's last
+// assignment has those sizes and its whole M lent, and Envoy still holds
+// it when the new one arrives (by now + delta, before its TTL from its
+// send ends). Envoy then keeps its bucket, level and all (it replaces a
+// bucket only when max_tokens, tokens_per_fill or the interval's nanos
+// differ, or when none is held), so nothing is filled: the M lent for the
+// last assignment goes on covering what Envoy holds, and S (see above)
+// counts one fill for the chain, as Envoy took one. Envoys that start a
+// new bucket on every assignment are the caller's to rule out (Options.
+// Carry).
+func (t *tab) carries(now int64, burst, rate float64) bool {
+	if len(t.as) == 0 {
+		return false
+	}
+	prev := t.as[len(t.as)-1]
+	return prev.burst == burst && prev.rate == rate && prev.cap == burst && now+t.delta < prev.expires
+}
+
 // unassign takes back the last assignment when its loan could not be made
-// or it was never sent: nothing of it can be spent. It returns the rate
-// the tab no longer needs for it.
+// or it was never sent: nothing of it can be spent. It returns the tokens
+// its loan lent and the rate the tab no longer needs for it. A carried
+// assignment gives its cap back to the one it carried on.
 func (t *tab) unassign() (tokens, rate float64) {
 	n := len(t.as) - 1
 	a := t.as[n]
-	t.lent -= a.cap
 	t.as = t.as[:n]
+	if a.carried {
+		t.as[n-1].cap = a.cap
+		return 0, t.release(a.sent)
+	}
+	t.lent -= a.cap
 	return a.cap, t.release(a.sent)
 }
 

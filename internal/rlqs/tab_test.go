@@ -18,6 +18,7 @@ type envoyModel struct {
 	level    float64
 	updated  int64
 	unrep    float64 // allowed since the last report sent
+	fills    float64 // tokens its buckets started with: each a full max_tokens
 	reports  []report
 }
 
@@ -25,8 +26,12 @@ type action struct {
 	sent, ttl   int64
 	burst, rate float64
 	deny        bool // a DENY_ALL or abandon: nothing admitted
-	recv        int64
-	idx         int // the how-manieth action sent
+	// carry: sent as the tab's carried assignment: Envoy keeps its bucket
+	// if the one it holds has these sizes and has not expired (as
+	// Envoy's filter does); any other assignment starts a full bucket.
+	carry bool
+	recv  int64
+	idx   int // the how-manieth action sent
 
 }
 
@@ -59,7 +64,15 @@ func (e *envoyModel) receive(at int64) (spent float64) {
 	e.inflight = e.inflight[1:]
 	spent = e.spend(at) // everything the old assignment still allows, first
 	a.recv = at
+	old := e.active
+	if a.carry && old != nil && !old.deny && old.recv+old.ttl > at && old.burst == a.burst && old.rate == a.rate {
+		e.active = &a // the same bucket, its level as spend left it
+		return spent
+	}
 	e.active, e.level, e.updated = &a, a.burst, at
+	if !a.deny {
+		e.fills += a.burst
+	}
 	return spent
 }
 
@@ -88,9 +101,11 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 			n        float64
 		}
 		sent := 0
+		var lastTB *action // the last action sent, if a token bucket
 		var uses []use
 		seq := 0
 		closed := false
+		carried := 0 // assignments the tab carried on (lent nothing for)
 		apply := func(m move) {
 			reserved += m.lend
 			lentModel += m.lend - m.repay
@@ -170,7 +185,11 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 		for i := 0; i < steps; i++ {
 			switch rapid.IntRange(0, 8).Draw(rt, "op") {
 			case 0: // time passes
-				advance(rapid.Int64Range(0, 400_000).Draw(rt, "dt"))
+				dt := rapid.Int64Range(0, 400_000).Draw(rt, "dt")
+				if rapid.IntRange(0, 3).Draw(rt, "long") == 0 {
+					dt *= 8 // past a TTL: an assignment expires at Envoy
+				}
+				advance(dt)
 				deliver(true)
 				deliverReport(true)
 				apply(tb.settle(now))
@@ -179,12 +198,23 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 					continue
 				}
 				burst := float64(rapid.IntRange(1, 20).Draw(rt, "burst"))
-				rate := float64(rapid.IntRange(1, 20).Draw(rt, "rate"))
+				rate := float64(rapid.IntRange(1, 20).Draw(rt, "rate")) / float64(rapid.IntRange(1, 3).Draw(rt, "interval"))
 				ttl := int64(rapid.IntRange(1, 3).Draw(rt, "ttl")) * 1_000_000
-				c, l := tb.assign(now, burst, rate, ttl)
+				// Sent again unchanged, after the tab's last assignment
+				// was the last action sent: the stream asks to carry.
+				carry := lastTB != nil && rapid.Bool().Draw(rt, "again")
+				if carry {
+					burst, rate = lastTB.burst, lastTB.rate
+				}
+				c, l := tb.assign(now, burst, rate, ttl, carry)
 				apply(c)
 				apply(l)
-				e.inflight = append(e.inflight, action{sent: now, ttl: ttl, burst: burst, rate: rate, idx: sent})
+				if carry && l.lend == 0 {
+					carried++
+				}
+				a := action{sent: now, ttl: ttl, burst: burst, rate: rate, idx: sent, carry: carry}
+				e.inflight = append(e.inflight, a)
+				lastTB = &a
 				sent++
 			case 2: // DENY_ALL, ALLOW_ALL or abandon: ends the assignment
 				if closed {
@@ -192,6 +222,7 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 				}
 				apply(tb.cut(now))
 				e.inflight = append(e.inflight, action{sent: now, deny: true, idx: sent})
+				lastTB = nil
 				sent++
 			case 3: // Envoy receives early
 				deliver(false)
@@ -222,10 +253,16 @@ func TestTabConservesAgainstAdversarialEnvoy(t *testing.T) {
 			if d := tb.rate - rateModel; d > 1e-6 || d < -1e-6 {
 				rt.Fatalf("tab holds rate %v, moves say %v", tb.rate, rateModel)
 			}
+			// Every bucket Envoy started full was paid for by a loan:
+			// a carried assignment lends nothing and must fill nothing.
+			if e.fills > reserved+1e-9 {
+				rt.Fatalf("Envoy's buckets started with %v tokens, %v were lent", e.fills, reserved)
+			}
 			if r := envoyRate(); r > tb.rate+1e-9 {
 				rt.Fatalf("Envoy may refill at %v, the tab holds rate %v", r, tb.rate)
 			}
 		}
+		rt.Log("carried", carried)
 		// Everything ends: deliveries, expiries, reports, forfeits.
 		advance(10_000_000)
 		deliver(true)
