@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// Record is one decision. The checker counts only admitted records.
+// Record is one decision. The overshoot judge counts admitted records;
+// the refusal judge (Refusals) holds the refused ones against them.
 type Record struct {
 	// At is when the decision was known, on a clock shared by every
 	// recording process of one host (CLOCK_MONOTONIC nanoseconds for the
@@ -102,10 +103,14 @@ type Report struct {
 	// Utilisation is Admitted / (Burst + Rate * span), span being from the
 	// first to the last admission.
 	Utilisation float64
+	// Refusals judges the other half of the promise: refusals of
+	// requests the budget held (refusal.go).
+	Refusals Refusals
 }
 
-// Check replays the admissions of one quota (records of other quotas and
-// denials are skipped) through a leaky bucket of (burst, rate):
+// Check replays the admissions of one quota (records of other quotas are
+// skipped; refusals are judged apart, Report.Refusals) through a leaky
+// bucket of (burst, rate):
 //
 //	level = max(0, level - rate*dt) + cost,   overshoot = max(level) - burst
 //
@@ -120,6 +125,7 @@ func Check(recs []Record, quota string, burst, rate float64) Report {
 	seen := false
 	ids := map[string]bool{}
 	var spans []Span
+	var adm []Record
 	for _, r := range recs {
 		if r.Quota != quota || !r.Allowed {
 			continue
@@ -144,12 +150,14 @@ func Check(recs []Record, quota string, burst, rate float64) Report {
 		level += r.Cost
 		rep.Admitted += r.Cost
 		rep.Count++
+		adm = append(adm, r)
 		maxLat = max(maxLat, r.Latency)
 		spans = append(spans, Span{From: r.At - r.Latency, To: r.At, Cost: r.Cost})
 		if o := level - burst; o > rep.Overshoot {
 			rep.Overshoot, rep.From, rep.To = o, emptySince, r.At
 		}
 	}
+	rep.Refusals = refusals(recs, adm, quota, burst, rate)
 	rep.Slack = rate * maxLat.Seconds()
 	rep.Certain = CertainOvershoot(spans, burst, rate)
 	rep.First = first
@@ -223,15 +231,15 @@ func Judge(rep Report, bound float64) Verdict {
 // in seconds since the quota's first admission.
 func Table(vs []Verdict) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-32s %8s %8s %9s %10s %8s %9s %8s %6s  %s\n",
-		"quota", "burst", "rate", "admitted", "overshoot", "slack", "bound", "util", "pass", "window")
+	fmt.Fprintf(&b, "%-32s %8s %8s %9s %10s %8s %9s %8s %9s %6s  %s\n",
+		"quota", "burst", "rate", "admitted", "overshoot", "slack", "bound", "util", "false-ref", "pass", "window")
 	for _, v := range vs {
 		pass := "ok"
 		if !v.Pass {
 			pass = "FAIL"
 		}
-		fmt.Fprintf(&b, "%-32s %8g %8g %9.6g %10.3f %8.3f %9.6g %8.3f %6s  [%.3fs, %.3fs]\n",
-			v.Quota, v.Burst, v.Rate, v.Admitted, max(v.Overshoot, 0), v.Slack, v.Bound, v.Utilisation, pass,
+		fmt.Fprintf(&b, "%-32s %8g %8g %9.6g %10.3f %8.3f %9.6g %8.3f %9d %6s  [%.3fs, %.3fs]\n",
+			v.Quota, v.Burst, v.Rate, v.Admitted, max(v.Overshoot, 0), v.Slack, v.Bound, v.Utilisation, v.Refusals.False, pass,
 			(v.From - v.First).Seconds(), (v.To - v.First).Seconds())
 	}
 	return b.String()

@@ -29,11 +29,10 @@ type observation struct {
 func observedRecords(obs []observation) []admission.Record {
 	var recs []admission.Record
 	for _, o := range obs {
-		if !o.Allowed {
-			continue
-		}
+		// Refusals too: the second judge (admission.Refusals) holds them
+		// against the admissions.
 		recs = append(recs, admission.Record{At: o.End, Latency: o.End - o.Start, Agent: "client/" + o.AgentID,
-			Quota: o.Quota, Cost: o.Cost, Allowed: true, Path: "client", RequestID: o.ID, Burst: o.Burst, Rate: o.Rate})
+			Quota: o.Quota, Cost: o.Cost, Allowed: o.Allowed, Path: "client", RequestID: o.ID, Burst: o.Burst, Rate: o.Rate})
 	}
 	admission.Sort(recs)
 	return recs

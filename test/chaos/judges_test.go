@@ -100,6 +100,10 @@ func (j Judged) Note() string {
 	if j.FailClosed {
 		s += fmt.Sprintf("; %.0f admitted by policy (fail_closed)", j.ByPolicy)
 	}
+	// The second judge: refusals the budget held (admission.Refusals),
+	// printed, not yet held to per-scenario allowances.
+	s += fmt.Sprintf("; false refusals: logs %d of %d refused, clients %d of %d",
+		j.Logs.Refusals.False, j.Logs.Refusals.Refused, j.Client.Refusals.False, j.Client.Refusals.Refused)
 	return s
 }
 
