@@ -3,7 +3,11 @@ package agent
 // How a request's steps become its answer, and what a denied request's
 // charges give back.
 
-import "context"
+import (
+	"context"
+	"math"
+	"time"
+)
 
 func verdict(allowed bool) Reason {
 	if allowed {
@@ -94,6 +98,10 @@ func (s *Service) combine(dst *Response, steps []step) {
 
 func fraction(st *step) float64 { return st.res.Remaining / st.req.Limit.Burst }
 
+// maxAdvisedWait caps, in seconds, the Retry-After respond makes up for a
+// bucket that did not say.
+const maxAdvisedWait = 24 * 3600
+
 // respond makes dst the answer of st with allowed and r.
 func respond(dst *Response, st *step, allowed bool, r Reason) {
 	dst.Allowed, dst.Reason, dst.RetryAfter = allowed, r, 0
@@ -103,6 +111,14 @@ func respond(dst *Response, st *step, allowed bool, r Reason) {
 	if !allowed {
 		dst.RetryAfter = st.res.RetryAfter
 		dst.fundFor = st.fundFor
+		if dst.RetryAfter <= 0 && r != ReasonUnavailable && st.req.Limit.Rate > 0 {
+			// The deciding bucket did not say (a lease granted empty:
+			// the rule's tokens sit with other agents, and its own
+			// refill is 0). The rule refills the cost in cost/rate; a
+			// 429 always says when to retry.
+			dst.RetryAfter = time.Duration(math.Ceil(min(max(st.req.Cost, 1)/st.req.Limit.Rate, maxAdvisedWait) * float64(time.Second)))
+		}
+		dst.Reset = max(dst.Reset, dst.RetryAfter)
 	}
 }
 
