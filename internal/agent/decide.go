@@ -212,18 +212,30 @@ func (s *Service) Decide(ctx context.Context, req Request) (Response, error) {
 // pipelined, in store calls of at most storeChunk (chargeStoreBatch). out
 // and errs must be as long as reqs.
 func (s *Service) DecideBatch(ctx context.Context, reqs []Request, out []Response, errs []error) {
+	s.decideWatched(ctx, reqs, out, errs, false)
+}
+
+// decideWatched is the one entry of every decision (Allow, AllowBatch,
+// the HTTP check, Envoy's ShouldRateLimit, RLQS takes): it is watched by
+// the stall watchdog (/healthz) and decided by decideBatch. joint: the
+// requests stand or fall together (decideBatch).
+func (s *Service) decideWatched(ctx context.Context, reqs []Request, out []Response, errs []error, joint bool) {
 	if w := s.watch; w != nil {
 		e := w.begin()
-		s.decideBatch(ctx, reqs, out, errs, 0)
+		s.decideBatch(ctx, reqs, out, errs, 0, joint)
 		w.end(e) // not deferred: a panic leaves it counted, as stuck as it is
 		return
 	}
-	s.decideBatch(ctx, reqs, out, errs, 0)
+	s.decideBatch(ctx, reqs, out, errs, 0, joint)
 }
 
 // decideBatch is DecideBatch; round > 0 decides again requests that found
-// another attempt of themselves in flight (resolveWaiting).
-func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Response, errs []error, round int) {
+// another attempt of themselves in flight (resolveWaiting). joint: the
+// requests are one call's descriptors that stand or fall together (Envoy's
+// RLS): an invalid one fails the call before any bucket is touched (its
+// error in errs, the others nil), and when any is denied every charge is
+// refunded and recorded as not admitted.
+func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Response, errs []error, round int, joint bool) {
 	// One clock read starts the batch. With leases it is theirs (a
 	// monotonic reading, in microseconds), which is also the now of the
 	// batch's leased spends: a leased decision reads the clock once here
@@ -285,6 +297,12 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 		items[i].n = len(steps) - items[i].first
 		withID = withID || (reqs[i].RequestID != "" && items[i].n > 0)
 	}
+	if joint && s.failJoint(items, errs) {
+		if bb != nil {
+			putBatchBufs(bb)
+		}
+		return
+	}
 
 	// Requests with an id consult the agent's record first (replay.go);
 	// the others never touch it.
@@ -324,10 +342,17 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 			}
 		}
 	}
-	if s.rec != nil {
-		s.rec.batch(recStart, steps, out)
+	// final says whether each request's charges stand: for joint
+	// requests, none do once any is denied (refund gives back the charges
+	// of requests marked denied).
+	final := out
+	if joint && anyDenied(out) {
+		final = make([]Response, len(out))
 	}
-	s.refund(ctx, steps, out)
+	if s.rec != nil {
+		s.rec.batch(recStart, steps, final)
+	}
+	s.refund(ctx, steps, final)
 	if cs != nil {
 		s.ids.settle(cs, items, steps, out)
 	}
@@ -348,6 +373,29 @@ func (s *Service) decideBatch(ctx context.Context, reqs []Request, out []Respons
 	if bb != nil {
 		putBatchBufs(bb)
 	}
+}
+
+// failJoint reports whether a joint call fails: its first invalid request
+// (counted once) has its error in errs, every other entry nil.
+func (s *Service) failJoint(items []item, errs []error) bool {
+	for i := range items {
+		if items[i].err != nil {
+			clear(errs)
+			errs[i] = items[i].err
+			s.metrics.invalid.Inc()
+			return true
+		}
+	}
+	return false
+}
+
+func anyDenied(out []Response) bool {
+	for i := range out {
+		if !out[i].Allowed {
+			return true
+		}
+	}
+	return false
 }
 
 // sameQuestion reports whether r asks what prev (the request before it in

@@ -226,59 +226,20 @@ func envoyRetryAfter(out []Response) time.Duration {
 // costs nothing. An invalid request fails the whole call before any bucket
 // is touched. out must be as long as reqs.
 //
+// It is decideBatch's pipeline (joint), watched as every decision is.
 // Envoy requests carry no request id, so the agent's record of request ids
 // is not consulted. Every decision is logged to -record like Allow's.
 func (s *Service) decideAll(ctx context.Context, reqs []Request, out []Response) error {
-	start := time.Now()
-	var recStart int64
-	if s.rec != nil {
-		recStart = monoNow()
-	}
-	set := s.rules.Current()
-	// One descriptor: buffers on this stack (see decideBatch).
-	var itemBuf [1]item
-	var stepBuf [2]step
-	var matchBuf [2]rules.Match
 	var errBuf [1]error
-	items, steps, errs := itemBuf[:], stepBuf[:0], errBuf[:]
+	errs := errBuf[:]
 	if len(reqs) > 1 {
-		items, steps, errs = make([]item, len(reqs)), make([]step, 0, len(reqs)), make([]error, len(reqs))
+		errs = make([]error, len(reqs))
 	}
-	matches := matchBuf[:0]
-	for i := range reqs {
-		items[i].first = len(steps)
-		var err error
-		matches, err = s.match(set, &reqs[i], matches[:0])
-		if err == nil {
-			steps, err = s.prepare(set, steps, matches, &reqs[i], i)
-		}
+	s.decideWatched(ctx, reqs, out, errs, true)
+	for i, err := range errs {
 		if err != nil {
-			s.metrics.invalid.Inc()
 			return fmt.Errorf("descriptor %d: %w", i, err)
 		}
-		items[i].n = len(steps) - items[i].first
 	}
-
-	s.charge(ctx, steps, 0)
-
-	denied := false
-	for i := range items {
-		it := &items[i]
-		s.combine(&out[i], steps[it.first:it.first+it.n])
-		denied = denied || !out[i].Allowed
-	}
-	// final says whether each request's charges stand: none do once any is
-	// denied (refund gives back the charges of requests marked denied).
-	final := out
-	if denied {
-		final = make([]Response, len(out))
-	}
-	if s.rec != nil {
-		s.rec.batch(recStart, steps, final)
-	}
-	if denied {
-		s.refund(ctx, steps, final)
-	}
-	s.observe(steps, out, errs, time.Since(start))
 	return nil
 }

@@ -320,7 +320,7 @@ func (s *Service) resolveWaiting(ctx context.Context, cs *claims, reqs []Request
 	}
 	subOut := make([]Response, len(idx))
 	subErrs := make([]error, len(idx))
-	s.decideBatch(ctx, sub, subOut, subErrs, round+1)
+	s.decideBatch(ctx, sub, subOut, subErrs, round+1, false)
 	for j, i := range idx {
 		out[i], errs[i] = subOut[j], subErrs[j]
 	}

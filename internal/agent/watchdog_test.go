@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -163,4 +165,30 @@ func TestShutdownOfWedgedAgentReturns(t *testing.T) {
 		// Its context ends after 1s: nine more are far beyond any close.
 		t.Fatal("Shutdown of a wedged agent did not return after its context ended")
 	}
+}
+
+// Envoy's ShouldRateLimit is watched as every decision is: its pipeline
+// was a fork of DecideBatch's that never told the watchdog, so a wedged
+// RLS call left /healthz green.
+func TestWedgedShouldRateLimitTurnsHealthzRed(t *testing.T) {
+	l := &wedgingLeases{start: time.Now(), release: make(chan struct{})}
+	r := harness.StartRedis(t)
+	a := startAgentLeases(t, r.Addr, panicRules, l, func(cfg *agent.Config) { cfg.StallTimeout = time.Second })
+	var once sync.Once
+	release := func() { once.Do(func() { close(l.release) }) }
+	t.Cleanup(release)
+	c := envoyClient(t, a)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{descriptor("tenant", "stuck")}}
+		_, _ = c.ShouldRateLimit(context.Background(), req)
+	}()
+	waitFor(t, "/healthz to fail with a ShouldRateLimit stuck", func() bool {
+		code, body := healthz(t, a.srv)
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "decisions in flight")
+	})
+	release()
+	<-done
+	waitFor(t, "/healthz to recover", func() bool { code, _ := healthz(t, a.srv); return code == http.StatusOK })
 }
