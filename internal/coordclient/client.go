@@ -323,6 +323,15 @@ func (c *Client) AddVoter(ctx context.Context, req *rationv1.AddVoterRequest) (*
 	})
 }
 
+// Status asks a member for its view of the group: its Raft
+// configuration, and the leader it follows (what -join pins before it asks
+// to be added).
+func (c *Client) Status(ctx context.Context) (*rationv1.StatusResponse, error) {
+	return unary(ctx, c, "status", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.StatusResponse, error) {
+		return rationv1.NewAdminClient(cc).Status(ctx, &rationv1.StatusRequest{}, opts...)
+	})
+}
+
 // RemoveServer asks the leader to remove a server from the cluster.
 func (c *Client) RemoveServer(ctx context.Context, req *rationv1.RemoveServerRequest) (*rationv1.MembershipResponse, error) {
 	return unary(ctx, c, "remove server", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.MembershipResponse, error) {

@@ -25,9 +25,14 @@ import (
 //   - every RPC it sends carries, in its header, a server id its
 //     certificate names (a member cannot speak for another), and that id
 //     is in this node's current Raft configuration. A node whose
-//     configuration is still empty (started with -join, waiting for the
-//     leader to add it) admits any member of its group: it does not know
-//     the leader yet, and the leader's first AppendEntries is what tells it.
+//     configuration is still empty and that joins through -join admits
+//     only the members its join target named (pin), at their addresses,
+//     before it asks to be added: the leader adding it is one of them. A
+//     certificate of the group that is no member cannot write the joining
+//     node a configuration of its own. A node started with neither -join
+//     nor Raft state (an operator adds it with members add) admits any
+//     member of its group until its configuration holds it
+//     (docs/security.md, Not covered yet).
 //
 // When it dials, a node checks that the certificate of the server at that
 // address names the member the configuration has there.
@@ -45,6 +50,36 @@ type raftPeers struct {
 	// refused counts refused RPCs
 	// (ration_coordinator_raft_rpcs_refused_total).
 	refused atomic.Int64
+	// joining: started with -join and no Raft state; pinned: the members
+	// (id to Raft address) its join target named, nil until it answered.
+	joining atomic.Bool
+	pinned  atomic.Pointer[map[string]string]
+}
+
+// pin records the members a joining node admits until its configuration
+// holds it.
+func (p *raftPeers) pin(servers map[string]string) {
+	p.pinned.Store(&servers)
+}
+
+// checkJoining is checkRPC's check while the configuration is empty.
+func (p *raftPeers) checkJoining(id string, hdr raft.RPCHeader) error {
+	if !p.joining.Load() {
+		return nil // added by an operator: see the comment at the top
+	}
+	pin := p.pinned.Load()
+	if pin == nil {
+		return fmt.Errorf("%w: server %q: this node is joining and its join target has not named the group's members yet", ErrRaftPeer, id)
+	}
+	addr, ok := (*pin)[id]
+	if !ok {
+		return fmt.Errorf("%w: server %q (certificate %s) is not among the members the join target named for group %q",
+			ErrRaftPeer, id, tlsfiles.CoordinatorURI(p.group, id), p.group)
+	}
+	if len(hdr.Addr) > 0 && string(hdr.Addr) != addr {
+		return fmt.Errorf("%w: server %q sent address %q, and the join target has it at %q", ErrRaftPeer, id, hdr.Addr, addr)
+	}
+	return nil
 }
 
 // servers returns the latest Raft configuration's servers (raft keeps a
@@ -77,7 +112,7 @@ func (p *raftPeers) checkRPC(peer *x509.Certificate, hdr raft.RPCHeader) error {
 	}
 	if len(servers) == 0 {
 		// Joining: the leader adding this node is about to call.
-		return nil
+		return p.checkJoining(id, hdr)
 	}
 	for _, s := range servers {
 		if string(s.ID) != id {

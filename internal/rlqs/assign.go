@@ -164,8 +164,8 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	loan, got, gotRate, ok := o.Funds.Lend(ctx, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
 		// Of what fit may lend of the lease's rate, as the quota's
 		// demands stand now.
-		share, n := st.s.shares.share(key, b, of.LeaseRate*(1-reserve), int(of.Cap/2))
-		ov := offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil,
+		share, n := st.s.shares.share(key, b, of.LeaseRate*(1-reserveAt(of.Tokens, of.Cap)), int(of.Cap/2))
+		ov := offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil, cap: of.Cap,
 			// A burst of its part of the cap, so that as many buckets
 			// as may hold a token at once can be funded side by side.
 			maxBurst: max(1, math.Floor(of.Cap/float64(2*max(1, n))))}
