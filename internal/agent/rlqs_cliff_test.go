@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"github.com/ration-dev/ration/internal/admission"
 	"github.com/ration-dev/ration/internal/agent"
 	"github.com/ration-dev/ration/internal/harness"
+	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
 const cliffRules = `
@@ -99,8 +101,11 @@ rules:
 // Two agents, three greedy Envoys on each (Envoy's filter semantics,
 // reports every second) on one leased subject: the Envoys together admit
 // most of the subject's budget (all but the tenth of each lease's rate
-// kept back for new buckets). Each assignment was charged its whole max_tokens on every re-send,
-// although Envoy carries an unchanged bucket on: about half the budget.
+// kept back for new buckets), and neither agent's Envoys go without for
+// seconds at a time. Each assignment was charged its whole max_tokens on
+// every re-send, although Envoy carries an unchanged bucket on (0.45 of
+// the budget); an agent's demand, read between Envoy's once-a-second
+// reports as a fall, lost it its lease for seconds at a time.
 func TestRLQSGreedyEnvoysReachTheBudget(t *testing.T) {
 	const (
 		run   = 20 * time.Second
@@ -124,11 +129,87 @@ func TestRLQSGreedyEnvoysReachTheBudget(t *testing.T) {
 	if rep.Overshoot > 1e-9 {
 		t.Fatalf("admissions overshoot B + r*T by %.2f tokens (window %v..%v)", rep.Overshoot, rep.From, rep.To)
 	}
-	// Measured 0.81-0.82: a tenth of each lease's rate is held back
-	// (rlqs reserve) and the leases settle in the first seconds. Charged
-	// again on every re-send it was 0.57; its demand read between
-	// Envoy's reports as a fall, 0.70.
-	if rep.Utilisation < 0.75 {
-		t.Errorf("utilisation %.3f: greedy Envoys got under 0.75 of the budget", rep.Utilisation)
+	// Measured 0.79-0.81: a tenth of each lease's rate is held back
+	// (rlqs reserve) and the leases settle in the first seconds.
+	if rep.Utilisation < 0.65 {
+		t.Errorf("utilisation %.3f: greedy Envoys got under 0.65 of the budget", rep.Utilisation)
+	}
+	// Once settled, each agent's Envoys admit every moment: measured
+	// gaps of 0.23-0.34 s; a lease lost for a misread demand left one
+	// agent's at 0 for 2.3 s and more.
+	for i := range 2 {
+		gap, at := longestGap(rec.Records(), fmt.Sprintf("envoy-%d-", i), settle, run)
+		t.Logf("agent %d: longest gap between admissions %v, from %v", i, gap, at)
+		if gap >= 1500*time.Millisecond {
+			t.Errorf("agent %d's Envoys admitted nothing for %v from %v: its lease went elsewhere", i, gap, at)
+		}
+	}
+}
+
+// settle is how long leases take to split between agents at the start.
+const settle = 3 * time.Second
+
+// longestGap is the longest time in [from, to] with no admission recorded
+// by an agent whose name starts with prefix, and when it began.
+func longestGap(recs []admission.Record, prefix string, from, to time.Duration) (gap, at time.Duration) {
+	last := from
+	for _, r := range recs {
+		if !r.Allowed || !strings.HasPrefix(r.Agent, prefix) || r.At < from {
+			continue
+		}
+		if r.At-last > gap {
+			gap, at = r.At-last, last
+		}
+		last = r.At
+	}
+	if to-last > gap {
+		gap, at = to-last, last
+	}
+	return gap, at
+}
+
+// Envoys on RLQS and callers of Allow on one agent share one lease: what
+// the lease lends an assignment (its max_tokens, its refill) is taken out
+// of the balance the agent's own decisions spend, so that together they
+// stay within B + r*T. Lent without being taken, Allow spent the tokens
+// the Envoys held.
+func TestRLQSAndAllowShareOneLease(t *testing.T) {
+	const (
+		run   = 8 * time.Second
+		quota = "hot|hot=a"
+	)
+	c := harness.StartCoordinators(t, 1, budgetRules)
+	a := startAgent(t, budgetRules, func(cfg *agent.Config) {
+		cfg.Coordinators = strings.Join(c.GRPCAddrs(), ",")
+	})
+	rec := admission.NewRecorder()
+	var clients []*harness.RLQSClient
+	for j := range 3 {
+		name := fmt.Sprint("envoy-", j)
+		clients = append(clients, harness.DialRLQS(t, a.srv.GRPCAddr(), "edge", time.Second, func() { rec.Admit(name, quota, 1) }))
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		end := time.Now().Add(run)
+		for n := 0; n < 20000 && time.Now().Before(end); n++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r, err := a.rl.Allow(ctx, &rationv1.AllowRequest{Descriptors: map[string]string{"hot": "a"}})
+			cancel()
+			if err == nil && r.Allowed {
+				rec.Admit("allow", quota, 1)
+			}
+			time.Sleep(50 * time.Millisecond) // a steady caller beside greedy Envoys
+		}
+	}()
+	driveRLQS(t, clients, map[string]string{"hot": "a"}, run)
+	wg.Wait()
+	rep := admission.Check(rec.Records(), quota, 50, 20)
+	t.Logf("admitted %v (Envoys and Allow); overshoot %.2f, utilisation %.3f", rep.Admitted, rep.Overshoot, rep.Utilisation)
+	// The recorder stamps an Allow admission when its answer arrives, a
+	// little after the charge: a token's worth of slack absorbs that.
+	if rep.Overshoot > 1 {
+		t.Fatalf("Envoys and Allow together overshoot B + r*T by %.2f tokens (window %v..%v)", rep.Overshoot, rep.From, rep.To)
 	}
 }

@@ -29,8 +29,8 @@ rules:
 
 // A client of the agent claims a huge demand (2^40 requests denied, within
 // what a report may count) for buckets of a subject an honest Envoy of
-// another stream uses, then stays silent with its stream open: its claims
-// stand until its buckets are abandoned (a minute). The subject's lease
+// another stream uses, and repeats them every second: its claims stand
+// for as long as it does. The subject's lease
 // rate is shared among its buckets on the agent max-min fairly, each claim
 // capped at the rule's rate, so the honest Envoy keeps an equal share at
 // least, or its whole demand if that is less. Two subjects side by side:
@@ -109,11 +109,26 @@ func claimAgainst(t *testing.T, a *testAgent, subject string, every time.Duratio
 		return 0, 0, fmt.Errorf("hot=%s: claim: %w", subject, err)
 	}
 	// The claimant reads what it is sent (its stream stays healthy) and
-	// never reports again.
+	// repeats its claims every second, so that they stand (a claim its
+	// client stops reporting lapses within seconds).
 	go func() {
 		for {
 			if _, err := s.Recv(); err != nil {
 				return
+			}
+		}
+	}()
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for range 30 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				if s.Send(rep) != nil {
+					return
+				}
 			}
 		}
 	}()

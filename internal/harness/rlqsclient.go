@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -25,9 +26,11 @@ import (
 // and once one expires, a bucket denies (no_assignment_behavior DENY_ALL,
 // no expired_assignment_behavior: Envoy drops the expired assignment and
 // its token bucket, and keeps reporting the bucket); a token bucket
-// assignment starts full unless it repeats the sizes of the one in force
-// (then the bucket carries on; an expired one is not in force); abandon
-// forgets the bucket.
+// assignment carries the bucket in force on when it repeats its sizes
+// (max_tokens, tokens_per_fill, fill_interval's nanos), and otherwise
+// starts a new one at the fill ratio of the one in force, or full when
+// none is (none yet, an expired one, a blanket rule); abandon forgets the
+// bucket.
 //
 // Every decision is the client's own, as Envoy's are: the agent only sees
 // reports. Agent tests, test/chaos and the RLQS load program share it.
@@ -283,10 +286,20 @@ func (c *RLQSClient) applyLocked(a *rlqsv3.RateLimitQuotaResponse_BucketAction, 
 		secs := (time.Duration(iv.GetSeconds())*time.Second + time.Duration(iv.GetNanos())) / time.Second
 		m, f := float64(tb.GetMaxTokens()), tb.GetTokensPerFill().GetValue()
 		r := float64(f) / float64(secs)
-		if c.restarts || b.kind != "token_bucket" || b.max != m || b.perFill != f || b.nanos != iv.GetNanos() {
-			b.level = m // a new bucket starts full
-		} else {
-			b.level = min(m, b.level+b.rate*now.Sub(b.updated).Seconds()) // carried on
+		held := b.kind == "token_bucket" && !c.restarts
+		var level float64
+		if held {
+			level = min(b.max, b.level+b.rate*now.Sub(b.updated).Seconds())
+		}
+		switch {
+		case !held:
+			b.level = m // no bucket in force: the new one starts full
+		case b.max != m || b.perFill != f || b.nanos != iv.GetNanos():
+			// A new bucket in place of one in force starts at its fill
+			// ratio, in whole tokens (createTokenBucketFromAction).
+			b.level = math.Floor(m * level / b.max)
+		default:
+			b.level = level // carried on
 		}
 		b.kind, b.max, b.rate, b.perFill, b.nanos, b.updated = "token_bucket", m, r, f, iv.GetNanos(), now
 		return

@@ -149,9 +149,12 @@ func (q *quota) sample(now int64) {
 	q.requested, q.sampledAt = 0, now
 }
 
-// report takes the demand to send at now.
+// report takes the demand to send at now, within what a renewal may carry
+// (lease.MaxValue): a delegate's report may count up to 2^40 requests,
+// and a demand past the bound made the coordinator refuse the quota's
+// renewal as invalid, which lost its lease for every caller of the agent.
 func (q *quota) report(now int64) float64 {
-	d := q.demandAt(now)
+	d := min(q.demandAt(now), lease.MaxValue)
 	q.demand, q.reportedAt, q.sinceReport = d, now, 0
 	return d
 }

@@ -164,8 +164,8 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 	loan, got, gotRate, ok := o.Funds.Lend(ctx, r, m.Subject, now, pl, held, func(of holder.Offer) (float64, float64) {
 		// Of what fit may lend of the lease's rate, as the quota's
 		// demands stand now.
-		share, n := st.s.shares.share(key, b, of.LeaseRate*(1-reserveAt(of.Tokens, of.Cap)), int(of.Cap/2))
-		ov := offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil, cap: of.Cap,
+		share, n := st.s.shares.share(key, b, of.LeaseRate*(1-reserve), int(of.Cap/2))
+		ov := offer{tokens: of.Tokens, rate: of.Rate, leaseRate: of.LeaseRate, share: share, validUntil: of.ValidUntil,
 			// A burst of its part of the cap, so that as many buckets
 			// as may hold a token at once can be funded side by side.
 			maxBurst: max(1, math.Floor(of.Cap/float64(2*max(1, n))))}
@@ -177,17 +177,18 @@ func (st *stream) lend(ctx context.Context, b *bucketState, now int64, demand fl
 		}
 		ahead := st.s.shares.ahead(key, b)
 		if carry {
-			// Kept unless: it was refused requests since its last action
-			// (it has spent what it held) and the balance can fund a
-			// new, full bucket (act flips gen) with nobody waiting; or
-			// it holds more than its fair part of the rate (it came when
-			// fewer buckets shared it) and its turn is over.
-			refresh := b.refused > 0 && of.Tokens >= float64(2+ahead)
+			// Kept unless it holds more than its fair part of the rate
+			// (it came when fewer buckets shared it) and its turn is
+			// over, or it may grow (fewer share the rate now). Never
+			// re-sent as a new bucket of the same sizes to refill it:
+			// Envoy starts a replacing bucket at the fill ratio of the
+			// one in force, so a spent bucket would get nothing from the
+			// M it was charged.
 			resize := turnOver && b.last.rate > 1.05*share && of.Tokens >= 1
 			if best, _, ok := rateWithin(min(w.rate, ov.lendable(), share)); ok && b.last.rate < 0.95*best && of.Tokens >= float64(2+ahead) {
-				resize = true // it may grow: fewer share the rate now
+				resize = true
 			}
-			if !refresh && !resize {
+			if !resize {
 				if zz, keep := keeps(b.last, w, ov, now, delta); keep && of.Continues {
 					z = zz
 					return 0, z.rate

@@ -112,21 +112,12 @@ func gcd(a, b int64) int64 {
 	return max(1, a)
 }
 
-// reserve is the part of a lease's rate not lent to Envoys while the
-// lease's balance is under half its cap: the lease's own refill, which
-// funds the M of later assignments (each new bucket is charged in full,
-// tab.go) and the agent's own RLS decisions. A balance at half its cap or
-// more has what the next buckets need, and a refill into a full balance is
-// lost: then the whole rate is lent (reserveAt).
+// reserve is the part of a lease's rate never lent to Envoys: the lease's
+// own refill, which funds the M of later assignments (each new bucket is
+// charged in full, tab.go) and the agent's own RLS decisions. (Lending it
+// whenever the balance held half the cap changed nothing: the M lent to
+// carried buckets keeps the balance low.)
 const reserve = 0.1
-
-// reserveAt is the reserve of a lease whose balance holds tokens of cap.
-func reserveAt(tokens, cap float64) float64 {
-	if cap > 0 && tokens >= cap/2 {
-		return 0
-	}
-	return reserve
-}
 
 // want is the assignment the server would like for a bucket of rule r
 // whose Envoy asks for demand tokens per second: half as much again as it
@@ -149,15 +140,13 @@ type offer struct {
 	share      float64
 	validUntil int64
 	maxBurst   float64 // the most max_tokens one bucket is lent (0: no bound)
-	cap        float64 // the lease's cap (0: unknown, the reserve always kept)
 }
 
 // lendable is the most rate one bucket may be lent: what is not lent
 // (counting what the bucket holds) less the reserve of the whole lease's
 // rate, so that all the loans together leave the reserve to the lease.
 func (o offer) lendable() float64 {
-	res := reserveAt(o.tokens, o.cap)
-	return min(o.rate-o.leaseRate*res, o.leaseRate*(1-res))
+	return min(o.rate-o.leaseRate*reserve, o.leaseRate*(1-reserve))
 }
 
 // fit shrinks z to what o funds with the assignment ending (sent at now,

@@ -305,8 +305,6 @@ type bucketState struct {
 	// action was sent (acted: one was): its demand (see demand).
 	asked      float64
 	askedSince int64
-	// refused is the requests it reported denied since the last action.
-	refused float64
 	// sized is the demand its last answer to a report was sized for.
 	sized float64
 	// check is when renew next looks at its lease's validity (renewAt).
@@ -425,7 +423,6 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 			}
 		}
 		b.asked += u.allowed + u.denied
-		b.refused += u.denied
 		if !st.renewDue(b, now) {
 			// Envoy's assignment carries on past the next report: a new
 			// one would be charged its M again (tab.go), or taken again
@@ -446,7 +443,7 @@ func (st *stream) report(ctx context.Context, r *rlqsv3.RateLimitQuotaUsageRepor
 		}
 		resp.BucketAction = append(resp.BucketAction, a)
 		acted = append(acted, b)
-		b.asked, b.askedSince, b.acted, b.refused = 0, at, true, 0
+		b.asked, b.askedSince, b.acted = 0, at, true
 		if st.s.now()-oldest >= flushAfter.Microseconds() {
 			if err := st.send(resp, acted); err != nil {
 				return err
