@@ -113,6 +113,11 @@ type RLQSConfig struct {
 	// MaxStreams and MaxBuckets bound the streams of the agent and the
 	// buckets of one stream.
 	MaxStreams, MaxBuckets int
+	// MaxClientStreams bounds the streams one connection holds open;
+	// Silent ends a stream that reports nothing for that long
+	// (rlqs.Options).
+	MaxClientStreams int
+	Silent           time.Duration
 	// NoCarry charges every token bucket assignment its whole
 	// max_tokens, unchanged ones too: for Envoys that start a new bucket
 	// on every assignment (rlqs.Options.NoCarry).
@@ -126,6 +131,7 @@ const (
 	MaxRLQSGrace   = time.Minute
 	MaxRLQSStreams = 1 << 16
 	MaxRLQSBuckets = 1 << 20
+	MaxRLQSSilent  = time.Hour
 )
 
 // check reports what is out of bounds; a zero field is rlqs.Options'
@@ -147,6 +153,10 @@ func (r RLQSConfig) check() []error {
 	if r.MaxBuckets == 0 {
 		r.MaxBuckets = 1000
 	}
+	if r.MaxClientStreams == 0 {
+		r.MaxClientStreams = 8
+	}
+	def(&r.Silent, time.Minute)
 	if r.Delta <= 0 || r.Delta > MaxRLQSDelta {
 		errs = append(errs, fmt.Errorf("-rlqs-delta %v: must be in (0, %v]", r.Delta, MaxRLQSDelta))
 	}
@@ -165,6 +175,12 @@ func (r RLQSConfig) check() []error {
 	}
 	if r.MaxBuckets < 1 || r.MaxBuckets > MaxRLQSBuckets {
 		errs = append(errs, fmt.Errorf("-rlqs-max-buckets %d: must be in [1, %d]", r.MaxBuckets, MaxRLQSBuckets))
+	}
+	if r.MaxClientStreams < 1 || r.MaxClientStreams > MaxRLQSStreams {
+		errs = append(errs, fmt.Errorf("-rlqs-max-client-streams %d: must be in [1, %d]", r.MaxClientStreams, MaxRLQSStreams))
+	}
+	if r.Silent < 5*time.Second || r.Silent > MaxRLQSSilent {
+		errs = append(errs, fmt.Errorf("-rlqs-silent %v: must be in [5s, %v]", r.Silent, MaxRLQSSilent))
 	}
 	return errs
 }
@@ -191,7 +207,7 @@ func DefaultConfig() Config {
 		LogLevel:          "info",
 		LogFormat:         "text",
 		RLQS: RLQSConfig{Delta: 200 * time.Millisecond, MaxTTL: 5 * time.Second, TakeTTL: 2 * time.Second,
-			Grace: 3 * time.Second, MaxStreams: 256, MaxBuckets: 1000},
+			Grace: 3 * time.Second, MaxStreams: 256, MaxBuckets: 1000, MaxClientStreams: 8, Silent: time.Minute},
 	}
 }
 
@@ -266,6 +282,8 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "rlqs-grace", Env: "RLQS_GRACE", Usage: "RLQS: how long after an assignment is over a report that settles it is awaited before what it reserved is forfeit, at least -rlqs-delta, at most 1m", Value: &c.RLQS.Grace},
 		{Flag: "rlqs-no-carry", Env: "RLQS_NO_CARRY", Usage: "RLQS: charge every token bucket assignment its whole max_tokens, unchanged ones too; only for Envoys that start a new, full bucket on every assignment (Envoy's filter carries an unchanged one on; docs/integrations/envoy-rlqs.md)", Value: &c.RLQS.NoCarry},
 		{Flag: "rlqs-max-streams", Env: "RLQS_MAX_STREAMS", Usage: "RLQS: most streams open at once (more are refused), at most 65536", Value: &c.RLQS.MaxStreams},
+		{Flag: "rlqs-max-client-streams", Env: "RLQS_MAX_CLIENT_STREAMS", Usage: "RLQS: most streams one connection holds open at once (Envoy keeps one), at most 65536 (and -rlqs-max-streams)", Value: &c.RLQS.MaxClientStreams},
+		{Flag: "rlqs-silent", Env: "RLQS_SILENT", Usage: "RLQS: a stream that reports nothing for this long is ended (its first report is due within a tenth of it, at least 5s), 5s to 1h", Value: &c.RLQS.Silent},
 		{Flag: "rlqs-max-buckets", Env: "RLQS_MAX_BUCKETS", Usage: "RLQS: most buckets one stream may report (a report naming more ends the stream), at most 1048576", Value: &c.RLQS.MaxBuckets},
 		{Flag: "reload-interval", Env: "RELOAD_INTERVAL", Usage: "how often the rules file is checked for changes", Value: &c.ReloadInterval},
 		{Flag: "breaker-threshold", Env: "BREAKER_THRESHOLD", Usage: "consecutive failed store calls (one per decision, or per call of at most 1024 charges of a batch) that open the circuit breaker", Value: &c.Breaker.Threshold},

@@ -29,7 +29,8 @@ func registerRLQS(g *grpc.Server, svc *Service, cfg RLQSConfig, logger *slog.Log
 	o := rlqs.Options{Rules: svc.rules, Taker: rlqsTaker{svc}, Region: svc.cfg.Region,
 		Logger: logger.With("component", "rlqs"), Registry: reg, Tick: time.Second,
 		Delta: cfg.Delta, MaxTTL: cfg.MaxTTL, TakeTTL: cfg.TakeTTL, Grace: cfg.Grace,
-		MaxStreams: cfg.MaxStreams, MaxBuckets: cfg.MaxBuckets, NoCarry: cfg.NoCarry}
+		MaxStreams: cfg.MaxStreams, MaxBuckets: cfg.MaxBuckets, NoCarry: cfg.NoCarry,
+		MaxClientStreams: cfg.MaxClientStreams, Silent: cfg.Silent}
 	if f, ok := svc.leases.(rlqs.Funds); ok {
 		o.Funds = f
 	}

@@ -41,7 +41,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_rlqs_refused_total",
-			Help: "RLQS streams ended by the agent, by reason (invalid: a report broke the protocol or a bound; streams: too many streams; buckets: too many buckets on one stream; unread: Envoy took no response for the send timeout).",
+			Help: "RLQS streams ended by the agent, by reason (invalid: a report broke the protocol or a bound; streams: too many streams; client_streams: too many streams on one connection; silent: no report in time; buckets: too many buckets on one stream; unread: Envoy took no response for the send timeout).",
 		}, []string{"reason"}),
 		takes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ration_rlqs_takes_total",
@@ -53,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, k := range []string{"token_bucket", "allow_all", "deny_all", "abandon"} {
 		m.assignments.WithLabelValues(k)
 	}
-	for _, r := range []string{"invalid", "streams", "buckets"} {
+	for _, r := range []string{"invalid", "streams", "client_streams", "silent", "buckets"} {
 		m.refused.WithLabelValues(r)
 	}
 	for _, o := range []string{"funded", "open", "over_limit", "unavailable", "gone", "error"} {

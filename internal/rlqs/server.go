@@ -90,6 +90,15 @@ type Options struct {
 	// MaxStreams and MaxBuckets bound the streams of the agent and the
 	// buckets of one stream (defaults 256 and 1000).
 	MaxStreams, MaxBuckets int
+	// MaxClientStreams bounds the streams one connection holds open at
+	// once (default 8, at most MaxStreams). Envoy's filter keeps one
+	// stream; without the bound one connection could take every slot and
+	// leave every Envoy refused.
+	MaxClientStreams int
+	// Silent ends a stream that has reported nothing for this long
+	// (default 1m; its first report is due within a tenth of it, at least
+	// 5s): a slot is for a client that reports.
+	Silent time.Duration
 	// SendTimeout ends a stream whose Envoy has not taken a response
 	// within it (default 5s): a client that stops reading would otherwise
 	// block its stream's handler in Send, and with it the abandoning of
@@ -137,6 +146,11 @@ func (o *Options) defaults() {
 	if o.MaxStreams <= 0 {
 		o.MaxStreams = 256
 	}
+	if o.MaxClientStreams <= 0 {
+		o.MaxClientStreams = 8
+	}
+	o.MaxClientStreams = min(o.MaxClientStreams, o.MaxStreams)
+	def(&o.Silent, time.Minute)
 	if o.MaxBuckets <= 0 {
 		o.MaxBuckets = 1000
 	}
@@ -166,6 +180,10 @@ type Server struct {
 	// idBytes is what the bucket ids of all streams hold (idBytes).
 	idBytes atomic.Int64
 	seq     atomic.Uint64 // buckets made so far
+	// clients counts each client's open streams; refusals spaces out the
+	// logging of refused and ended streams (clients.go).
+	clients  clientStreams
+	refusals refusalLog
 	// stopping is closed by Stop: every stream ends.
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -219,9 +237,17 @@ func (s *Server) StreamRateLimitQuotas(g rlqsv3.RateLimitQuotaService_StreamRate
 		return errStopping
 	default:
 	}
+	client := clientOf(g.Context())
+	if !s.clients.take(client, s.o.MaxClientStreams) {
+		s.m.refused.WithLabelValues("client_streams").Inc()
+		s.refusals.log(s.o.Logger, "rlqs: a client's stream refused: it holds the most streams one client may", "client", client, "max", s.o.MaxClientStreams)
+		return status.Errorf(codes.ResourceExhausted, "rlqs: this client (%s) holds %d streams, at most %d per client", client, s.o.MaxClientStreams, s.o.MaxClientStreams)
+	}
+	defer s.clients.give(client)
 	if n := s.streams.Add(1); n > int64(s.o.MaxStreams) {
 		s.streams.Add(-1)
 		s.m.refused.WithLabelValues("streams").Inc()
+		s.refusals.log(s.o.Logger, "rlqs: a stream refused: the agent holds the most streams it may", "client", client, "max", s.o.MaxStreams)
 		return status.Errorf(codes.ResourceExhausted, "rlqs: %d streams open, at most %d per agent", n-1, s.o.MaxStreams)
 	}
 	s.m.streams.Inc()
@@ -255,6 +281,10 @@ func (s *Server) StreamRateLimitQuotas(g rlqsv3.RateLimitQuotaService_StreamRate
 	defer t.Stop()
 	renew := time.NewTimer(time.Hour)
 	defer renew.Stop()
+	// A stream must report: a silent one's slot is
+	// given back (see Options.Silent).
+	silent := time.NewTimer(max(5*time.Second, s.o.Silent/10))
+	defer silent.Stop()
 	for {
 		select {
 		case r := <-reports:
@@ -262,6 +292,11 @@ func (s *Server) StreamRateLimitQuotas(g rlqsv3.RateLimitQuotaService_StreamRate
 				return err
 			}
 			st.schedule(renew)
+			silent.Reset(s.o.Silent)
+		case <-silent.C:
+			s.m.refused.WithLabelValues("silent").Inc()
+			s.refusals.log(s.o.Logger, "rlqs: a silent stream ended: it reported nothing for its allowance", "client", client)
+			return status.Errorf(codes.DeadlineExceeded, "rlqs: no report in time: a stream's slot is for a client that reports")
 		case <-renew.C:
 			if err := st.renew(ctx); err != nil {
 				return err
