@@ -34,7 +34,8 @@ func TestRLQSOneConnectionCannotTakeEverySlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Three times the silent streams' first-report allowance (5s).
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	t.Cleanup(cancel)
 	ends := make(chan error, slots)
 	for range slots {
