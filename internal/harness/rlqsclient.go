@@ -38,6 +38,7 @@ type RLQSClient struct {
 	domain   string
 	interval time.Duration
 	admit    func() // called for each admission, under mu
+	deny     func() // called for each refusal, under mu (nil: none)
 	stream   rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient
 
 	mu              sync.Mutex
@@ -49,6 +50,14 @@ type RLQSClient struct {
 	// restarts: start a new, full bucket on every token bucket
 	// assignment, as Envoys before the filter's global client did.
 	restarts bool
+}
+
+// OnDeny has c call deny for each refusal (under its lock, as admit), so
+// that a judge of false refusals sees them: call it before any Request.
+func (c *RLQSClient) OnDeny(deny func()) {
+	c.mu.Lock()
+	c.deny = deny
+	c.mu.Unlock()
 }
 
 // RestartBuckets makes c start a new, full bucket on every token bucket
@@ -143,6 +152,9 @@ func (c *RLQSClient) Request(id map[string]string) bool {
 	} else {
 		b.denied++
 		c.denied++
+		if c.deny != nil {
+			c.deny()
+		}
 	}
 	var rep *rlqsv3.RateLimitQuotaUsageReports
 	if first {

@@ -298,8 +298,11 @@ func (st *stream) act(b *bucketState, now int64, p *plan) *rlqsv3.RateLimitQuota
 	var strategy *typev3.RateLimitStrategy
 	ttl := int64(o.OpenTTL / time.Second)
 	b.until = 0
+	carried := false
 	for _, l := range p.loans {
-		if a := l.lt.t.as[len(l.lt.t.as)-1]; a.carried && l.sizes != p.limit {
+		a := l.lt.t.as[len(l.lt.t.as)-1]
+		carried = carried || a.carried
+		if a.carried && l.sizes != p.limit {
 			// Envoy would start a new bucket, which no loan paid for
 			// (lend carries only a bucket that one rule sizes alone).
 			p.deny, p.retry = true, true
@@ -332,15 +335,15 @@ func (st *stream) act(b *bucketState, now int64, p *plan) *rlqsv3.RateLimitQuota
 			b.until = now + ttl*1e6
 		}
 	}
-	carried := false
-	for _, l := range p.loans {
-		carried = carried || l.lt.t.as[len(l.lt.t.as)-1].carried
-	}
 	if strategy.GetTokenBucket() != nil && b.lastSent != 0 && same(p.limit, b.last) {
-		// Carried on: the bucket Envoy holds. Otherwise its max_tokens
-		// was lent or taken anew, and Envoy must start a new bucket with
-		// them, not carry on the one it holds.
-		p.limit.gen = b.last.gen != !carried
+		// Carried on: the bucket Envoy holds, of the same generation.
+		// Otherwise its max_tokens was lent or taken anew, and Envoy
+		// must start a new bucket with them, not carry on the one it
+		// holds: the other generation.
+		p.limit.gen = b.last.gen
+		if !carried {
+			p.limit.gen = !b.last.gen
+		}
 		strategy = tokenBucket(p.limit)
 	}
 	b.takenAt, b.lastSent, b.lent = 0, 0, false
