@@ -35,6 +35,35 @@ const lookAhead = 256
 // refusals judges the refusals of quota in recs (sorted by time) against
 // (burst, rate). adm are the quota's counted admissions, in order.
 func refusals(recs []Record, adm []Record, quota string, burst, rate float64) Refusals {
+	return refusalsBy(recs, adm, quota, rate, func(Record) float64 { return burst })
+}
+
+// SpanRefusals is the second judge on spans (a client's [send, answer]):
+// adm are the admissions of one quota, refused its refusals. A rule whose
+// shape changes over a run is judged leniently: its level drains at rate,
+// the least rate the rule had (a slower drain leaves the level higher),
+// and each refusal is held to burstOf(its span), the least burst that may
+// have been in force anywhere in it.
+func SpanRefusals(adm, refused []Span, rate float64, burstOf func(Span) float64) Refusals {
+	toRec := func(s Span, allowed bool) Record {
+		return Record{At: s.To, Latency: s.To - s.From, Cost: s.Cost, Allowed: allowed}
+	}
+	var recs, admRecs []Record
+	for _, s := range adm {
+		admRecs = append(admRecs, toRec(s, true))
+	}
+	for _, s := range refused {
+		recs = append(recs, toRec(s, false))
+	}
+	Sort(admRecs)
+	Sort(recs)
+	return refusalsBy(recs, admRecs, "", rate, func(r Record) float64 {
+		return burstOf(Span{From: r.At - r.Latency, To: r.At, Cost: r.Cost})
+	})
+}
+
+// refusalsBy is refusals with each refusal's burst given by burstOf.
+func refusalsBy(recs []Record, adm []Record, quota string, rate float64, burstOf func(Record) float64) Refusals {
 	var out Refusals
 	var level float64
 	var last time.Duration
@@ -63,7 +92,7 @@ func refusals(recs []Record, adm []Record, quota string, burst, rate float64) Re
 			}
 			l += adm[i].Cost // may have been decided first: counted undrained
 		}
-		if judged && l+r.Cost <= burst+Tolerance {
+		if judged && l+r.Cost <= burstOf(r)+Tolerance {
 			out.False++
 			out.FalseCost += r.Cost
 			out.At = append(out.At, r.At)

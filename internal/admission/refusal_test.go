@@ -49,3 +49,30 @@ func TestRecorderDenyIsARefusal(t *testing.T) {
 		t.Fatalf("refusals %+v, admitted %v: want 1 refused, false (4 of 5 left), 1 admitted", rep.Refusals, rep.Admitted)
 	}
 }
+
+// Spans are judged as records of [From, To], each refusal against the
+// burst its span may have had.
+func TestSpanRefusalsHoldEachToItsBurst(t *testing.T) {
+	s := time.Second
+	sp := func(from, to time.Duration, cost float64) Span { return Span{From: from, To: to, Cost: cost} }
+	adm := []Span{sp(0, s/10, 1), sp(0, s/10, 1)}
+	for _, c := range []struct {
+		name    string
+		refused Span
+		burst   float64
+		false   int
+	}{
+		{"burst spent", sp(s/5, s/4, 1), 2, 0},
+		{"room in a larger burst", sp(s/5, s/4, 1), 3, 1},
+		{"an admission's span reaches past the refusal's start", sp(s/20, s/20, 1), 3, 1},
+		{"refused after the refill", sp(2*s, 2*s, 1), 2, 1},
+		{"its span reaches back before the refill", sp(s/2, 2*s, 1), 2, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := SpanRefusals(adm, []Span{c.refused}, 1, func(Span) float64 { return c.burst })
+			if got.Refused != 1 || got.False != c.false {
+				t.Fatalf("refusals %+v, want 1 refused, %d false", got, c.false)
+			}
+		})
+	}
+}

@@ -179,6 +179,9 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 	if hd == nil {
 		res, ok, flag = l.spendOwn(q, cost, now)
 		src = q.ownSource()
+		if ok && !res.Allowed && copyValid {
+			res, src = q.splitShared(res, src, cost, now)
+		}
 	} else {
 		res, ok, flag = l.lendOwn(q, cost, now, hd)
 	}
@@ -192,6 +195,25 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 		l.flag(q)
 	}
 	return res, src, ok
+}
+
+// splitShared pays cost from q's copy and own lease together when
+// neither holds it alone but both do: the copy gives what it has, the
+// own lease the rest. Each refills on its own, so a subject paced within
+// its rate would otherwise be refused while its two parts held the cost
+// between them (half a token in each). res and src are the own lease's
+// refusal, returned as they are when the two together lack the cost;
+// q.mu held, the copy valid, the own lease answered.
+func (q *quota) splitShared(res bucket.Result, src Source, cost float64, now int64) (bucket.Result, Source) {
+	fromCopy := q.cp.Available(now)
+	if !(fromCopy > 0) || !q.h.Valid(now) || q.h.Available(now)+fromCopy < cost {
+		return res, src
+	}
+	fromCopy = min(fromCopy, cost)
+	q.cp.Balance -= fromCopy
+	q.h.Balance = max(0, q.h.Balance-(cost-fromCopy))
+	src.fromCopy, src.cp, src.copyID = fromCopy, q.cp, q.cp.Lease.ID
+	return result(&q.h, true, cost), src
 }
 
 // demote gives back the own leases of subjects whose copies of the default

@@ -57,6 +57,11 @@ type Source struct {
 	q  *quota
 	cp *lease.Holding // the copy spent; nil for the own lease
 	id uint64
+	// A decision split between the two (splitShared): fromCopy of its
+	// cost came from the copy cp of lease copyID, the rest from the own
+	// lease id.
+	fromCopy float64
+	copyID   uint64
 }
 
 // Shared reports whether the tokens came from the subject's copy of its
@@ -252,15 +257,29 @@ func (l *Leases) Refund(src Source, cost float64) {
 	now := l.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	h := &q.h
-	if src.cp != nil {
+	if src.fromCopy > 0 {
+		back := min(cost, src.fromCopy)
+		q.refundTo(q.cp, src.cp, src.copyID, back, now)
+		cost -= back
+		src.cp = nil // the rest went to the own lease
+	}
+	if cost > 0 {
+		q.refundTo(&q.h, src.cp, src.id, cost, now)
+	}
+}
+
+// refundTo gives amount back to h, when it is still the holding the spend
+// took it from (cp, the copy spent, or nil for the own lease) under the
+// same lease id; q.mu held.
+func (q *quota) refundTo(h, cp *lease.Holding, id uint64, amount float64, now int64) {
+	if cp != nil {
 		h = q.cp // nil once forgotten: the tokens are lost, never doubled
-		if h != src.cp {
+		if h != cp {
 			return
 		}
 	}
-	if h != nil && h.Lease.ID == src.id && h.Valid(now) {
-		h.Balance = min(h.Lease.Cap, h.Available(now)+cost)
+	if h != nil && h.Lease.ID == id && h.Valid(now) {
+		h.Balance = min(h.Lease.Cap, h.Available(now)+amount)
 	}
 }
 

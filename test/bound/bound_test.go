@@ -2,6 +2,7 @@ package bound
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -196,6 +197,8 @@ type world struct {
 	agents      []*testAgent                // region eu's, the process agent among them
 	proc        *testAgent                  // the agent run as a process (process_test.go)
 	spans       map[string][]admission.Span // by rule|subject
+	refused     map[string][]admission.Span // by rule|subject: refusals, for the second judge
+	eventAt     []time.Duration             // when each schedule event was logged
 	byEntry     map[string]int              // admissions by entry point
 	globalBy    map[string]float64          // the global rule's admitted tokens by region
 	calls       map[string]int              // calls by entry point
@@ -221,6 +224,7 @@ func newWorld(t *testing.T, seed uint64) *world {
 		shapes:    map[string]shape{},
 		timelines: map[string]*timeline{},
 		spans:     map[string][]admission.Span{},
+		refused:   map[string][]admission.Span{},
 		byEntry:   map[string]int{},
 		globalBy:  map[string]float64{},
 		calls:     map[string]int{},
@@ -263,6 +267,7 @@ func (w *world) event(format string, args ...any) {
 	e := fmt.Sprintf("%9.3fs  ", w.now().Seconds()) + fmt.Sprintf(format, args...)
 	w.mu.Lock()
 	w.events = append(w.events, e)
+	w.eventAt = append(w.eventAt, w.now())
 	w.mu.Unlock()
 	if testing.Verbose() {
 		w.t.Log(e)
@@ -278,6 +283,25 @@ func (w *world) admit(a *testAgent, entry, rule, user string, cost float64, from
 	if rule == globalRule {
 		w.globalBy[a.region] += cost
 	}
+	w.mu.Unlock()
+}
+
+// decided records one decision the caller saw: an admission, or a
+// refusal (over the limit, or by a failure policy) for the second judge.
+func (w *world) decided(a *testAgent, entry string, it item, allowed bool, from, to time.Duration) {
+	if allowed {
+		w.admit(a, entry, it.rule, it.user, it.cost, from, to)
+		return
+	}
+	w.refuse(it, from, to)
+}
+
+// refuse records one refusal the caller saw, sent at from and answered
+// at to.
+func (w *world) refuse(it item, from, to time.Duration) {
+	w.mu.Lock()
+	k := it.rule + "|" + it.user
+	w.refused[k] = append(w.refused[k], admission.Span{From: from, To: to, Cost: it.cost})
 	w.mu.Unlock()
 }
 
@@ -360,6 +384,7 @@ func (w *world) verify(seed uint64) {
 	}
 	t.Logf("bound checker: schedule steps taken: %s; failovers' lost writes: %s; forward clock steps: %s; coordinator calls retried %d, lease watch streams ended %d (in-process agents'); calls that waited on the paused process agent %d",
 		strings.Join(kinds, ", "), strings.Join(lost, ", "), strings.Join(ahead, ", "), w.retries.Load(), w.streamEnds.Load(), w.pausedCalls.Load())
+	w.logRefusals()
 	for _, rule := range ruleNames() {
 		c := closest[rule]
 		t.Logf("rule %s: closest to its bound: user=%s %.2f tokens in [%.3fs, %.3fs] (B %g, r %g, %.2f allowed for %d store faults); without the store's allowances: %.2f",
@@ -396,6 +421,64 @@ func (w *world) verify(seed uint64) {
 	}
 	if w.retries.Load() == 0 {
 		t.Errorf("the agents' coordinator clients retried no call: the run did not exercise it")
+	}
+}
+
+// refusalSettle is how long after a schedule event the second judge
+// counts a false refusal as the event's: three lease periods (a stalled
+// or paused agent's leases lapse and are granted anew, a killed leader's
+// successor answers, a reloaded shape reaches every lease).
+const refusalSettle = 3 * leasePeriod
+
+// logRefusals runs the second judge on every (rule, subject) of keys and
+// logs, per rule, its refusals, the false ones (a 429 or a failure
+// policy's denial of a request an exact bucket fed the admitted history
+// would have admitted) and those of them in a steady stretch, and how
+// much of its budget the hot subject got. The schedule steps every 0.3 to
+// 2 s, so nearly every stretch is near a fault: the checker holds no
+// allowance for false refusals (docs/reliability.md, The other half); it
+// prints them, as the chaos rows do. A subject asked far beyond its rate
+// counts each of its refusals false while the exact bucket holds a token,
+// so the counts follow how hard it is asked; the tokens and the hot
+// subject's utilisation say how much was lost. The caller holds w.mu.
+func (w *world) logRefusals() {
+	type sum struct {
+		refused, falses, steady int
+		cost                    float64
+	}
+	by := map[string]*sum{}
+	keys := slices.Sorted(maps.Keys(w.refused))
+	for _, k := range keys {
+		rule, _, _ := strings.Cut(k, "|")
+		v := judgeRefusals(*w.timelines[rule], w.spans[k], w.refused[k], w.eventAt, refusalSettle)
+		if by[rule] == nil {
+			by[rule] = &sum{}
+		}
+		by[rule].refused += v.Refused
+		by[rule].falses += v.False
+		by[rule].steady += v.Steady
+		by[rule].cost += v.FalseCost
+	}
+	for _, rule := range ruleNames() {
+		s := by[rule]
+		if s == nil {
+			s = &sum{}
+		}
+		// The hot subject is asked far beyond its rate: what it was
+		// admitted, against the largest shape the rule had (so a lower
+		// bound of its utilisation), is how much of the budget the
+		// faults and the leases' movements left unspent.
+		var hot float64
+		for _, sp := range w.spans[rule+"|hot"] {
+			hot += sp.Cost
+		}
+		tl := w.timelines[rule]
+		burst, rate := tl.initial.Burst, tl.initial.Rate
+		for _, c := range tl.changes {
+			burst, rate = max(burst, c.To.Burst), max(rate, c.To.Rate)
+		}
+		w.t.Logf("rule %s: refusals %d, false %d (%.0f tokens; a request an exact bucket fed the admissions would have admitted), %d of them with no schedule event in the %v before; subject hot admitted %.0f, %.2f of B + r*T at the largest shape (B %g, r %g)",
+			rule, s.refused, s.falses, s.cost, s.steady, refusalSettle, hot, hot/(burst+rate*w.now().Seconds()), burst, rate)
 	}
 }
 

@@ -292,8 +292,8 @@ func (w *world) allowOne(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	it := w.pick(rnd, a, 0.05)
 	from := w.now()
 	resp, err := a.rl.Allow(ctx, &rationv1.AllowRequest{Descriptors: it.descriptors(), Cost: it.cost})
-	if err == nil && resp.Allowed {
-		w.admit(a, "Allow", it.rule, it.user, it.cost, from, w.now())
+	if err == nil {
+		w.decided(a, "Allow", it, resp.Allowed, from, w.now())
 	}
 }
 
@@ -319,9 +319,7 @@ func (w *world) batch(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	}
 	to := w.now()
 	for i, r := range resp.Responses {
-		if r.Allowed {
-			w.admit(a, "AllowBatch", items[i].rule, items[i].user, items[i].cost, from, to)
-		}
+		w.decided(a, "AllowBatch", items[i], r.Allowed, from, to)
 	}
 }
 
@@ -341,12 +339,22 @@ func (w *world) envoy(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	}
 	from := w.now()
 	resp, err := a.envoy.ShouldRateLimit(ctx, req)
-	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+	if err != nil {
 		return
 	}
 	to := w.now()
-	for _, it := range items {
-		w.admit(a, "ShouldRateLimit", it.rule, it.user, it.cost, from, to)
+	if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+		for _, it := range items {
+			w.admit(a, "ShouldRateLimit", it.rule, it.user, it.cost, from, to)
+		}
+		return
+	}
+	// Refused: a descriptor answered OVER_LIMIT was refused by its rule;
+	// the others were refunded, neither admitted nor refused.
+	for i, st := range resp.Statuses {
+		if i < len(items) && st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			w.refuse(items[i], from, to)
+		}
 	}
 }
 
@@ -367,8 +375,8 @@ func (w *world) postAllow(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	}
 	err = json.NewDecoder(resp.Body).Decode(&ans)
 	resp.Body.Close()
-	if err == nil && resp.StatusCode == http.StatusOK && ans.Allowed {
-		w.admit(a, "POST /v1/allow", it.rule, it.user, it.cost, from, w.now())
+	if err == nil && resp.StatusCode == http.StatusOK {
+		w.decided(a, "POST /v1/allow", it, ans.Allowed, from, w.now())
 	}
 }
 
@@ -384,8 +392,11 @@ func (w *world) check(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode == http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
 		w.admit(a, "GET /v1/check", it.rule, it.user, it.cost, from, w.now())
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		w.refuse(it, from, w.now())
 	}
 }
 
@@ -413,9 +424,7 @@ func (w *world) stream(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 		if err != nil {
 			return
 		}
-		if r.Allowed {
-			w.admit(a, "AllowStream", items[i].rule, items[i].user, items[i].cost, sent[i], w.now())
-		}
+		w.decided(a, "AllowStream", items[i], r.Allowed, sent[i], w.now())
 	}
 }
 

@@ -75,6 +75,9 @@ type interval struct {
 	// Whether a shape of mode redis or auto may be in force: what the
 	// store's faults can reach (leased rules never touch Redis).
 	redis, auto bool
+	// The least burst that may be in force: what the second judge holds
+	// a refusal in the interval to.
+	leastBurst float64
 }
 
 func (tl timeline) intervals() []interval {
@@ -109,7 +112,9 @@ func (tl timeline) intervals() []interval {
 			}
 		}
 		possible = append(possible, in)
+		iv.leastBurst = math.Inf(1)
 		for _, s := range possible {
+			iv.leastBurst = min(iv.leastBurst, s.Burst)
 			iv.burst = max(iv.burst, s.Burst)
 			iv.rate = max(iv.rate, s.Rate)
 			iv.redis = iv.redis || s.Mode == "redis"
@@ -182,6 +187,47 @@ func judge(tl timeline, spans []admission.Span) verdict {
 		}
 	}
 	return worst
+}
+
+// refusalVerdict is the second judge's verdict on one (rule, subject):
+// its refusals of requests the budget still held (admission.SpanRefusals),
+// and how many of them came in a steady stretch (no schedule event in the
+// settle before the refusal's span, nor in it).
+type refusalVerdict struct {
+	admission.Refusals
+	Steady int
+}
+
+// judgeRefusals holds one subject's refusals to the admitted history: a
+// refusal is false when an exact token bucket of the rule's shape, fed
+// the subject's admissions, would have admitted it. The rule's shape
+// changes over a run, so the judge is lenient: the bucket drains at the
+// least rate the rule had in the run, and each refusal is held to the
+// least burst that may have been in force in its span (an old shape
+// lingers after a reload, as for the first judge).
+func judgeRefusals(tl timeline, adm, refused []admission.Span, events []time.Duration, settle time.Duration) refusalVerdict {
+	ivs := tl.intervals()
+	rate := tl.initial.Rate
+	for _, c := range tl.changes {
+		rate = min(rate, c.From.Rate, c.To.Rate)
+	}
+	burstOf := func(s admission.Span) float64 {
+		b := math.Inf(1)
+		for _, iv := range ivs {
+			if iv.from <= s.To && s.From < iv.to {
+				b = min(b, iv.leastBurst)
+			}
+		}
+		return b
+	}
+	v := refusalVerdict{Refusals: admission.SpanRefusals(adm, refused, rate, burstOf)}
+	for _, at := range v.At {
+		// At is the refusal's answer, its span mostly milliseconds long.
+		if !slices.ContainsFunc(events, func(e time.Duration) bool { return e > at-settle && e <= at }) {
+			v.Steady++
+		}
+	}
+	return v
 }
 
 // storeAllowance is what docs/failure-policies.md (Redis failover) allows
