@@ -55,6 +55,15 @@ type QuotaResult struct {
 	// (after the warm-up, outside faults and one lease period after them);
 	// NaN when none had demand.
 	Utilisation float64
+	// FalseRefusals counts the refusals an exact token bucket of (B, r),
+	// fed the quota's admissions, would have admitted (falseRefusals);
+	// SteadyFalse those of them in steady seconds.
+	FalseRefusals, SteadyFalse int64
+	// Short is what an exact token bucket of (B, r) fed the quota's
+	// demand would have admitted, less what was admitted: the budget the
+	// system left unspent where callers asked for it (negative: it
+	// admitted more, within the bound's allowances).
+	Short int64
 }
 
 // Shift is the time a quota took to follow a demand change.
@@ -145,6 +154,11 @@ func (s *Sim) report() *Report {
 				den += min(float64(d), sp.rate)
 			}
 		}
+		q.FalseRefusals, q.SteadyFalse = falseRefusals(adm, dem, step, sp.burst, sp.rate, func(k int) bool {
+			i := k / perSec
+			return i < secs && steady[i]
+		})
+		q.Short = exactAdmits(dem, step, sp.burst, sp.rate) - q.Admitted
 		q.Utilisation = math.NaN()
 		if den > 0 {
 			q.Utilisation = num / den
@@ -187,6 +201,52 @@ func (s *Sim) report() *Report {
 		r.Load = append(r.Load, gl)
 	}
 	return r
+}
+
+// falseRefusals is the second judge on one quota's steps: a refusal
+// (demand not admitted) is false when an exact token bucket of (b, rate),
+// fed the admissions adm, had room for it. The simulator knows a step's
+// counts, not their order within it, so the judge is lenient: it holds a
+// step's refusals to the room left after all of the step's admissions,
+// and counts at most that room (each refusal costs 1), never every
+// refusal of a caller asking far beyond its rate. It returns the count,
+// and the count in the steps steady reports true for.
+func falseRefusals(adm, dem []int32, step int64, b, rate float64, steady func(k int) bool) (all, inSteady int64) {
+	var level float64
+	drain := rate * float64(step) / 1e6
+	for k, a := range adm {
+		level = max(0, level-drain) + float64(a)
+		refused := int64(dem[k]) - int64(a)
+		if refused <= 0 {
+			continue
+		}
+		room := math.Floor(b - level + 1e-9)
+		if room < 1 {
+			continue
+		}
+		n := min(refused, int64(room))
+		all += n
+		if steady(k) {
+			inSteady += n
+		}
+	}
+	return all, inSteady
+}
+
+// exactAdmits is what an exact token bucket of (b, rate), full at the
+// start, admits of the demand dem (one count per step, each request of
+// cost 1).
+func exactAdmits(dem []int32, step int64, b, rate float64) int64 {
+	tokens := b
+	refill := rate * float64(step) / 1e6
+	var n int64
+	for _, d := range dem {
+		tokens = min(b, tokens+refill)
+		a := min(int64(d), int64(tokens+1e-9))
+		tokens -= float64(a)
+		n += a
+	}
+	return n
 }
 
 // excess is the largest amount by which the admissions adm (one count per
@@ -269,10 +329,13 @@ func (r *Report) Text(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "verdict: %s (%d invariant failures)\n\n", verdict, r.NFails)
 
-	fmt.Fprintf(&b, "quotas (overshoot: admitted above B + r(1+rho)T over the worst window, rho = %g; raw: above B + rT):\n", c.CoordDrift)
-	fmt.Fprintf(&b, "  %-22s %12s %12s %12s %12s %10s %10s %8s\n", "quota", "B", "r/s", "admitted", "demand", "overshoot", "raw", "util")
+	fmt.Fprintf(&b, "quotas (overshoot: admitted above B + r(1+rho)T over the worst window, rho = %g; raw: above B + rT;\n", c.CoordDrift)
+	fmt.Fprintf(&b, "false-ref: refusals an exact bucket of (B, r) fed the admissions would have admitted, all / in steady seconds;\n")
+	fmt.Fprintf(&b, "short: what an exact bucket fed the demand would have admitted, less what was):\n")
+	fmt.Fprintf(&b, "  %-22s %12s %12s %12s %12s %10s %10s %8s %16s %8s\n", "quota", "B", "r/s", "admitted", "demand", "overshoot", "raw", "util", "false-ref", "short")
 	for _, q := range r.Quotas {
-		fmt.Fprintf(&b, "  %-22s %12.1f %12.1f %12d %12d %10.1f %10.1f %8s\n", q.ID, q.Burst, q.Rate, q.Admitted, q.Demand, q.Excess, q.RawExcess, fmtUtil(q.Utilisation))
+		fmt.Fprintf(&b, "  %-22s %12.1f %12.1f %12d %12d %10.1f %10.1f %8s %16s %8d\n", q.ID, q.Burst, q.Rate, q.Admitted, q.Demand, q.Excess, q.RawExcess, fmtUtil(q.Utilisation),
+			fmt.Sprintf("%d / %d", q.FalseRefusals, q.SteadyFalse), q.Short)
 	}
 	fmt.Fprintf(&b, "\nutilisation in steady state (goal >= 0.95): %s\n", r.utilSummary())
 	fmt.Fprintf(&b, "\ndemand shifts (a quota: time until admitted >= 0.9 min(demand, r) in a 1s window; an upstream share:\ntime until the dark region's lease of the global rule is below 0.1 of its rate, then back to 0.9, sampled each second):\n")
