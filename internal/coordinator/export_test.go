@@ -2,6 +2,9 @@ package coordinator
 
 import (
 	"context"
+	"errors"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/ration-dev/ration/internal/lease"
 	"github.com/ration-dev/ration/internal/tlsfiles"
@@ -67,4 +70,14 @@ func (n *Node) ProposeCommand(ctx context.Context, cmd lease.Command) (OpResult,
 		return OpResult{}, err
 	}
 	return res[0], nil
+}
+
+// PipelinesReplication reports whether n's Raft transport pipelines
+// AppendEntries to peer (raftTransportConfig turns it off).
+func (n *Node) PipelinesReplication(peerID, peerAddr string) bool {
+	p, err := n.trans.AppendEntriesPipeline(raft.ServerID(peerID), raft.ServerAddress(peerAddr))
+	if p != nil {
+		p.Close()
+	}
+	return !errors.Is(err, raft.ErrPipelineReplicationNotSupported)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/hashicorp/raft"
@@ -86,6 +87,9 @@ func (s *leasesServer) renew(ctx context.Context, req *rationv1.RenewRequest) (*
 	if err := n.authorizeHolder(ctx, req.GetHolder()); err != nil {
 		return nil, err
 	}
+	if err := checkSeqAhead(req.GetSeq(), n.clock()); err != nil {
+		return nil, err
+	}
 	n.seenHolder(ctx, req.Holder)
 	set := n.rules.Load()
 	plan := PlanRenew(req, func(ref *rationv1.QuotaRef, holder string) (string, lease.ConfigureQuota, float64, *lease.Bounds, string) {
@@ -126,6 +130,9 @@ func (s *leasesServer) Release(ctx context.Context, req *rationv1.ReleaseRequest
 		return nil, n.rpcError(ctx, err)
 	}
 	if err := n.authorizeHolder(ctx, req.GetHolder()); err != nil {
+		return nil, n.rpcError(ctx, err)
+	}
+	if err := checkSeqAhead(req.GetSeq(), n.clock()); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
 	n.seenHolder(ctx, req.Holder)
@@ -335,6 +342,21 @@ func checkHolderRequest(holder string, seq uint64, items int, maxItems int) erro
 		return nil
 	}
 	return fmt.Errorf("%w: %s", ErrInvalidRequest, strings.Join(ps, "; "))
+}
+
+// checkSeqAhead refuses a holder command whose seq is more than
+// lease.MaxSeqAhead past now in microseconds since the epoch. Holders
+// start their numbers at most at their clock (lease.FirstSeq) and add one
+// per item, far below it; a number further ahead, once applied, would
+// make every later request of that holder stale (a lock-out bought with
+// one call). Refused here, it changes nothing.
+func checkSeqAhead(seq uint64, now time.Time) error {
+	limit := uint64(max(0, now.UnixMicro())) + uint64(lease.MaxSeqAhead.Microseconds())
+	if seq > limit {
+		return fmt.Errorf("%w: seq %d is more than %v ahead of this coordinator's clock (%d µs since 1970): a holder numbers its requests from at most its clock, one per item",
+			ErrInvalidRequest, seq, lease.MaxSeqAhead, now.UnixMicro())
+	}
+	return nil
 }
 
 // itemChecker finds the problems of single items of one Renew or Release:

@@ -222,15 +222,15 @@ func (n *Node) open(ctx context.Context) error {
 		}
 		advertise = a
 	}
+	tc := raftTransportConfig(hl.Named("transport"))
 	if n.tls != nil {
 		var layer *tlsStreamLayer
 		if layer, err = newTLSStreamLayer(cfg.RaftAddr, advertise, n.tls, n.peers, n.handshakeLog("-raft")); err == nil {
-			n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-				Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl.Named("transport"),
-			})
+			tc.Stream = layer
+			n.trans = raft.NewNetworkTransportWithConfig(tc)
 		}
 	} else {
-		n.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, advertise, 3, 10*time.Second, hl.Named("transport"))
+		n.trans, err = raft.NewTCPTransportWithConfig(cfg.RaftAddr, advertise, tc)
 	}
 	if err != nil {
 		return fmt.Errorf("coordinator: -raft %s: %w", cfg.RaftAddr, err)

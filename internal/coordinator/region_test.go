@@ -589,9 +589,10 @@ func TestHierarchyRegionalLeaderFailover(t *testing.T) {
 // group has funded, whatever its clock says: a number at or below one
 // already funded could be answered from the global group's record again
 // and deposited twice. The group's state is made to hold a funded number
-// far past any clock (a Fund numbered 2^62, which also drops the funding);
-// the leader's own Funds are then refused as stale, its leader is killed,
-// and the next leader's Funds must be numbered past 2^62 and applied.
+// far past its clock (a Fund numbered half an hour ahead, within what the
+// global group admits, lease.MaxSeqAhead; it also drops the funding); the
+// leader's own Funds are then refused as stale, its leader is killed, and
+// the next leader's Funds must be numbered past it and applied.
 func TestRegionalLeaderNumbersPastFunded(t *testing.T) {
 	hr := startHierarchy(t, hierRules, 1, 3, 1, []string{"eu"})
 	done := make(chan struct{})
@@ -609,17 +610,17 @@ func TestRegionalLeaderNumbersPastFunded(t *testing.T) {
 	if waitFor(10*time.Second, func() bool { return upSeq(li) > 0 }) == 0 {
 		t.Fatal("eu's quota was never funded from upstream")
 	}
-	const far = uint64(1) << 62
+	far := uint64(time.Now().Add(lease.MaxSeqAhead / 2).UnixMicro())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	r, err := leader.ProposeCommand(ctx, lease.Fund{Quota: coordinator.QuotaID("g", "x"), Seq: far})
 	if err != nil || r.Err != nil {
-		t.Fatalf("proposing a Fund numbered 2^62: %v, %v", err, r.Err)
+		t.Fatalf("proposing a Fund numbered %d: %v, %v", far, err, r.Err)
 	}
 	eu.Kill(li)
 	ni, _ := eu.Leader(t)
 	if waitFor(15*time.Second, func() bool { return upSeq(ni) > far }) == 0 {
-		t.Fatalf("no Fund numbered past 2^62 applied under node%d, the new leader: funded up to %d", ni, upSeq(ni))
+		t.Fatalf("no Fund numbered past %d applied under node%d, the new leader: funded up to %d", far, ni, upSeq(ni))
 	}
 }
 

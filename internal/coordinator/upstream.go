@@ -10,6 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ration-dev/ration/internal/lease"
 	"github.com/ration-dev/ration/internal/region"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
@@ -440,8 +443,13 @@ func (u *Upstream) Round() {
 		}
 		env.Renewed(err)
 		// A stale seq (an earlier leader's numbers ran ahead of this
-		// clock) is skipped past; any other failure backs off.
-		u.seq += 1e7
+		// clock, or someone acting as this region sent one ahead) is
+		// skipped past every number the global group admits; any other
+		// failure backs off, its numbers already used up (a request
+		// applied whose reply was lost is never reused).
+		if status.Code(err) == codes.FailedPrecondition {
+			u.seq = lease.PastStale(u.seq, env.Now())
+		}
 		u.back = min(max(2*u.back, upstreamTick), time.Second)
 		u.retry = env.Now() + u.back.Microseconds()
 		logger.Warn("upstream lease renewal failed: funded quotas spend their slices until they expire, then their safe shares", "err", err)

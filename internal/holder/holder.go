@@ -219,13 +219,24 @@ func New(o Options) (*Leases, error) {
 		name:  o.Holder + "/" + o.Incarnation,
 		start: time.Now(),
 		wake:  make(chan struct{}, 1),
-		// A new incarnation is a new holder: its numbers start anywhere.
-		seq:      1,
+		// A new incarnation is a new holder: its numbers start at its
+		// clock (lease.FirstSeq), far below what a coordinator refuses.
+		seq:      lease.FirstSeq(o.wallMicros()),
 		maxItems: o.MaxItems,
 	}
 	l.m = newMetrics(o.Registry)
 	l.quotas.Store(&map[string]*sync.Map{})
 	return l, nil
+}
+
+// wallMicros is the clock sequence numbers are measured against
+// (lease.FirstSeq, lease.PastStale): microseconds since the epoch, or
+// Clock when set (the simulator's coordinators read the same one).
+func (o *Options) wallMicros() int64 {
+	if o.Clock != nil {
+		return o.Clock()
+	}
+	return time.Now().UnixMicro()
 }
 
 // Name is the holder name this process uses on the wire:

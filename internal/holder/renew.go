@@ -388,6 +388,15 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 			l.o.Logger.Warn("coordinator refused a lease request; splitting requests finer", "items", len(req.Items), "max_items", l.maxItems, "err", err)
 			return false, true
 		}
+		if status.Code(err) == codes.FailedPrecondition {
+			// Refused as stale: a number at or past ours was applied for
+			// this holder (someone acting as it, or a lost reply's later
+			// request). Nothing of this request was; move past every
+			// number a coordinator admits, or every request stays stale.
+			next := lease.PastStale(l.seq, l.o.wallMicros())
+			l.o.Logger.Warn("lease request refused as stale; numbering past it", "seq", req.Seq, "next_seq", next, "err", err)
+			l.seq = next
+		}
 		l.lastErr.Store(err.Error())
 		l.backoff = min(max(2*l.backoff, l.o.Tick), maxBackoff)
 		l.retryAt = l.Now() + l.backoff.Microseconds()
