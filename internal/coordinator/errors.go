@@ -25,6 +25,11 @@ var (
 	// ErrInvalidRequest marks a request rejected before anything was
 	// proposed: no state changed. It is coordclient.ErrInvalidRequest.
 	ErrInvalidRequest = coordclient.ErrInvalidRequest
+	// ErrSeqAhead marks a holder request whose seq is too far ahead of the
+	// coordinator's clock (checkSeqAhead): nothing was proposed. gRPC
+	// OUT_OF_RANGE, apart from INVALID_ARGUMENT, which holders read as a
+	// request too large and split.
+	ErrSeqAhead = errors.New("sequence number ahead of the coordinator's clock")
 	// ErrBadEntry marks a Raft log entry or snapshot this node cannot decode.
 	// Applying it is impossible and skipping it would diverge from the
 	// nodes that can, so the state machine stops (see FSM).

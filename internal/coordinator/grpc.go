@@ -354,7 +354,7 @@ func checkSeqAhead(seq uint64, now time.Time) error {
 	limit := uint64(max(0, now.UnixMicro())) + uint64(lease.MaxSeqAhead.Microseconds())
 	if seq > limit {
 		return fmt.Errorf("%w: seq %d is more than %v ahead of this coordinator's clock (%d µs since 1970): a holder numbers its requests from at most its clock, one per item",
-			ErrInvalidRequest, seq, lease.MaxSeqAhead, now.UnixMicro())
+			ErrSeqAhead, seq, lease.MaxSeqAhead, now.UnixMicro())
 	}
 	return nil
 }
@@ -451,6 +451,8 @@ func (n *Node) rpcStatus(ctx context.Context, err error) (*status.Status, string
 		return status.New(codes.InvalidArgument, err.Error()), ""
 	case errors.Is(err, lease.ErrStale):
 		return status.New(codes.FailedPrecondition, err.Error()), ""
+	case errors.Is(err, ErrSeqAhead):
+		return status.New(codes.OutOfRange, err.Error()), ""
 	case errors.Is(err, ErrPermissionDenied):
 		n.logger.Warn("call refused for the caller's identity", "err", err)
 		return status.New(codes.PermissionDenied, err.Error()), ""

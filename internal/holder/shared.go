@@ -203,8 +203,13 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 // its rate would otherwise be refused while its two parts held the cost
 // between them (half a token in each). res and src are the own lease's
 // refusal, returned as they are when the two together lack the cost;
-// q.mu held, the copy valid, the own lease answered.
+// q.mu held, the own lease answered.
 func (q *quota) splitShared(res bucket.Result, src Source, cost float64, now int64) (bucket.Result, Source) {
+	if q.cp == nil || q.removed {
+		// Forgotten while the decision waited for the own lease (q.mu
+		// released): nothing of the copy is this subject's any more.
+		return res, src
+	}
 	fromCopy := q.cp.Available(now)
 	if !(fromCopy > 0) || !q.h.Valid(now) || q.h.Available(now)+fromCopy < cost {
 		return res, src

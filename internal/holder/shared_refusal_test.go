@@ -30,7 +30,7 @@ rules:
     burst: 20
     rate: 10
     mode: leased
-    lease: {period: 1s, default_share: 0.5}
+    lease: {period: 5s, default_share: 0.5}
 `
 	for _, tc := range []struct {
 		agents int
@@ -42,7 +42,11 @@ rules:
 			r := rule(t, yaml, "tenant")
 			hs := make([]*holder.Leases, agents)
 			for i := range hs {
-				hs[i] = startHolder(t, c, fmt.Sprintf("a%d", i))
+				// A cold start far longer than a loaded machine's commit,
+				// and a lease period (5s) no late renewal lapses: a
+				// decision that fell to the failure policy would count as
+				// a false refusal, and the split is what this is about.
+				hs[i], _ = runHolder(t, c, holder.Options{Holder: fmt.Sprintf("a%d", i), ColdStart: 10 * time.Second})
 			}
 			rec := admission.NewRecorder()
 			const quota = "tenant|user=t"

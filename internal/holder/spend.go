@@ -279,7 +279,9 @@ func (q *quota) refundTo(h, cp *lease.Holding, id uint64, amount float64, now in
 		}
 	}
 	if h != nil && h.Lease.ID == id && h.Valid(now) {
-		h.Balance = min(h.Lease.Cap, h.Available(now)+amount)
+		// Within the cap less what is lent (held RLQS spends), as every
+		// other step that adds to a balance.
+		h.Balance = min(max(0, h.Lease.Cap-h.Lent), h.Available(now)+amount)
 	}
 }
 

@@ -20,7 +20,7 @@ import (
 // lock the holder out: once applied, every later request of its was
 // stale, its leases lapsed, and its callers got the failure policy until
 // it restarted. Against a real coordinator: a number more than
-// lease.MaxSeqAhead past the coordinator's clock is refused as invalid and
+// lease.MaxSeqAhead past the coordinator's clock is refused (OUT_OF_RANGE) and
 // changes nothing; one within it is applied, and the holder, refused as
 // stale, numbers past it (lease.PastStale) and holds valid leases again.
 func TestHolderRecoversFromASeqSentAhead(t *testing.T) {
@@ -48,8 +48,8 @@ rules:
 			Items: []*rationv1.RenewItem{{Quota: &rationv1.QuotaRef{Rule: "r", Subject: "user=y"}, Demand: 1}}}
 	}
 	_, err := mallory.Renew(ctx, ahead(lease.MaxSeqAhead+time.Hour))
-	if status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("a seq %v past the coordinator's clock: %v, want INVALID_ARGUMENT", lease.MaxSeqAhead+time.Hour, err)
+	if status.Code(err) != codes.OutOfRange {
+		t.Fatalf("a seq %v past the coordinator's clock: %v, want OUT_OF_RANGE", lease.MaxSeqAhead+time.Hour, err)
 	}
 	if _, err := mallory.Renew(ctx, ahead(lease.MaxSeqAhead/2)); err != nil {
 		t.Fatalf("a seq %v ahead, within the limit: %v, want it applied", lease.MaxSeqAhead/2, err)

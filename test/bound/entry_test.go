@@ -350,7 +350,17 @@ func (w *world) envoy(ctx context.Context, rnd *rand.Rand, a *testAgent) {
 		return
 	}
 	// Refused: a descriptor answered OVER_LIMIT was refused by its rule;
-	// the others were refunded, neither admitted nor refused.
+	// the others were refunded, neither admitted nor refused. Descriptors
+	// of one (rule, user) are charged together, so one refused among them
+	// is not a refusal of its own cost: such a call is not judged.
+	seen := map[string]bool{}
+	for _, it := range items {
+		k := it.rule + "|" + it.user
+		if seen[k] {
+			return
+		}
+		seen[k] = true
+	}
 	for i, st := range resp.Statuses {
 		if i < len(items) && st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			w.refuse(items[i], from, to)
