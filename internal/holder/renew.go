@@ -388,13 +388,13 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 			l.o.Logger.Warn("coordinator refused a lease request; splitting requests finer", "items", len(req.Items), "max_items", l.maxItems, "err", err)
 			return false, true
 		}
-		if status.Code(err) == codes.OutOfRange {
+		switch status.Code(err) {
+		case codes.OutOfRange:
 			// Numbered past what the coordinator admits (this clock runs
 			// ahead of its by more than lease.StaleMargin): not a request
 			// too large; its clock catches up, and the retry passes.
 			l.o.Logger.Warn("lease request refused: its sequence number is ahead of the coordinator's clock (check the clocks)", "seq", req.Seq, "err", err)
-		}
-		if status.Code(err) == codes.FailedPrecondition {
+		case codes.FailedPrecondition:
 			// Refused as stale: a number at or past ours was applied for
 			// this holder (someone acting as it, or a lost reply's later
 			// request). Nothing of this request was; move past every

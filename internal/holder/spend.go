@@ -259,19 +259,20 @@ func (l *Leases) Refund(src Source, cost float64) {
 	defer q.mu.Unlock()
 	if src.fromCopy > 0 {
 		back := min(cost, src.fromCopy)
-		q.refundTo(q.cp, src.cp, src.copyID, back, now)
+		q.refundTo(src.cp, src.copyID, back, now)
 		cost -= back
 		src.cp = nil // the rest went to the own lease
 	}
 	if cost > 0 {
-		q.refundTo(&q.h, src.cp, src.id, cost, now)
+		q.refundTo(src.cp, src.id, cost, now)
 	}
 }
 
-// refundTo gives amount back to h, when it is still the holding the spend
-// took it from (cp, the copy spent, or nil for the own lease) under the
-// same lease id; q.mu held.
-func (q *quota) refundTo(h, cp *lease.Holding, id uint64, amount float64, now int64) {
+// refundTo gives amount back to the holding a spend took it from: the
+// copy cp (still q's copy), or the own lease when cp is nil, and only
+// under the same lease id; q.mu held.
+func (q *quota) refundTo(cp *lease.Holding, id uint64, amount float64, now int64) {
+	h := &q.h
 	if cp != nil {
 		h = q.cp // nil once forgotten: the tokens are lost, never doubled
 		if h != cp {

@@ -41,8 +41,7 @@ rules:
 	if res, ok := h.Take(ctx, r, "user=x", 1, h.Now()); !ok || !res.Allowed {
 		t.Fatalf("first decision: admitted %v, lease valid %v", res.Allowed, ok)
 	}
-	mallory := coordinator.NewClient(c.GRPCAddrs(), coordinator.ClientOptions{CallTimeout: 2 * time.Second, MaxAttempts: 3})
-	t.Cleanup(func() { mallory.Close() })
+	mallory := c.Client(coordinator.ClientOptions{CallTimeout: 2 * time.Second, MaxAttempts: 3})
 	ahead := func(d time.Duration) *rationv1.RenewRequest {
 		return &rationv1.RenewRequest{Holder: h.Name(), Seq: uint64(time.Now().Add(d).UnixMicro()),
 			Items: []*rationv1.RenewItem{{Quota: &rationv1.QuotaRef{Rule: "r", Subject: "user=y"}, Demand: 1}}}
