@@ -254,6 +254,12 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 	patient := func(cfg *agent.Config) { cfg.FirstGrantTimeout = 5 * time.Second }
 	const n = 3
 	var slots [n]atomic.Pointer[agent.Server]
+	// drain[i] is held (read) by each call to slot i's agent, and taken
+	// (write) to swap it out: a stopping agent gets no call that started
+	// before it was taken out, as its gRPC and HTTP servers drain theirs
+	// before its leases are released. Decide is called in process here,
+	// and a call racing the shutdown fell to the failure policy.
+	var drain [n]sync.RWMutex
 	for i := range n {
 		srv := startLeasedAgent(t, rolloutRules, coords, fmt.Sprintf("agent-%d", i), patient)
 		waitFor(t, "agent ready", srv.Ready)
@@ -284,8 +290,11 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 					return
 				case <-tick.C:
 				}
-				srv := slots[(w+k)%n].Load()
+				i := (w + k) % n
+				drain[i].RLock()
+				srv := slots[i].Load()
 				if srv == nil || !srv.Ready() {
+					drain[i].RUnlock()
 					continue // a load balancer sends nothing to an unready agent
 				}
 				var d map[string]string
@@ -295,11 +304,13 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 				} else {
 					tenant = (w*7919 + k) % tenants
 					if sent[tenant].Add(1) > maxPerTenant {
+						drain[i].RUnlock()
 						continue
 					}
 					d = map[string]string{"tenant": fmt.Sprint("t", tenant), "endpoint": "reports"}
 				}
 				resp, err := srv.Service.Decide(context.Background(), agent.Request{Descriptors: d})
+				drain[i].RUnlock()
 				stats.mu.Lock()
 				stats.decided++
 				switch {
@@ -320,8 +331,10 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 	}
 	for i := range n {
 		time.Sleep(500 * time.Millisecond) // load on the current agents first
+		drain[i].Lock()
 		old := slots[i].Load()
 		slots[i].Store(nil)
+		drain[i].Unlock()
 		stopAgent(old)
 		srv := startLeasedAgent(t, rolloutRules, coords, fmt.Sprintf("agent-%d", i), patient)
 		slots[i].Store(srv)
