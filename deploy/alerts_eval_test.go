@@ -168,6 +168,27 @@ func TestAlertsEvaluate(t *testing.T) {
 				},
 			},
 		},
+		{
+			// eu's leader renews upstream every 15s until 3m, then nothing
+			// (its follower never led: 0); us renews throughout; the
+			// global group has no upstream (0): neither may page.
+			name: "upstream leases lapse",
+			alertEval: alertEval{
+				alert:  "RationUpstreamLeasesLapsed",
+				forDur: 30 * time.Second,
+				series: []string{
+					`ration_coordinator_upstream_last_success_timestamp_seconds{` + eu + `,instance="node0"} 1+15x12 181x28`,
+					`ration_coordinator_upstream_last_success_timestamp_seconds{` + eu + `,instance="node1"} 0x40`,
+					`ration_coordinator_upstream_last_success_timestamp_seconds{region="us",instance="a"} 1+15x40`,
+					`ration_coordinator_upstream_last_success_timestamp_seconds{region="global",instance="g"} 0x40`,
+				},
+				until: 10 * time.Minute,
+				checks: []firing{
+					{0, 4 * time.Minute, nil},
+					{4*time.Minute + 15*time.Second, 10 * time.Minute, []string{"region=eu"}},
+				},
+			},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(t)

@@ -19,11 +19,12 @@ import (
 
 // membersActions are the actions of the members command, in the order
 // its usage lists them.
-var membersActions = []string{"list", "add", "remove"}
+var membersActions = []string{"list", "add", "allow", "remove"}
 
 const membersUsage = `usage: coordinator members list -addr HOST:PORT
        coordinator members add -addr HOST:PORT -id ID -raft-address HOST:PORT -grpc-address HOST:PORT
                                -admin-address HOST:PORT
+       coordinator members allow -addr HOST:PORT -id ID
        coordinator members remove -addr HOST:PORT -id ID
 
 -addr is a member's admin address (its -admin). list asks that node for
@@ -31,9 +32,13 @@ the Raft servers it knows (its Status), with their lease and admin
 addresses and their health as that node sees it: it probes each member's
 admin address every second, and shows a member unreachable once two probes
 in a row failed, with the last contact, the applied index and lag, the
-version and the uptime each member last reported. add and remove change the Raft configuration: they are sent to
--addr and followed to the leader's admin address. Add or remove one server
-at a time, and list between changes (docs/runbook.md).
+version and the uptime each member last reported. add and remove change
+the Raft configuration: they are sent to -addr and followed to the
+leader's admin address. A server added is a non-voter until the leader
+finds it caught up, then a voter. allow registers an id that may then join
+by itself, with its own certificate (-join); remove also withdraws the
+id's registration, so a removed member cannot add itself back. Add or
+remove one server at a time, and list between changes (docs/runbook.md).
 
 flags:`
 
@@ -54,7 +59,7 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	// Without an action (members -h) every action's flags are shown.
 	var id, raftAddr, grpcAddr, adminAddr string
 	if action != "list" {
-		fs.StringVar(&id, "id", "", "the server's id (its coordinator -id); add and remove")
+		fs.StringVar(&id, "id", "", "the server's id (its coordinator -id); add, allow and remove")
 	}
 	if action == "add" || action == "" {
 		fs.StringVar(&raftAddr, "raft-address", "", "the new server's Raft address, as the others reach it (its -raft); add")
@@ -122,9 +127,12 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	res, err := atLeader(ctx, admin, *addr, dial, func(ctx context.Context, admin rationv1.AdminClient, opt grpc.CallOption) (changed, error) {
 		var resp *rationv1.MembershipResponse
 		var err error
-		if action == "add" {
+		switch action {
+		case "add":
 			resp, err = admin.AddVoter(ctx, &rationv1.AddVoterRequest{Id: id, RaftAddress: raftAddr, GrpcAddress: grpcAddr, AdminAddress: adminAddr}, opt)
-		} else {
+		case "allow":
+			resp, err = admin.AllowMember(ctx, &rationv1.AllowMemberRequest{Id: id}, opt)
+		default:
 			resp, err = admin.RemoveServer(ctx, &rationv1.RemoveServerRequest{Id: id}, opt)
 		}
 		if err != nil {
@@ -139,10 +147,13 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return fmt.Errorf("members %s %s at %s: %w", action, id, *addr, err)
 	}
-	if action == "add" {
-		fmt.Fprintf(w, "added %s as a voter\n\n", id)
-	} else {
-		fmt.Fprintf(w, "removed %s\n\n", id)
+	switch action {
+	case "add":
+		fmt.Fprintf(w, "added %s: a non-voter until the leader finds it caught up, then a voter\n\n", id)
+	case "allow":
+		fmt.Fprintf(w, "registered %s: it may now join with its own certificate (-join)\n\n", id)
+	default:
+		fmt.Fprintf(w, "removed %s, and withdrew its registration\n\n", id)
 	}
 	if len(res.resp.Servers) == 0 {
 		// RemoveServer of the leader itself: it steps down and knows no
@@ -151,6 +162,13 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return nil
 	}
 	printMembers(w, res.resp.Servers, res.leader)
+	if len(res.resp.Allowed) > 0 {
+		ids := make([]string, len(res.resp.Allowed))
+		for i, a := range res.resp.Allowed {
+			ids[i] = printable(a)
+		}
+		fmt.Fprintf(w, "\nregistered to join: %s\n", strings.Join(ids, ", "))
+	}
 	return nil
 }
 

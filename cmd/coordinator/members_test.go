@@ -99,8 +99,8 @@ func TestMembersCommands(t *testing.T) {
 	if err != nil {
 		t.Fatalf("members add: %v", err)
 	}
-	if !strings.Contains(out, "added node3 as a voter") || !row("node3", "Voter").MatchString(out) {
-		t.Errorf("members add printed:\n%s\nwant node3 added and listed as a voter", out)
+	if !strings.Contains(out, "added node3: a non-voter until the leader finds it caught up") || !row("node3", "(Nonvoter|Voter)").MatchString(out) {
+		t.Errorf("members add printed:\n%s\nwant node3 added and listed", out)
 	}
 	c.WaitVoters(t, 4)
 	// The new member learns the configuration from the leader.
@@ -122,6 +122,16 @@ func TestMembersCommands(t *testing.T) {
 	c.WaitVoters(t, 3)
 	waitMembers(t, follower, func(out string) bool { return !strings.Contains(out, "node3") })
 
+	// allow registers an id that may join by itself; remove withdraws it.
+	out, err = members("allow", "-addr", follower, "-id", "node4")
+	if err != nil || !strings.Contains(out, "registered node4: it may now join") || !strings.Contains(out, "registered to join: node0, node1, node2, node4") {
+		t.Errorf("members allow = %v, printed:\n%s\nwant node4 registered", err, out)
+	}
+	out, err = members("remove", "-addr", follower, "-id", "node4")
+	if err != nil || !strings.Contains(out, "removed node4") || !strings.Contains(out, "registered to join: node0, node1, node2\n") {
+		t.Errorf("members remove of a registered id = %v, printed:\n%s\nwant its registration withdrawn", err, out)
+	}
+
 	// Refusals name what is wrong.
 	for _, tc := range []struct {
 		args []string
@@ -133,8 +143,9 @@ func TestMembersCommands(t *testing.T) {
 		{[]string{"add", "-addr", follower, "-id", "node9"}, "-raft-address, -grpc-address, -admin-address required"},
 		{[]string{"remove", "-addr", follower}, "-id required"},
 		{[]string{"list", "-addr", follower, "-id", "x"}, "not defined: -id"},
-		{[]string{"frob"}, `unknown action "frob": want list, add or remove`},
-		{nil, "no action: want list, add or remove"},
+		{[]string{"frob"}, `unknown action "frob": want list, add, allow or remove`},
+		{nil, "no action: want list, add, allow or remove"},
+		{[]string{"allow", "-addr", follower}, "-id required"},
 		{[]string{"list", "-addr", follower, "extra"}, "unexpected arguments"},
 	} {
 		if _, err := members(tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -182,6 +193,7 @@ func TestMembersHelp(t *testing.T) {
 		{[]string{"list", "-h"}, []string{"-addr", "-timeout", "-token-file"}, []string{"-id", "-raft-address"}},
 		{[]string{"add", "-h"}, []string{"-addr", "-id", "-raft-address", "-grpc-address", "-admin-address"}, nil},
 		{[]string{"remove", "-h"}, []string{"-addr", "-id"}, []string{"-raft-address"}},
+		{[]string{"allow", "-h"}, []string{"-addr", "-id"}, []string{"-raft-address"}},
 	} {
 		var stderr bytes.Buffer
 		if err := run(context.Background(), append([]string{"members"}, tc.args...), &bytes.Buffer{}, &stderr, noEnv); !errors.Is(err, flag.ErrHelp) {

@@ -102,7 +102,8 @@ for r in eu us; do
     --maxmemory-policy noeviction --dir "$dir"
 done
 
-# The global group: three nodes, node 0 bootstraps, the others join
+# The global group: three nodes, node 0 bootstraps (registering the
+# others, which may then join with their own certificates), the others join
 # through its admin listener (each node's admin port is its own).
 global_grpc=()
 global_admin=()
@@ -113,7 +114,7 @@ for i in 0 1 2; do
   args=(-id "global$i" -raft "127.0.0.1:$p" -grpc "127.0.0.1:$((p + 1))" -http "127.0.0.1:$((p + 2))"
     -admin "${global_admin[$i]}" -data-dir "$dir/global$i" -rules "$rules" -log-level warn $(tls "coordinator-global$i"))
   if [[ $i == 0 ]]; then
-    start "global$i" "$bin/coordinator" "${args[@]}" -bootstrap
+    start "global$i" "$bin/coordinator" "${args[@]}" -bootstrap -initial-members global1,global2
     wait_leader "${global_admin[0]}"
   else
     start "global$i" "$bin/coordinator" "${args[@]}" -join "${global_admin[0]}"

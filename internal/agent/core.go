@@ -429,9 +429,12 @@ func (c *Core) startLeases(ctx context.Context, set *rules.Set) (Leases, error) 
 			c.logger.Error("the "+c.opts.name("-tls-cert")+" does not name this agent: the coordinators will refuse its leases",
 				"agent_id", cfg.AgentID, "want_uri_san", tlsfiles.URI(tlsfiles.RoleAgent, cfg.AgentID), "cert_agents", id)
 		}
-		// Only a coordinator's certificate is a coordinator: another of the
-		// CA (an agent's) could otherwise grant this agent any lease.
-		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(src.ClientCredentials("", tlsfiles.RequireCoordinator("")))}
+		// Only a coordinator of this agent's group is its coordinator: its
+		// region's group, or the global group where no regional one runs.
+		// Another certificate of the CA (an agent's, another region's
+		// coordinator) could otherwise grant this agent any lease, or
+		// serve it from another region's budget.
+		opts.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(src.ClientCredentials("", tlsfiles.RequireCoordinator(tlsfiles.GlobalGroup, cfg.Region)))}
 	default: // -insecure or -dev: CheckCore refuses plaintext without either
 		c.logger.Warn("PLAINTEXT to the coordinators by "+c.opts.name("-insecure")+" or -dev: anyone on the path can read and alter lease traffic", "coordinators", cfg.Coordinators)
 	}
@@ -440,6 +443,12 @@ func (c *Core) startLeases(ctx context.Context, set *rules.Set) (Leases, error) 
 	h, err := holder.New(holder.Options{
 		Client: client, Holder: cfg.AgentID, Region: cfg.Region,
 		ColdStart: cfg.FirstGrant(), Logger: c.logger, Registry: c.opts.Registry,
+		Rules: func() *rules.Set {
+			if c.rules == nil {
+				return nil
+			}
+			return c.rules.Current()
+		},
 	})
 	if err != nil {
 		return nil, err

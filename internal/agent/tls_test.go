@@ -221,8 +221,9 @@ rules:
 }
 
 // An agent leases only from a server whose certificate names a
-// coordinator: a server holding another certificate of the same CA (an
-// agent's, an operator's) is dialed, fails the agent's check at the
+// coordinator of its group (its -region's, or the global group): a server
+// holding another certificate of the same CA (an agent's, an operator's,
+// another region's coordinator's) is dialed, fails the agent's check at the
 // handshake and receives no renewal, so it cannot hand the agent a lease;
 // the agent's leased rules fall to their failure policy.
 func TestAgentLeasesOnlyFromACoordinator(t *testing.T) {
@@ -233,11 +234,13 @@ func TestAgentLeasesOnlyFromACoordinator(t *testing.T) {
 	}{
 		{"an agent's", pki.Agent("a2")},
 		{"an operator's", pki.Operator("ops")},
+		{"another region's coordinator's", pki.Member("us", "u1", tlsfiles.URI(tlsfiles.RoleRegion, "us"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rogue := harness.StartRogue(t, pki, tc.f)
 			a := startAgentUnready(t, leasedAgentRules, func(cfg *agent.Config) {
 				cfg.Coordinators = rogue.Addr
+				cfg.Region = "eu"
 				cfg.AgentID = "a1"
 				cfg.TLS = pki.Agent("a1")
 			})

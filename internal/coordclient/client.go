@@ -339,6 +339,14 @@ func (c *Client) RemoveServer(ctx context.Context, req *rationv1.RemoveServerReq
 	})
 }
 
+// AllowMember asks the leader to register a server id that may then add
+// itself with its own certificate (coordinator members allow).
+func (c *Client) AllowMember(ctx context.Context, req *rationv1.AllowMemberRequest) (*rationv1.MembershipResponse, error) {
+	return unary(ctx, c, "allow member", func(ctx context.Context, cc *grpc.ClientConn, opts ...grpc.CallOption) (*rationv1.MembershipResponse, error) {
+		return rationv1.NewAdminClient(cc).AllowMember(ctx, req, opts...)
+	})
+}
+
 // watchCheck is how often Watch checks that its stream is still on the
 // leader the unary calls use: a stream to a node that was deposed (or
 // paused) stays silent rather than fail, and the renewals find the new

@@ -81,11 +81,13 @@ func (s *adminServer) ListLeases(ctx context.Context, req *rationv1.ListLeasesRe
 }
 
 // AddVoter records the new server's lease and admin addresses in the
-// member table first, then adds it to the Raft configuration, so that the
-// moment it can lead, every node can send clients (and admin calls) to it.
-// Adding a server that is already a voter at the same address is a no-op,
-// so a joining node may retry. The admin address may be empty (a node of
-// an older version joining): admin redirects to it then name no address.
+// member table first (and, for an operator's call, its id as registered:
+// membership.go), then adds it to the Raft configuration as a non-voter,
+// promoted once caught up, so that the moment it can lead, every node can
+// send clients (and admin calls) to it. Adding a server that is already a
+// member at the same address is a no-op, so a joining node may retry; a
+// voter stays a voter. The admin address is required: the leader promotes
+// a server once its probe there finds it caught up.
 func (s *adminServer) AddVoter(ctx context.Context, req *rationv1.AddVoterRequest) (*rationv1.MembershipResponse, error) {
 	n := s.n
 	if err := n.servable(); err != nil {
@@ -94,15 +96,32 @@ func (s *adminServer) AddVoter(ctx context.Context, req *rationv1.AddVoterReques
 	if err := checkMember(req.GetId(), req.GetRaftAddress(), req.GetGrpcAddress(), req.GetAdminAddress()); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
+	if req.GetAdminAddress() == "" {
+		return nil, n.rpcError(ctx, fmt.Errorf("%w: admin_address is empty: a server is promoted to voter once the leader's probe of its admin address finds it caught up (a node of a version before admin addresses cannot join this group: upgrade it)", ErrInvalidRequest))
+	}
+	// One membership change at a time on this leader, and a certificate
+	// adding itself checked again under it: a removal in progress
+	// withdraws the registration before the server leaves the
+	// configuration, and a call admitted before that must not add the
+	// server back after it.
+	n.memberMu.Lock()
+	defer n.memberMu.Unlock()
+	self := n.selfAdd(ctx)
+	if self && !n.mayAddItself(req.Id) {
+		return nil, n.rpcError(ctx, fmt.Errorf("%w: server %q is neither a member nor registered to join (any more)", ErrPermissionDenied, req.Id))
+	}
 	m := member{ID: req.Id, GRPCAddr: req.GrpcAddress, AdminAddr: req.AdminAddress}
-	if _, err := n.propose(ctx, &proposal{ops: memberChange(m)}); err != nil {
+	ops := memberChange(m)
+	if !self {
+		ops = append(ops, pendingOp{allow: &allowChange{id: req.Id, mode: allowRegister}})
+	}
+	if _, err := n.propose(ctx, &proposal{ops: ops}); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
-	err := n.raft.AddVoter(raft.ServerID(req.Id), raft.ServerAddress(req.RaftAddress), 0, n.cfg.ApplyTimeout).Error()
-	if err != nil {
+	if err := n.addServer(req.Id, req.RaftAddress); err != nil {
 		return nil, n.rpcError(ctx, fmt.Errorf("%w: add voter %s: %w", ErrNotLeader, req.Id, err))
 	}
-	n.logger.Info("voter added", "server_id", req.Id, "raft_addr", req.RaftAddress, "grpc_addr", req.GrpcAddress, "admin_addr", req.AdminAddress)
+	n.logger.Info("server added: a voter once it has caught up", "server_id", req.Id, "raft_addr", req.RaftAddress, "grpc_addr", req.GrpcAddress, "admin_addr", req.AdminAddress)
 	return s.membership(ctx)
 }
 
@@ -117,6 +136,8 @@ func (s *adminServer) RemoveServer(ctx context.Context, req *rationv1.RemoveServ
 	if req.GetId() == "" {
 		return nil, n.rpcError(ctx, fmt.Errorf("%w: id is empty", ErrInvalidRequest))
 	}
+	n.memberMu.Lock()
+	defer n.memberMu.Unlock()
 	servers, err := n.servers()
 	if err != nil {
 		return nil, n.rpcError(ctx, err)
@@ -125,8 +146,23 @@ func (s *adminServer) RemoveServer(ctx context.Context, req *rationv1.RemoveServ
 	for _, sv := range servers {
 		known = known || string(sv.ID) == req.Id
 	}
+	withdraw := pendingOp{allow: &allowChange{id: req.Id, mode: allowWithdraw}}
+	if !known && n.fsm.isAllowed(req.Id) {
+		// Registered, never joined: withdrawing the registration is the
+		// whole removal.
+		if _, err := n.propose(ctx, &proposal{ops: []pendingOp{withdraw}}); err != nil {
+			return nil, n.rpcError(ctx, err)
+		}
+		n.logger.Info("server registration withdrawn", "server_id", req.Id)
+		return s.membership(ctx)
+	}
 	if !known {
-		return nil, n.rpcError(ctx, fmt.Errorf("%w: no server %q in the configuration", ErrInvalidRequest, req.Id))
+		return nil, n.rpcError(ctx, fmt.Errorf("%w: no server %q in the configuration, nor registered", ErrInvalidRequest, req.Id))
+	}
+	// The registration is withdrawn before the server leaves the
+	// configuration: from then on its certificate cannot add it back.
+	if _, err := n.propose(ctx, &proposal{ops: []pendingOp{withdraw}}); err != nil {
+		return nil, n.rpcError(ctx, err)
 	}
 	forget := func() error {
 		_, err := n.propose(ctx, &proposal{ops: []pendingOp{{member: &member{ID: req.Id}}}})
@@ -158,7 +194,8 @@ func (s *adminServer) membership(ctx context.Context) (*rationv1.MembershipRespo
 	if err != nil {
 		return nil, s.n.rpcError(ctx, err)
 	}
-	return &rationv1.MembershipResponse{Servers: s.n.raftServers(servers)}, nil
+	allowed, _ := s.n.fsm.allowedIDs()
+	return &rationv1.MembershipResponse{Servers: s.n.raftServers(servers), Allowed: allowed}, nil
 }
 
 // raftServers are the Raft configuration's servers with their lease and

@@ -134,12 +134,12 @@ func TestAdminListener(t *testing.T) {
 	if after := adminState(t, c); !strings.Contains(after, "tuning hot/ true") {
 		t.Fatalf("the operator's tuning is not in force:\n%s", after)
 	}
-	// A coordinator's certificate is not an operator's: it may add itself
-	// (-join) and read Status (the members' health probes), and call
+	// A coordinator's certificate is not an operator's: a member's may add
+	// itself (-join) and read Status (the members' health probes), and call
 	// nothing else.
-	peer := harness.AdminClient(t, ln.AdminAddr(), pki.DialOptions(pki.Member(tlsfiles.GlobalGroup, "peer"))...)
+	peer := harness.AdminClient(t, ln.AdminAddr(), pki.DialOptions(pki.Member(tlsfiles.GlobalGroup, c.Config((li+1)%3).ID))...)
 	if _, err := peer.Status(ctx, &rationv1.StatusRequest{}); err != nil {
-		t.Fatalf("Status with a coordinator certificate of the group (a health probe): %v", err)
+		t.Fatalf("Status with a member's coordinator certificate (a health probe): %v", err)
 	}
 	_, err := peer.ListLeases(ctx, &rationv1.ListLeasesRequest{})
 	wantRefused(t, "ListLeases with a coordinator certificate", err, codes.PermissionDenied, "may only add itself")

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,6 +48,12 @@ type Config struct {
 	DataDir        string // -data-dir, RATION_DATA_DIR: BoltDB log and snapshots
 	Bootstrap      bool   // -bootstrap: form a new cluster with this node as its only voter
 	Join           string // -join, RATION_JOIN: admin address (-admin) of a member to join through
+	// InitialMembers (-initial-members, RATION_INITIAL_MEMBERS, comma
+	// separated) are the server ids registered, when this node bootstraps
+	// the group, to add themselves with their own certificates (-join).
+	// Read only by a node that bootstraps; later changes are the
+	// operator's (coordinator members allow, remove).
+	InitialMembers string
 	RulesFile      string // -rules, RATION_RULES: the quota shapes (burst, rate, lease)
 	// Region is the region this group serves (-region, RATION_REGION).
 	// Upstream, when set, makes the group regional: the gRPC addresses of
@@ -183,6 +190,7 @@ func (c *Config) settings() []envflag.Setting {
 		{Flag: "data-dir", Env: "DATA_DIR", Usage: "directory for the Raft log (BoltDB) and snapshots", Value: &c.DataDir},
 		{Flag: "bootstrap", Env: "BOOTSTRAP", Usage: "form a new cluster with this node as its only voter (once, on the first node)", Value: &c.Bootstrap},
 		{Flag: "join", Env: "JOIN", Usage: "admin address (-admin) of a cluster member to join through", Value: &c.Join},
+		{Flag: "initial-members", Env: "INITIAL_MEMBERS", Usage: "server ids, comma separated, that may join the group with their own certificates, registered when this node bootstraps it (read only with -bootstrap; later: coordinator members allow)", Value: &c.InitialMembers},
 		{Flag: "rules", Env: "RULES", Usage: "rules YAML file giving every leased quota's burst, rate and lease settings", Value: &c.RulesFile},
 		{Flag: "region", Env: "REGION", Usage: "region this coordinator group serves (required with -upstream); also the group's name in its members' certificates, ration://coordinator/<region>/<id> (ration://coordinator/global/<id> without -region)", Value: &c.Region},
 		{Flag: "upstream", Env: "UPSTREAM", Usage: "gRPC addresses of the global coordinator group, comma separated: makes this a regional group that leases scope: global, mode: leased rules from it", Value: &c.Upstream},
@@ -279,6 +287,11 @@ func (c Config) Validate() error {
 	}
 	if c.DataDir == "" && !c.Dev {
 		bad("-data-dir: must not be empty")
+	}
+	for _, id := range c.InitialMemberIDs() {
+		if len(id) > 255 {
+			bad("-initial-members: id %.20q...: 1 to 255 bytes", id)
+		}
 	}
 	if c.Bootstrap && c.Join != "" {
 		bad("-bootstrap and -join %q: a node either forms a new cluster or joins one", c.Join)
@@ -410,4 +423,16 @@ func parseLevel(s string) (slog.Level, error) {
 		return slog.LevelError, nil
 	}
 	return 0, errors.New("want debug, info, warn or error")
+}
+
+// InitialMemberIDs are the ids of -initial-members, without blanks and
+// duplicates.
+func (c Config) InitialMemberIDs() []string {
+	var ids []string
+	for _, id := range strings.Split(c.InitialMembers, ",") {
+		if id = strings.TrimSpace(id); id != "" && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }

@@ -13,6 +13,7 @@ import (
 //	batch:   0x02 | version 0x01 | uvarint n | n x (uvarint len | sub-entry)
 //	member:  0x03 | version 0x01 | uvarint len | id | uvarint len | grpc address
 //	admin:   0x84 | version 0x01 | uvarint len | id | uvarint len | admin address
+//	allow:   0x85 | version 0x01 | uvarint len | id | 0x01 (allowed), 0x00 (withdrawn) or 0x02 (seed)
 //
 // A batch carries command, member and admin sub-entries, never another
 // batch, and is applied as a unit: it is decoded in full before any of it
@@ -25,6 +26,14 @@ import (
 // time. The leader writes it right after the member entry of the same
 // server, in the same batch; a member entry with an empty address removes
 // both addresses.
+//
+// The allow entry registers (or withdraws) a server id that may add itself
+// to the group with its own certificate (security.go). It is ignorable
+// too: a node of a version before it skips it and, leading, admits any
+// certificate of the group adding itself, as it did; the registration
+// changes nothing else Apply computes. A seed registers the id only if no
+// registration was ever written before its entry (a bootstrapping node's
+// -initial-members: a restart never undoes an operator's removal).
 type entryType uint8
 
 const (
@@ -32,6 +41,7 @@ const (
 	entryBatch   entryType = 0x02
 	entryMember  entryType = 0x03
 	entryAdmin   entryType = 0x04 | ignorableFlag
+	entryAllow   entryType = 0x05 | ignorableFlag
 
 	// ignorableFlag on a type lets a node that does not know the type skip
 	// the entry (Nomad's IgnoreUnknownTypeFlag). Only entries that never
@@ -44,6 +54,7 @@ const (
 	batchVersion  = 1
 	memberVersion = 1
 	adminVersion  = 1
+	allowVersion  = 1
 	// maxBatchOps bounds a batch's sub-entries so that a corrupt count
 	// cannot make the decoder allocate without limit. It is well above
 	// what Config.BatchMax allows (each renewal may add ConfigureQuota
@@ -88,6 +99,39 @@ func memberOp(m member) op {
 // adminOp is m's admin entry: its id and admin address.
 func adminOp(m member) op {
 	return op{typ: entryAdmin, data: encodeMember(adminVersion, m.ID, m.AdminAddr)}
+}
+
+// allowMode is what an allow entry does with its id.
+type allowMode byte
+
+const (
+	allowWithdraw allowMode = 0
+	allowRegister allowMode = 1
+	allowSeed     allowMode = 2 // register, if nothing was ever registered
+)
+
+// allowOp registers id as a server that may add itself, withdraws its
+// registration, or seeds it (mode).
+func allowOp(id string, mode allowMode) op {
+	b := make([]byte, 0, 2+binary.MaxVarintLen64+len(id))
+	b = append(b, allowVersion)
+	b = appendString(b, id)
+	return op{typ: entryAllow, data: append(b, byte(mode))}
+}
+
+// decodeAllow reads an allow entry.
+func decodeAllow(b []byte) (string, allowMode, error) {
+	if len(b) == 0 || b[0] != allowVersion {
+		return "", 0, fmt.Errorf("%w: allow version %v, want %d", ErrBadEntry, firstByte(b), allowVersion)
+	}
+	id, b, ok := readString(b[1:])
+	if !ok || id == "" {
+		return "", 0, fmt.Errorf("%w: allow id unreadable", ErrBadEntry)
+	}
+	if len(b) != 1 || b[0] > byte(allowSeed) {
+		return "", 0, fmt.Errorf("%w: allow mode: want one byte 0 to 2, have %d bytes (%v)", ErrBadEntry, len(b), firstByte(b))
+	}
+	return id, allowMode(b[0]), nil
 }
 
 func encodeMember(version byte, id, addr string) []byte {
@@ -194,6 +238,10 @@ func checkOp(t entryType, data []byte) (op, error) {
 		}
 	case entryMember, entryAdmin:
 		if _, err := decodeMember(t, data); err != nil {
+			return op{}, err
+		}
+	case entryAllow:
+		if _, _, err := decodeAllow(data); err != nil {
 			return op{}, err
 		}
 	default:

@@ -134,6 +134,7 @@ func FuzzDecodeEntry(f *testing.F) {
 	f.Add(encodeEntry([]op{memberOp(member{ID: "n1", GRPCAddr: "127.0.0.1:7001"}), commandOp(mustEncode(f, lease.LeaderElected{Now: 1}))}))
 	f.Add(encodeEntry([]op{commandOp(renew), commandOp(tick), {typ: 0x91, data: []byte{1}}}))
 	f.Add([]byte{byte(entryBatch), batchVersion, 2, 1, 1})
+	f.Add(encodeEntry([]op{allowOp("n2", allowRegister), allowOp("n3", allowWithdraw)}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ops, err := decodeEntry(data)
 		if err != nil {

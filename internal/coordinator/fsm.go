@@ -20,7 +20,8 @@ import (
 // FSM is the coordinator's Raft state machine: the lease state of every
 // quota (package lease) and the member table, which maps each Raft server
 // id to the lease (gRPC) address clients are sent to and the admin address
-// admin calls are sent to.
+// admin calls are sent to, and the ids registered to add themselves to the
+// group (security.go).
 //
 // Apply is deterministic: it reads time only from the entries (the leader
 // stamps them), never a clock. An entry this node cannot decode, or whose
@@ -41,8 +42,13 @@ type FSM struct {
 	state   *lease.State
 	members map[string]string // id to lease address
 	admins  map[string]string // id to admin address
-	applied uint64            // index of the last entry applied (or restored)
-	stopped error
+	// allowed are the ids registered to add themselves; allowWritten
+	// whether any registration was ever written (a bootstrapping node
+	// seeds -initial-members only into a registry never written).
+	allowed      map[string]bool
+	allowWritten bool
+	applied      uint64 // index of the last entry applied (or restored)
+	stopped      error
 
 	restores atomic.Uint64
 	// tuneGen changes (under mu) whenever the operators' tunings may have:
@@ -68,7 +74,7 @@ func NewFSM(logger *slog.Logger, onStop func(error)) *FSM {
 	if onStop == nil {
 		onStop = func(error) {}
 	}
-	return &FSM{logger: logger, onStop: onStop, state: lease.New(), members: map[string]string{}, admins: map[string]string{}}
+	return &FSM{logger: logger, onStop: onStop, state: lease.New(), members: map[string]string{}, admins: map[string]string{}, allowed: map[string]bool{}}
 }
 
 // ApplyResult is what Apply returns for an entry: one OpResult per
@@ -102,6 +108,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 		return err
 	}
 	res := &ApplyResult{Ops: make([]OpResult, len(ops))}
+	written := f.allowWritten // before this entry: its seeds go together
 	for i, o := range ops {
 		switch o.typ {
 		case entryCommand:
@@ -132,6 +139,16 @@ func (f *FSM) Apply(l *raft.Log) any {
 			} else {
 				f.admins[m.ID] = m.AdminAddr
 			}
+		case entryAllow:
+			id, mode, _ := decodeAllow(o.data) // validated by decodeOps
+			switch {
+			case mode == allowSeed && written:
+			case mode == allowWithdraw:
+				delete(f.allowed, id)
+			default:
+				f.allowed[id] = true
+			}
+			f.allowWritten = true
 		default:
 			f.logger.Warn("skipping ignorable entry of unknown type",
 				"index", l.Index, "type", fmt.Sprintf("0x%02x", byte(o.typ)))
@@ -185,7 +202,8 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if f.stopped != nil {
 		return nil, fmt.Errorf("fsm: snapshot: %w: %w", ErrStopped, f.stopped)
 	}
-	return &fsmSnapshot{state: f.state.Clone(), members: maps.Clone(f.members), admins: maps.Clone(f.admins), index: f.applied}, nil
+	return &fsmSnapshot{state: f.state.Clone(), members: maps.Clone(f.members), admins: maps.Clone(f.admins),
+		allowed: maps.Clone(f.allowed), allowWritten: f.allowWritten, index: f.applied}, nil
 }
 
 // Restore replaces the whole state with a snapshot's.
@@ -201,6 +219,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("fsm: restore: %w", ErrStopped)
 	}
 	f.state, f.members, f.admins, f.applied = snap.state, snap.members, snap.admins, snap.index
+	f.allowed, f.allowWritten = snap.allowed, snap.allowWritten
 	f.restores.Add(1)
 	f.tuneGen.Add(1)
 	f.logger.Info("state restored from snapshot", "index", snap.index)
@@ -246,6 +265,21 @@ func (f *FSM) AdminMembers() map[string]string {
 	return maps.Clone(f.admins)
 }
 
+// allowedIDs returns the ids registered to add themselves, sorted, and
+// whether any registration was ever written.
+func (f *FSM) allowedIDs() ([]string, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return slices.Sorted(maps.Keys(f.allowed)), f.allowWritten
+}
+
+// isAllowed reports whether id is registered to add itself.
+func (f *FSM) isAllowed(id string) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.allowed[id]
+}
+
 // member returns one server's addresses.
 func (f *FSM) member(id string) member {
 	f.mu.RLock()
@@ -275,14 +309,17 @@ func (f *FSM) read(fn func(*lease.State)) {
 // Snapshot layout: a version byte, the applied index, the member table,
 // then the lease state's own encoding to the end.
 //
+//	0x03 | uvarint index | uvarint n | n x (string id, string addr, string admin) | 0x01 | uvarint k | k x string id | state
 //	0x02 | uvarint index | uvarint n | n x (string id, string addr, string admin) | state
 //	0x01 | uvarint index | uvarint n | n x (string id, string addr) | state
 //
-// Version 2 adds each member's admin address (empty when unknown). Version
-// 1 snapshots (written before the admin listener) are still read; a node
-// of a version before 2 cannot read a version 2 snapshot, which is why a
-// group is upgraded followers first (CHANGELOG.md).
+// Version 3 adds the ids registered to add themselves (written once any
+// registration was). Version 2 adds each member's admin address (empty
+// when unknown). Older versions are still read; a node cannot read a
+// version newer than its own, which is why a group is upgraded followers
+// first (CHANGELOG.md).
 const (
+	snapshotVersionV3 = 3
 	snapshotVersion   = 2
 	snapshotVersionV1 = 1
 )
@@ -291,7 +328,10 @@ type fsmSnapshot struct {
 	state   *lease.State
 	members map[string]string
 	admins  map[string]string
+	allowed map[string]bool
 	index   uint64
+
+	allowWritten bool
 }
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
@@ -310,7 +350,10 @@ func (s *fsmSnapshot) write(w io.Writer) error {
 	// The lowest version that holds the table (as package lease does for
 	// its state): version 1 when no admin address is known.
 	v := byte(snapshotVersionV1)
-	if len(s.admins) > 0 {
+	switch {
+	case s.allowWritten:
+		v = snapshotVersionV3
+	case len(s.admins) > 0:
 		v = snapshotVersion
 	}
 	b := []byte{v}
@@ -323,6 +366,13 @@ func (s *fsmSnapshot) write(w io.Writer) error {
 			b = appendString(b, s.admins[id])
 		}
 	}
+	if v >= snapshotVersionV3 {
+		b = append(b, 1)
+		b = binary.AppendUvarint(b, uint64(len(s.allowed)))
+		for _, id := range slices.Sorted(maps.Keys(s.allowed)) {
+			b = appendString(b, id)
+		}
+	}
 	if _, err := w.Write(b); err != nil {
 		return err
 	}
@@ -332,11 +382,11 @@ func (s *fsmSnapshot) write(w io.Writer) error {
 
 func (s *fsmSnapshot) Release() {}
 
-// readSnapshot reads a snapshot of version 2 or 1.
+// readSnapshot reads a snapshot of version 3, 2 or 1.
 func readSnapshot(r *bufio.Reader) (*fsmSnapshot, error) {
 	v, err := r.ReadByte()
-	if err != nil || v != snapshotVersion && v != snapshotVersionV1 {
-		return nil, fmt.Errorf("%w: snapshot version %v, want %d or %d (%v)", ErrBadEntry, v, snapshotVersion, snapshotVersionV1, err)
+	if err != nil || v < snapshotVersionV1 || v > snapshotVersionV3 {
+		return nil, fmt.Errorf("%w: snapshot version %v, want %d to %d (%v)", ErrBadEntry, v, snapshotVersionV1, snapshotVersionV3, err)
 	}
 	index, err := binary.ReadUvarint(r)
 	if err != nil {
@@ -346,7 +396,7 @@ func readSnapshot(r *bufio.Reader) (*fsmSnapshot, error) {
 	if err != nil || n > maxBatchOps {
 		return nil, fmt.Errorf("%w: snapshot member count %d: %v", ErrBadEntry, n, err)
 	}
-	s := &fsmSnapshot{members: make(map[string]string, n), admins: map[string]string{}, index: index}
+	s := &fsmSnapshot{members: make(map[string]string, n), admins: map[string]string{}, allowed: map[string]bool{}, index: index}
 	for range n {
 		id, err1 := readStringFrom(r)
 		addr, err2 := readStringFrom(r)
@@ -363,6 +413,11 @@ func readSnapshot(r *bufio.Reader) (*fsmSnapshot, error) {
 			s.admins[id] = admin
 		}
 	}
+	if v >= snapshotVersionV3 {
+		if err := readAllowed(r, s); err != nil {
+			return nil, err
+		}
+	}
 	rest, err := io.ReadAll(r)
 	if err != nil {
 		return nil, err
@@ -372,6 +427,26 @@ func readSnapshot(r *bufio.Reader) (*fsmSnapshot, error) {
 		return nil, fmt.Errorf("%w: %w", ErrBadEntry, err)
 	}
 	return s, nil
+}
+
+// readAllowed reads a version 3 snapshot's registered ids.
+func readAllowed(r *bufio.Reader, s *fsmSnapshot) error {
+	if flag, err := r.ReadByte(); err != nil || flag != 1 {
+		return fmt.Errorf("%w: snapshot registry flag %v, want 1 (%v)", ErrBadEntry, flag, err)
+	}
+	k, err := binary.ReadUvarint(r)
+	if err != nil || k > maxBatchOps {
+		return fmt.Errorf("%w: snapshot registry count %d: %v", ErrBadEntry, k, err)
+	}
+	s.allowWritten = true
+	for range k {
+		id, err := readStringFrom(r)
+		if err != nil || id == "" {
+			return fmt.Errorf("%w: snapshot registered id %q: %v", ErrBadEntry, id, err)
+		}
+		s.allowed[id] = true
+	}
+	return nil
 }
 
 func readStringFrom(r *bufio.Reader) (string, error) {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"slices"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -222,6 +223,81 @@ func TestFSMSnapshotVersions(t *testing.T) {
 		if got := g.memberTable(); !maps.Equal(got, map[string]member{"n1": {ID: "n1", GRPCAddr: "h:1"}}) {
 			t.Errorf("version 1 snapshot restored as %v", got)
 		}
+	}
+}
+
+// TestFSMRegistry: allow entries register and withdraw ids; a snapshot
+// of a registry ever written is version 3 and restores it, even empty
+// (so that -initial-members are not seeded again); a bad allow entry
+// stops the state machine with nothing applied.
+func TestFSMRegistry(t *testing.T) {
+	f := NewFSM(nil, nil)
+	f.Apply(entryLog(1, memberOps(member{ID: "n1", GRPCAddr: "h:1", AdminAddr: "h:3"})...))
+	if ids, written := f.allowedIDs(); len(ids) != 0 || written {
+		t.Fatalf("a new FSM's registry: %v (written %v), want empty, never written", ids, written)
+	}
+	f.Apply(entryLog(2, allowOp("n2", allowRegister), allowOp("n3", allowRegister), allowOp("n1", allowRegister)))
+	f.Apply(entryLog(3, allowOp("n3", allowWithdraw)))
+	if ids, written := f.allowedIDs(); !slices.Equal(ids, []string{"n1", "n2"}) || !written {
+		t.Fatalf("registry %v (written %v), want [n1 n2]", ids, written)
+	}
+	if !f.isAllowed("n2") || f.isAllowed("n3") {
+		t.Errorf("isAllowed n2 %v, n3 %v: want true, false", f.isAllowed("n2"), f.isAllowed("n3"))
+	}
+	for _, tc := range []struct {
+		name    string
+		ops     []op
+		allowed []string
+		written bool
+		version byte
+	}{
+		{"registered", nil, []string{"n1", "n2"}, true, 3},
+		{"all withdrawn", []op{allowOp("n1", allowWithdraw), allowOp("n2", allowWithdraw)}, nil, true, 3},
+	} {
+		if tc.ops != nil {
+			f.Apply(entryLog(4, tc.ops...))
+		}
+		snap, err := f.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := snap.(*fsmSnapshot).write(&b); err != nil {
+			t.Fatal(err)
+		}
+		if b.Bytes()[0] != tc.version {
+			t.Errorf("%s: snapshot version %d, want %d", tc.name, b.Bytes()[0], tc.version)
+		}
+		g := NewFSM(nil, nil)
+		if err := g.Restore(io.NopCloser(bytes.NewReader(b.Bytes()))); err != nil {
+			t.Fatalf("%s: restore: %v", tc.name, err)
+		}
+		if ids, written := g.allowedIDs(); !slices.Equal(ids, tc.allowed) || written != tc.written {
+			t.Errorf("%s: restored registry %v (written %v), want %v (written %v)", tc.name, ids, written, tc.allowed, tc.written)
+		}
+		if !maps.Equal(g.memberTable(), f.memberTable()) {
+			t.Errorf("%s: restored member table %v, want %v", tc.name, g.memberTable(), f.memberTable())
+		}
+	}
+
+	// Seeds (a bootstrapping node's -initial-members) register together
+	// in a registry never written, and change nothing after: a restarted
+	// first node does not undo a removal.
+	s := NewFSM(nil, nil)
+	s.Apply(entryLog(1, allowOp("a", allowSeed), allowOp("b", allowSeed)))
+	s.Apply(entryLog(2, allowOp("b", allowWithdraw)))
+	s.Apply(entryLog(3, allowOp("b", allowSeed), allowOp("c", allowSeed)))
+	if ids, _ := s.allowedIDs(); !slices.Equal(ids, []string{"a"}) {
+		t.Errorf("registry after seeds, a withdrawal and seeds again: %v, want [a]", ids)
+	}
+
+	var stops []error
+	h := NewFSM(nil, func(err error) { stops = append(stops, err) })
+	bad := allowOp("n9", allowRegister)
+	bad.data = append(bad.data, 7) // a byte after the flag
+	h.Apply(entryLog(1, allowOp("n8", allowRegister), bad))
+	if ids, written := h.allowedIDs(); len(ids) != 0 || written || len(stops) != 1 {
+		t.Errorf("after a bad allow entry: registry %v (written %v), %d stops; want nothing applied, one stop", ids, written, len(stops))
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ration-dev/ration/internal/buildinfo"
+	"github.com/ration-dev/ration/internal/tlsfiles"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -78,8 +79,13 @@ func (p *memberProbe) health() string {
 // per admin address, kept between probes).
 type memberHealth struct {
 	mu     sync.Mutex
-	probes map[string]*memberProbe // by server id
-	conns  map[string]*grpc.ClientConn
+	probes map[string]*memberProbe     // by server id
+	conns  map[string]*grpc.ClientConn // by "<id>@<admin address>"
+	// promoteAt is, on the leader, what each non-voter must show to be
+	// promoted (membership.go); hbFailing the peers whose heartbeats from
+	// this node, as leader, fail.
+	promoteAt map[string]promotion
+	hbFailing map[string]bool
 }
 
 // probeMembers probes the other members every healthEvery until the node
@@ -135,15 +141,16 @@ func (n *Node) probeOnce() {
 		if admin == "" {
 			continue // joined before admin addresses were recorded: nothing to probe
 		}
-		inUse[admin] = true
-		cc := h.conns[admin]
+		key := id + "@" + admin // the conn requires id's certificate
+		inUse[key] = true
+		cc := h.conns[key]
 		if cc == nil {
-			if cc, err = n.probeConn(admin); err != nil {
+			if cc, err = n.probeConn(admin, id); err != nil {
 				p.failures++
 				p.lastErr = err.Error()
 				continue
 			}
-			h.conns[admin] = cc
+			h.conns[key] = cc
 		}
 		targets = append(targets, target{id, cc})
 	}
@@ -176,6 +183,7 @@ func (n *Node) probeOnce() {
 		}()
 	}
 	wg.Wait()
+	n.promoteCaughtUp(commit)
 }
 
 func (n *Node) recordProbe(id string, commit uint64, st *rationv1.StatusResponse, err error) {
@@ -214,15 +222,17 @@ func (n *Node) recordProbe(id string, commit uint64, st *rationv1.StatusResponse
 	p.uptime = time.Duration(st.GetUptimeSeconds() * float64(time.Second))
 }
 
-// probeConn is a connection to a member's admin address with the node's
+// probeConn is a connection to member id's admin address with the node's
 // own credentials: its certificate (a member of the group may ask
-// another for its Status) and the group's admin token. Reconnections are
+// another for its Status) and the group's admin token. The server must
+// present id's own certificate: the token goes to no other, even one of
+// the group, at an address a member record names. Reconnections are
 // tried at least every second, so a member that comes back is seen within
 // a probe or two.
-func (n *Node) probeConn(addr string) (*grpc.ClientConn, error) {
-	opts := n.dialOptions(n.cfg.Group())
-	if opts == nil {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+func (n *Node) probeConn(addr, id string) (*grpc.ClientConn, error) {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if n.tls != nil {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(n.tls.ClientCredentials("", tlsfiles.RequireMember(n.cfg.Group(), id)))}
 	}
 	if n.token != nil {
 		opts = append(opts, grpc.WithPerRPCCredentials(n.token.PerRPCCredentials()))

@@ -84,6 +84,14 @@ type pendingOp struct {
 	// admin makes the op the member's admin entry (its admin address)
 	// rather than its member entry; adminOps pairs them.
 	admin bool
+	// allow is a registration change (membership.go).
+	allow *allowChange
+}
+
+// allowChange registers id to add itself, withdraws it, or seeds it.
+type allowChange struct {
+	id   string
+	mode allowMode
 }
 
 // memberChange is the proposal of m's record: its member entry, and its
@@ -452,6 +460,10 @@ func (b *entryBuild) data() []byte { return encodeEntry(b.ops) }
 func encodeProposal(p *proposal, now int64) ([]op, error) {
 	ops := make([]op, len(p.ops))
 	for i, o := range p.ops {
+		if o.allow != nil {
+			ops[i] = allowOp(o.allow.id, o.allow.mode)
+			continue
+		}
 		if o.member != nil {
 			ops[i] = memberOp(*o.member)
 			if o.admin {

@@ -30,6 +30,10 @@ type metrics struct {
 	// upstreamRenewals counts a regional leader's renewals of its upstream
 	// leases, by result (ok, error).
 	upstreamRenewals *prometheus.CounterVec
+	// upstreamClamped counts upstream grants held to the rule.
+	upstreamClamped prometheus.Counter
+	// upstreamLastOK is when this node last renewed upstream.
+	upstreamLastOK prometheus.Gauge
 	// nudges counts quotas this leader told holders to renew at once,
 	// nudgesHeld the nudges its damping held back (planned again after the
 	// cooldown); duplicateHolders pairs of live agent processes seen with
@@ -102,6 +106,14 @@ func newMetrics(n *Node) *metrics {
 			Name: "ration_coordinator_upstream_renewals_total",
 			Help: "Renewals of this regional leader's upstream leases from the global group, by result (ok, error).",
 		}, []string{"result"}),
+		upstreamClamped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_coordinator_upstream_grants_clamped_total",
+			Help: "Upstream grants this regional leader held to the rule's burst or rate because the global group granted more (a group that is not the fleet's global group, or other rules: logged).",
+		}),
+		upstreamLastOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ration_coordinator_upstream_last_success_timestamp_seconds",
+			Help: "When this node, as a regional leader, last renewed its upstream leases from the global group (Unix seconds; 0: never). The group's newest across its nodes, older than a lease period, is a region whose global rules are down to their safe shares.",
+		}),
 		nudges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ration_coordinator_nudges_total",
 			Help: "Quotas this node, as leader, told their holders to renew at once over their Watch streams (a share to shrink or to take).",
@@ -135,7 +147,7 @@ func newMetrics(n *Node) *metrics {
 	}
 	m.all = []prometheus.Collector{
 		m.renewals, m.releases, m.reclaimed, m.entriesFailed, m.grpcPanics, m.leaderChanges,
-		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals,
+		m.batchCommands, m.batchRequests, m.commitDuration, m.isLeader, m.ready, m.upstreamRenewals, m.upstreamClamped, m.upstreamLastOK,
 		m.nudges, m.nudgesHeld, m.duplicateHolders, m.incarnationsRefused, m.renewStreams, m.raftRefused, m.state,
 	}
 	return m

@@ -71,9 +71,12 @@ type Node struct {
 	incs  incarnations
 	// gate bounds the incarnations of one agent identity holding leases
 	// (holdbound.go).
-	gate    incarnationGate
-	lastNow atomic.Int64 // the last timestamp this node stamped, µs
-	tunings tuningCache  // tuningOf's (tune.go)
+	gate incarnationGate
+	// memberMu serialises membership changes on the leader (admin.go,
+	// membership.go): AddVoter, RemoveServer, AllowMember, promotions.
+	memberMu sync.Mutex
+	lastNow  atomic.Int64 // the last timestamp this node stamped, µs
+	tunings  tuningCache  // tuningOf's (tune.go)
 	// status is the status page's charts and leader changes (status.go).
 	status statusState
 	// members is what the probes of the other members found (health.go);
@@ -97,7 +100,10 @@ type Node struct {
 
 	notify   chan bool
 	observer *raft.Observer
-	done     chan struct{}
+	// hbObserver sees the leader's heartbeats to each peer fail and
+	// resume (membership.go).
+	hbObserver *raft.Observer
+	done       chan struct{}
 	// drain is closed when the node starts to stop: long-lived streams
 	// (Watch) end, so that a graceful stop does not wait for them.
 	drain     chan struct{}
@@ -291,9 +297,19 @@ func (n *Node) open(ctx context.Context) error {
 		return ok
 	})
 	n.raft.RegisterObserver(n.observer)
-	n.wg.Add(3)
+	hb := make(chan raft.Observation, 256)
+	n.hbObserver = raft.NewObserver(hb, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation:
+			return true
+		}
+		return false
+	})
+	n.raft.RegisterObserver(n.hbObserver)
+	n.wg.Add(4)
 	go n.watchLeadership()
 	go n.watchLeaders(obs)
+	go n.watchHeartbeats(hb)
 	go n.probeMembers()
 
 	switch {
@@ -307,6 +323,22 @@ func (n *Node) open(ctx context.Context) error {
 			return fmt.Errorf("coordinator: bootstrap: %w", err)
 		}
 		n.logger.Info("bootstrapped a new cluster", "raft_addr", n.raftAddr)
+	}
+	if ids := cfg.InitialMemberIDs(); cfg.Bootstrap && len(ids) > 0 && !hasState {
+		// Before the admin API serves: a member of -initial-members
+		// that joins at once must find itself registered.
+		if err := n.seedMembers(ctx, ids); err != nil {
+			return err
+		}
+	} else if cfg.Bootstrap && len(ids) > 0 {
+		// A first start interrupted before they were registered.
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.seedMembers(context.Background(), ids); err != nil && !errors.Is(err, ErrStopped) {
+				n.logger.Warn("-initial-members not registered", "err", err)
+			}
+		}()
 	}
 
 	// The lease port serves Leases alone: the admin API, which can change
@@ -549,6 +581,7 @@ func (n *Node) close() error {
 		}
 		if n.raft != nil {
 			n.raft.DeregisterObserver(n.observer)
+			n.raft.DeregisterObserver(n.hbObserver)
 			if err := n.raft.Shutdown().Error(); err != nil {
 				errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
 			}

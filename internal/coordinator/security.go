@@ -43,7 +43,9 @@ import (
 //   - Admin calls, served on the -admin listener only (the lease port
 //     answers them Unimplemented), need ration://operator/<name>; a
 //     member of this group (ration://coordinator/<group>/<id>) may call
-//     AddVoter for itself alone (-join).
+//     AddVoter for itself alone (-join), and only when its id is in the
+//     configuration or registered (membership.go), and Status while it
+//     is either.
 //
 // With -admin-token-file, every admin call must also carry the token
 // (metadata authorization: Bearer <token>), with TLS or without.
@@ -136,9 +138,17 @@ func (n *Node) authorizeAdminCert(cert *x509.Certificate, method string, req any
 		return fmt.Errorf("%w: admin calls need an operator certificate (URI SAN %s); this one names %s",
 			ErrPermissionDenied, tlsfiles.URI(tlsfiles.RoleOperator, "<name>"), identities(cert))
 	}
+	member := slices.ContainsFunc(ids, n.mayAddItself)
 	if method == rationv1.Admin_Status_FullMethodName {
 		// The members probe each other's Status for their health
-		// (health.go): it tells a member nothing Raft has not told it.
+		// (health.go), and a joining node asks its target for the
+		// members: it tells a member nothing Raft has not told it. A
+		// certificate of the group that is neither a member nor
+		// registered learns nothing.
+		if !member {
+			return fmt.Errorf("%w: Status: this certificate names %q of group %q, none of them a member or registered to join (an operator registers one: coordinator members allow -id <id>)",
+				ErrPermissionDenied, ids, group)
+		}
 		return nil
 	}
 	if method != rationv1.Admin_AddVoter_FullMethodName {
@@ -149,6 +159,10 @@ func (n *Node) authorizeAdminCert(cert *x509.Certificate, method string, req any
 	if r == nil || !slices.Contains(ids, r.GetId()) {
 		return fmt.Errorf("%w: a coordinator's certificate may only add or update itself: it names members %q of group %q, and the request is for server %q (needs URI SAN %s, or an operator's)",
 			ErrPermissionDenied, ids, group, r.GetId(), tlsfiles.CoordinatorURI(group, r.GetId()))
+	}
+	if !n.mayAddItself(r.GetId()) {
+		return fmt.Errorf("%w: server %q of group %q is neither a member nor registered to join: an operator registers it first (coordinator members allow -id %s, or the first node's -initial-members); a removed member stays out until registered again",
+			ErrPermissionDenied, r.GetId(), group, r.GetId())
 	}
 	return nil
 }

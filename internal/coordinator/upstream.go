@@ -85,6 +85,8 @@ type upQuota struct {
 	// sentDemand is the demand the last renewal reported, sentAt when.
 	sentDemand float64
 	sentAt     int64
+	// bound holds every grant to the rule (clampUpstream).
+	bound lease.GrantBound
 }
 
 // UpstreamEnv is what the upstream loop needs from the node that leads:
@@ -111,6 +113,12 @@ type UpstreamEnv interface {
 	// global group (else the rules file's), and the own part of a funded
 	// quota at that safe share; ok false when the rules have no such rule.
 	SafeShare(rule string) (safe float64, own region.Share, ok bool)
+	// Shape is the burst and rate this group's rules give the quota of
+	// (rule, subject), the most an upstream grant of it may carry; ok
+	// false when the rules have no such rule.
+	Shape(rule, subject string) (burst, rate float64, ok bool)
+	// Clamped counts an upstream grant held to the rule.
+	Clamped()
 	// LearnedSafe is the safe share of rule this group's state holds as
 	// learned from the global group (nil: none).
 	LearnedSafe(rule string) *float64
@@ -253,6 +261,17 @@ func (e nodeUpstream) SafeShare(rule string) (float64, region.Share, bool) {
 	return v, region.Safe(r.Burst, r.Rate, v), true
 }
 
+func (e nodeUpstream) Shape(rule, subject string) (float64, float64, bool) {
+	r, ok := e.n.rules.Load().Rule(rule)
+	if !ok {
+		return 0, 0, false
+	}
+	f := r.Lease.Split(subject)
+	return r.Burst * f, r.Rate * f, true
+}
+
+func (e nodeUpstream) Clamped() { e.n.m.upstreamClamped.Inc() }
+
 func (e nodeUpstream) LearnedSafe(rule string) *float64 {
 	return e.n.tuningOf(rule, e.n.cfg.Region).SafeShare
 }
@@ -263,7 +282,11 @@ func (e nodeUpstream) Renewed(err error) {
 		res = "error"
 	}
 	e.n.m.upstreamRenewals.WithLabelValues(res).Inc()
-	e.n.upHealth.record(e.n.clock(), err)
+	now := e.n.clock()
+	e.n.upHealth.record(now, err)
+	if err == nil {
+		e.n.m.upstreamLastOK.Set(float64(now.UnixMilli()) / 1e3)
+	}
 }
 
 // funded reads the funded quotas: each one's demand (the sum over its live
@@ -479,6 +502,7 @@ func (u *Upstream) Round() {
 		switch e := g.GetError(); {
 		case e == "":
 			l := lease.Lease{ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs}
+			clampUpstream(env, q, &l, recv)
 			oldCap, oldRate := q.h.Lease.Cap, q.h.Lease.Rate
 			if !q.h.Adopt(recv, seqs[i], l) {
 				continue
@@ -491,7 +515,7 @@ func (u *Upstream) Round() {
 			q.failedAt = 0
 			if q.h.Valid(recv) {
 				funds = append(funds, lease.Fund{
-					Quota: q.id, Burst: g.Cap, Rate: rateOr0(g.Rate), Deposit: g.Balance, NotAfter: q.h.ValidUntil,
+					Quota: q.id, Burst: l.Cap, Rate: rateOr0(l.Rate), Deposit: l.Balance, NotAfter: q.h.ValidUntil,
 					Seq: seqs[i],
 				})
 			}
@@ -580,4 +604,24 @@ func rateOr0(r float64) float64 {
 		return 0
 	}
 	return r
+}
+
+// clampUpstream holds an upstream grant to the rule as this group's rules
+// give it (lease.GrantBound: the lease's cap and rate, and the tokens
+// deposited, which the upstream loop never gives back), whatever its
+// -upstream answers: a group that is not the fleet's global group granted
+// one region a rate 50,000 times the rule's. The clamp is counted and
+// logged.
+func clampUpstream(env UpstreamEnv, q *upQuota, l *lease.Lease, now int64) {
+	burst, rate, ok := env.Shape(q.rule, q.subject)
+	if !ok {
+		return
+	}
+	granted := *l
+	if !q.bound.Clamp(now, burst, rate, l) {
+		return
+	}
+	env.Clamped()
+	env.Logger().Warn("the global group granted more than the rule allows: held to the rule (check -upstream names the fleet's global group, with the same rules)",
+		"quota", q.id, "granted_cap", granted.Cap, "granted_rate", granted.Rate, "granted_tokens", granted.Balance, "burst", burst, "rate", rate)
 }

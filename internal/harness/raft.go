@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -128,6 +129,13 @@ func startCoordinators(t testing.TB, n int, rulesYAML string, pki *PKI, opts ...
 		cfg := RaftTestConfig()
 		cfg.ID = fmt.Sprintf("node%d", i)
 		cfg.Bootstrap = i == 0
+		if i == 0 {
+			ids := make([]string, n)
+			for j := range ids {
+				ids[j] = fmt.Sprintf("node%d", j)
+			}
+			cfg.InitialMembers = strings.Join(ids, ",")
+		}
 		cfg.Rules = set
 		for _, o := range opts {
 			o(&cfg)
@@ -326,25 +334,36 @@ func (c *Coordinators) Leader(t testing.TB) (int, *coordinator.Node) {
 	return i, n
 }
 
-// WaitVoters waits until the leader's configuration has want voters.
+// WaitVoters waits until every live node's configuration has want
+// servers, all of them voters.
 func (c *Coordinators) WaitVoters(t testing.TB, want int) {
 	t.Helper()
 	c.waitUntil(t, fmt.Sprintf("%d voters", want), func() (bool, string) {
+		// Every live node sees them: a member is added as a non-voter and
+		// promoted later, and a follower learns the promotion after the
+		// leader.
+		ready := false
 		for _, j := range c.Live() {
 			nd := c.Node(j)
-			if !nd.Ready() {
-				continue
-			}
+			ready = ready || nd.Ready()
 			f := nd.Raft().GetConfiguration()
 			if err := f.Error(); err != nil {
 				return false, err.Error()
 			}
-			if got := len(f.Configuration().Servers); got != want {
-				return false, fmt.Sprintf("%d servers", got)
+			voters := 0
+			for _, s := range f.Configuration().Servers {
+				if s.Suffrage == raft.Voter {
+					voters++
+				}
 			}
-			return true, ""
+			if got := len(f.Configuration().Servers); got != want || voters != want {
+				return false, fmt.Sprintf("node%d sees %d servers, %d of them voters", j, got, voters)
+			}
 		}
-		return false, "no ready leader"
+		if !ready {
+			return false, "no ready leader"
+		}
+		return true, ""
 	})
 }
 
@@ -424,8 +443,21 @@ func (c *Coordinators) Add(i int) {
 	c.mu.Lock()
 	c.slots[i].cfg.Bootstrap = false
 	c.slots[i].cfg.Join = live[0]
+	id := c.slots[i].cfg.ID
 	c.mu.Unlock()
+	if c.pki != nil {
+		// Remove withdrew its registration: the operator registers it
+		// again before it joins with its own certificate.
+		ctx, cancel := context.WithTimeout(context.Background(), raftWait)
+		defer cancel()
+		cl := coordinator.NewClient(live, coordinator.ClientOptions{DialOptions: c.AdminDialOptions()})
+		defer cl.Close()
+		if _, err := cl.AllowMember(ctx, &rationv1.AllowMemberRequest{Id: id}); err != nil {
+			c.t.Fatalf("harness: add node%d: allow: %v", i, err)
+		}
+	}
 	c.start(i, true)
+	c.WaitVoters(c.t, len(c.Live()))
 }
 
 func (c *Coordinators) liveAdminAddrs() []string {

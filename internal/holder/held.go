@@ -94,7 +94,7 @@ func (l *Leases) SpendHeld(ctx context.Context, r *rules.Rule, subject string, c
 func (l *Leases) spendOwnHeld(ctx context.Context, r *rules.Rule, subject string, cost float64, now int64, hd *hold) (bucket.Result, bool) {
 	q := l.lookup(r.Name, subject)
 	if q == nil {
-		q = l.add(r.Name, subject, r.Rate, true)
+		q = l.add(r.Name, subject, r.Burst, r.Rate, true)
 	}
 	now = l.waitFirst(ctx, q, now, math.MaxInt64)
 	q.mu.Lock()

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ration-dev/ration/internal/lease"
+	"github.com/ration-dev/ration/internal/rules"
 	rationv1 "github.com/ration-dev/ration/proto/ration/v1"
 )
 
@@ -91,6 +92,10 @@ type Options struct {
 	// order instead of map order, so that one seed of the simulator is one
 	// exact run. It costs a sort per scan; processes leave it off.
 	SortedScans bool
+	// Rules, when set, returns the agent's rules in force: every grant is
+	// held to its rule's shape as they give it now (a reload may change
+	// it), else as they gave it when the quota was added.
+	Rules func() *rules.Set
 }
 
 func (o *Options) defaults() error {

@@ -51,7 +51,7 @@ func (l *Leases) Lend(_ context.Context, r *rules.Rule, subject string, now int6
 	}
 	q := l.lookup(r.Name, subject)
 	if q == nil {
-		q = l.add(r.Name, subject, r.Rate, true)
+		q = l.add(r.Name, subject, r.Burst, r.Rate, true)
 	}
 	q.mu.Lock()
 	if !q.h.Valid(now) {

@@ -14,6 +14,7 @@ type metrics struct {
 	nudges        prometheus.Counter
 	demoted       prometheus.Counter
 	unreleased    prometheus.Counter
+	clamped       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -55,8 +56,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "ration_agent_lease_unreleased_total",
 			Help: "Leases left to expire instead of released (idle, or at shutdown) because an Envoy RLQS assignment may still spend tokens lent from them; their unused tokens are forfeit.",
 		}),
+		clamped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ration_agent_lease_grants_clamped_total",
+			Help: "Grants held to the rule's burst or rate because a coordinator granted more (a coordinator of another group, or other rules: logged).",
+		}),
 	}
-	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas, m.nudges, m.demoted, m.unreleased)
+	reg.MustRegister(m.renewals, m.renewDuration, m.granted, m.returned, m.expired, m.quotas, m.nudges, m.demoted, m.unreleased, m.clamped)
 	return m
 }
 

@@ -11,8 +11,13 @@ import (
 type quota struct {
 	rule    string
 	subject string
-	id      string  // coordinator.QuotaID
-	rate    float64 // the rule's r, as this agent's rules say
+	id      string // coordinator.QuotaID
+	// burst and rate are the quota's shape as this agent's rules say
+	// (the rule's B and r, times its split): no grant is adopted past
+	// them (clampGrant).
+	burst, rate float64
+	// bound holds every grant to that shape (clampGrant).
+	bound lease.GrantBound
 
 	mu        sync.Mutex
 	h         lease.Holding
@@ -47,6 +52,7 @@ type quota struct {
 	// (invalid) is never asked again.
 	failedAt  int64
 	invalid   bool
+	clamped   bool          // the last grant was held to the rule (clampGrant)
 	ready     chan struct{} // closed once the first answer (grant or error) arrived
 	readyOnce sync.Once
 	// got is set when ready is closed: decisions test it (an atomic load)

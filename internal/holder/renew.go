@@ -347,6 +347,9 @@ func (l *Leases) send(ctx context.Context, grants, renews []*quota) (ok, finer b
 				it.ConfirmedCap = max(it.ConfirmedCap, ci.ConfirmedCap)
 			})
 		}
+		// What is given back may be granted again: the deposit budget
+		// (clampGrant) counts it as never received.
+		q.bound.Credit(it.Unused, q.burst)
 		q.dryAsk = dryAsk
 		q.nudged, q.confirm, q.dry = false, false, false
 		q.sentAt = now
@@ -448,6 +451,7 @@ func (l *Leases) adopt(q *quota, seq uint64, g *rationv1.Grant, now int64) {
 		q.failed = ""
 		oldCap, oldRate, oldID := q.h.Lease.Cap, q.h.Lease.Rate, q.h.Lease.ID
 		nl := lease.Lease{ID: g.LeaseId, Quota: q.id, Balance: g.Balance, Cap: g.Cap, Rate: g.Rate, Term: g.DurationUs}
+		l.clampGrant(q, &nl, now)
 		if !q.h.Adopt(now, seq, nl) {
 			return
 		}
@@ -627,4 +631,43 @@ func (q *quota) lending() bool {
 		}
 	}
 	return false
+}
+
+// clampGrant holds a grant to the quota's shape in this agent's rules
+// (lease.GrantBound: the lease's cap and rate, and the tokens deposited,
+// whatever a coordinator answers); the Holding owes back what it holds
+// past the cap, at the next renewal. Clamps are counted, and logged once
+// per quota until a grant fits again. q.mu held.
+func (l *Leases) clampGrant(q *quota, nl *lease.Lease, now int64) {
+	l.refreshShape(q)
+	granted := *nl
+	if !q.bound.Clamp(now, q.burst, q.rate, nl) {
+		q.clamped = false
+		return
+	}
+	l.m.clamped.Inc()
+	if !q.clamped {
+		l.o.Logger.Warn("a coordinator granted more than the rule allows: held to the rule (check that the agent's coordinators are its group's, with the same rules)",
+			"rule", q.rule, "quota", q.id, "granted_cap", granted.Cap, "granted_rate", granted.Rate, "granted_tokens", granted.Balance,
+			"burst", q.burst, "rate", q.rate)
+	}
+	q.clamped = true
+}
+
+// refreshShape reads q's shape from the agent's current rules (a reload
+// may have changed the rule's burst or rate). q.mu held.
+func (l *Leases) refreshShape(q *quota) {
+	if l.o.Rules == nil {
+		return
+	}
+	set := l.o.Rules()
+	if set == nil {
+		return
+	}
+	r, ok := set.Rule(q.rule)
+	if !ok {
+		return
+	}
+	f := r.Lease.Split(q.subject)
+	q.burst, q.rate = r.Burst*f, r.Rate*f
 }

@@ -21,14 +21,14 @@ func (l *Leases) lookup(rule, subject string) *quota {
 	return nil
 }
 
-func (l *Leases) add(rule, subject string, rate float64, own bool) *quota {
-	return l.addQuota(rule, subject, rate, own, nil)
+func (l *Leases) add(rule, subject string, burst, rate float64, own bool) *quota {
+	return l.addQuota(rule, subject, burst, rate, own, nil)
 }
 
 // addQuota adds (rule, subject) unless it exists, and returns the quota.
 // own: ask for its lease at once. init, if set, finishes a new quota
 // before anyone can see it.
-func (l *Leases) addQuota(rule, subject string, rate float64, own bool, init func(*quota)) *quota {
+func (l *Leases) addQuota(rule, subject string, burst, rate float64, own bool, init func(*quota)) *quota {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	cur := *l.quotas.Load()
@@ -47,7 +47,7 @@ func (l *Leases) addQuota(rule, subject string, rate float64, own bool, init fun
 	}
 	id := rule + "|" + subject
 	now := l.Now()
-	q := &quota{rule: rule, subject: subject, id: id, rate: rate, ready: make(chan struct{}), lastUsed: now, reportedAt: now, sampledAt: now, created: now,
+	q := &quota{rule: rule, subject: subject, id: id, burst: burst, rate: rate, ready: make(chan struct{}), lastUsed: now, reportedAt: now, sampledAt: now, created: now,
 		coldUntil: now + l.o.ColdStart.Microseconds(), own: own}
 	q.h = lease.Holding{Quota: id, Validity: l.validity}
 	if init != nil {

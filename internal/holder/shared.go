@@ -41,7 +41,7 @@ import (
 
 // addDefault adds the rule's default quota unless it exists.
 func (l *Leases) addDefault(r *rules.Rule) *quota {
-	return l.addQuota(r.Name, rules.DefaultSubject, r.Rate*r.Lease.Split(rules.DefaultSubject), true, func(q *quota) {
+	return l.addQuota(r.Name, rules.DefaultSubject, r.Burst*r.Lease.Split(rules.DefaultSubject), r.Rate*r.Lease.Split(rules.DefaultSubject), true, func(q *quota) {
 		q.isDefault = true
 		q.copies = map[*quota]struct{}{}
 	})
@@ -117,7 +117,7 @@ func (l *Leases) takeShared(ctx context.Context, r *rules.Rule, subject string, 
 	for attempt := 0; ; attempt++ {
 		q = l.lookup(r.Name, subject)
 		if q == nil {
-			q = l.add(r.Name, subject, r.Rate*r.Lease.Split(subject), false)
+			q = l.add(r.Name, subject, r.Burst*r.Lease.Split(subject), r.Rate*r.Lease.Split(subject), false)
 		}
 		q.mu.Lock()
 		if q.cp == nil || q.def != d {

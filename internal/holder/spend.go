@@ -34,7 +34,7 @@ func (l *Leases) Spend(ctx context.Context, r *rules.Rule, subject string, cost 
 	}
 	q := l.lookup(r.Name, subject)
 	if q == nil {
-		q = l.add(r.Name, subject, r.Rate, true)
+		q = l.add(r.Name, subject, r.Burst, r.Rate, true)
 	}
 	now = l.waitFirst(ctx, q, now, math.MaxInt64)
 	q.mu.Lock()
@@ -224,7 +224,7 @@ func (l *Leases) Prepare(r *rules.Rule, subject string) {
 		return
 	}
 	if l.lookup(r.Name, subject) == nil {
-		l.add(r.Name, subject, r.Rate, true)
+		l.add(r.Name, subject, r.Burst, r.Rate, true)
 	}
 }
 

@@ -152,6 +152,17 @@ func (e simUpstream) SafeShare(rule string) (float64, region.Share, bool) {
 	return 0, region.Share{}, ok
 }
 
+// Shape is the simulated rule's burst and rate.
+func (e simUpstream) Shape(rule, subject string) (float64, float64, bool) {
+	r, ok := e.u.g.s.rules[rule]
+	if !ok {
+		return 0, 0, false
+	}
+	f := r.Lease.Split(subject)
+	return r.Burst * f, r.Rate * f, true
+}
+
+func (e simUpstream) Clamped()                    {}
 func (e simUpstream) LearnedSafe(string) *float64 { return nil }
 func (e simUpstream) Renewed(error)               {}
 func (e simUpstream) Logger() *slog.Logger        { return discard }

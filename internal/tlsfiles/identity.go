@@ -150,20 +150,29 @@ func MemberIDs(cert *x509.Certificate, group string) []string {
 var ErrNotCoordinator = errors.New("not the coordinator expected")
 
 // RequireCoordinator is an Authorize admitting a certificate that names a
-// member of group (ration://coordinator/<group>/<id>), or of any group
-// when group is "". Every client of a coordinator checks it before it
-// sends anything (an admin token, a renewal): a certificate of another
+// member of one of groups (ration://coordinator/<group>/<id>), or of any
+// group when group is "". Every client of a coordinator checks it before
+// it sends anything (an admin token, a renewal): a certificate of another
 // role, even of the same CA, is not a coordinator.
-func RequireCoordinator(group string) Authorize {
+func RequireCoordinator(group string, more ...string) Authorize {
+	groups := append([]string{group}, more...)
 	return func(leaf *x509.Certificate) error {
 		for _, m := range Members(leaf) {
-			if group == "" || m.Group == group {
+			if group == "" || slices.Contains(groups, m.Group) {
 				return nil
 			}
 		}
-		return fmt.Errorf("%w: certificate %q names coordinators %q, not one of group %q (URI SAN %s)",
-			ErrNotCoordinator, leaf.Subject.String(), Names(leaf, RoleCoordinator), groupOrAny(group), CoordinatorURI(groupOrAny(group), "<id>"))
+		return fmt.Errorf("%w: certificate %q names coordinators %q, not one of group %s (URI SAN %s)",
+			ErrNotCoordinator, leaf.Subject.String(), Names(leaf, RoleCoordinator), strings.Join(quoteAll(groups), " or "), CoordinatorURI(groupOrAny(group), "<id>"))
 	}
+}
+
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = fmt.Sprintf("%q", groupOrAny(s))
+	}
+	return out
 }
 
 // RequireMember is an Authorize admitting a certificate that names server

@@ -432,15 +432,17 @@ func TestMembers(t *testing.T) {
 		global  bool // RequireCoordinator("global") admits it
 		any     bool // RequireCoordinator("") admits it
 		g1      bool // RequireMember("global", "n1") admits it
+		us      bool // RequireCoordinator("us", "global") admits it (an agent of region us)
 	}{
-		{"global member", []string{"ration://coordinator/global/n1"}, "[global/n1]", true, true, true},
-		{"regional member", []string{"ration://coordinator/eu/n1", "ration://region/eu"}, "[eu/n1]", false, true, false},
-		{"another id", []string{"ration://coordinator/global/n2"}, "[global/n2]", true, true, false},
-		{"id with a slash", []string{"ration://coordinator/global/a/b"}, "[global/a/b]", true, true, false},
-		{"before groups", []string{"ration://coordinator/n1"}, "[]", false, false, false},
-		{"empty id", []string{"ration://coordinator/global/"}, "[]", false, false, false},
-		{"agent", []string{"ration://agent/n1"}, "[]", false, false, false},
-		{"operator", []string{"ration://operator/global/n1"}, "[]", false, false, false},
+		{"global member", []string{"ration://coordinator/global/n1"}, "[global/n1]", true, true, true, true},
+		{"regional member", []string{"ration://coordinator/eu/n1", "ration://region/eu"}, "[eu/n1]", false, true, false, false},
+		{"member of us", []string{"ration://coordinator/us/n1", "ration://region/us"}, "[us/n1]", false, true, false, true},
+		{"another id", []string{"ration://coordinator/global/n2"}, "[global/n2]", true, true, false, true},
+		{"id with a slash", []string{"ration://coordinator/global/a/b"}, "[global/a/b]", true, true, false, true},
+		{"before groups", []string{"ration://coordinator/n1"}, "[]", false, false, false, false},
+		{"empty id", []string{"ration://coordinator/global/"}, "[]", false, false, false, false},
+		{"agent", []string{"ration://agent/n1"}, "[]", false, false, false, false},
+		{"operator", []string{"ration://operator/global/n1"}, "[]", false, false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			leaf := mustLeaf(t, issue(t, ca, t.TempDir(), "c", tc.uris...).Cert)
@@ -455,6 +457,7 @@ func TestMembers(t *testing.T) {
 				{`RequireCoordinator("global")`, tlsfiles.RequireCoordinator("global")(leaf), tc.global},
 				{`RequireCoordinator("")`, tlsfiles.RequireCoordinator("")(leaf), tc.any},
 				{`RequireMember("global", "n1")`, tlsfiles.RequireMember("global", "n1")(leaf), tc.g1},
+				{`RequireCoordinator("us", "global")`, tlsfiles.RequireCoordinator("us", "global")(leaf), tc.us},
 			} {
 				if (c.err == nil) != c.want {
 					t.Errorf("%s: %v, want admitted %v", c.what, c.err, c.want)

@@ -102,7 +102,11 @@ func StartCoordinatorGroup(t testing.TB, o GroupOptions) *CoordinatorProcs {
 			"-tick", "100ms", "-safety-margin", "200ms", "-log-level", "warn",
 		}
 		if i == 0 {
-			args = append(args, "-bootstrap")
+			others := make([]string, 0, n-1)
+			for j := 1; j < n; j++ {
+				others = append(others, fmt.Sprintf("%s%d", id, j))
+			}
+			args = append(args, "-bootstrap", "-initial-members", strings.Join(others, ","))
 		} else {
 			args = append(args, "-join", c.Admin[0])
 		}

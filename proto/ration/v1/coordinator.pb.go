@@ -1852,16 +1852,63 @@ func (x *RemoveServerRequest) GetId() string {
 	return ""
 }
 
-type MembershipResponse struct {
+type AllowMemberRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Servers       []*RaftServer          `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowMemberRequest) Reset() {
+	*x = AllowMemberRequest{}
+	mi := &file_ration_v1_coordinator_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowMemberRequest) ProtoMessage() {}
+
+func (x *AllowMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ration_v1_coordinator_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowMemberRequest.ProtoReflect.Descriptor instead.
+func (*AllowMemberRequest) Descriptor() ([]byte, []int) {
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *AllowMemberRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type MembershipResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Servers []*RaftServer          `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
+	// allowed are the ids registered to add themselves (AllowMember, a
+	// bootstrapping node's -initial-members, an operator's AddVoter), sorted.
+	Allowed       []string `protobuf:"bytes,2,rep,name=allowed,proto3" json:"allowed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MembershipResponse) Reset() {
 	*x = MembershipResponse{}
-	mi := &file_ration_v1_coordinator_proto_msgTypes[27]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +1920,7 @@ func (x *MembershipResponse) String() string {
 func (*MembershipResponse) ProtoMessage() {}
 
 func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ration_v1_coordinator_proto_msgTypes[27]
+	mi := &file_ration_v1_coordinator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,12 +1933,19 @@ func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipResponse.ProtoReflect.Descriptor instead.
 func (*MembershipResponse) Descriptor() ([]byte, []int) {
-	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{27}
+	return file_ration_v1_coordinator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MembershipResponse) GetServers() []*RaftServer {
 	if x != nil {
 		return x.Servers
+	}
+	return nil
+}
+
+func (x *MembershipResponse) GetAllowed() []string {
+	if x != nil {
+		return x.Allowed
 	}
 	return nil
 }
@@ -2048,14 +2102,17 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\x12#\n" +
 	"\radmin_address\x18\x04 \x01(\tR\fadminAddress\"%\n" +
 	"\x13RemoveServerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"E\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"$\n" +
+	"\x12AllowMemberRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"_\n" +
 	"\x12MembershipResponse\x12/\n" +
-	"\aservers\x18\x01 \x03(\v2\x15.ration.v1.RaftServerR\aservers2\xfc\x01\n" +
+	"\aservers\x18\x01 \x03(\v2\x15.ration.v1.RaftServerR\aservers\x12\x18\n" +
+	"\aallowed\x18\x02 \x03(\tR\aallowed2\xfc\x01\n" +
 	"\x06Leases\x12:\n" +
 	"\x05Renew\x12\x17.ration.v1.RenewRequest\x1a\x18.ration.v1.RenewResponse\x12@\n" +
 	"\aRelease\x12\x19.ration.v1.ReleaseRequest\x1a\x1a.ration.v1.ReleaseResponse\x124\n" +
 	"\x05Watch\x12\x17.ration.v1.WatchRequest\x1a\x10.ration.v1.Nudge0\x01\x12>\n" +
-	"\vRenewStream\x12\x14.ration.v1.RenewCall\x1a\x15.ration.v1.RenewReply(\x010\x012\xf9\x03\n" +
+	"\vRenewStream\x12\x14.ration.v1.RenewCall\x1a\x15.ration.v1.RenewReply(\x010\x012\xc6\x04\n" +
 	"\x05Admin\x12=\n" +
 	"\x06Status\x12\x18.ration.v1.StatusRequest\x1a\x19.ration.v1.StatusResponse\x12I\n" +
 	"\n" +
@@ -2063,7 +2120,8 @@ const file_ration_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"ListLeases\x12\x1c.ration.v1.ListLeasesRequest\x1a\x1d.ration.v1.ListLeasesResponse\x12E\n" +
 	"\bAddVoter\x12\x1a.ration.v1.AddVoterRequest\x1a\x1d.ration.v1.MembershipResponse\x12M\n" +
-	"\fRemoveServer\x12\x1e.ration.v1.RemoveServerRequest\x1a\x1d.ration.v1.MembershipResponse\x127\n" +
+	"\fRemoveServer\x12\x1e.ration.v1.RemoveServerRequest\x1a\x1d.ration.v1.MembershipResponse\x12K\n" +
+	"\vAllowMember\x12\x1d.ration.v1.AllowMemberRequest\x1a\x1d.ration.v1.MembershipResponse\x127\n" +
 	"\x04Tune\x12\x16.ration.v1.TuneRequest\x1a\x17.ration.v1.TuneResponse\x12L\n" +
 	"\vListTunings\x12\x1d.ration.v1.ListTuningsRequest\x1a\x1e.ration.v1.ListTuningsResponseB7Z5github.com/ration-dev/ration/proto/ration/v1;rationv1b\x06proto3"
 
@@ -2079,7 +2137,7 @@ func file_ration_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_ration_v1_coordinator_proto_rawDescData
 }
 
-var file_ration_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_ration_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_ration_v1_coordinator_proto_goTypes = []any{
 	(*RenewCall)(nil),           // 0: ration.v1.RenewCall
 	(*RenewReply)(nil),          // 1: ration.v1.RenewReply
@@ -2108,7 +2166,8 @@ var file_ration_v1_coordinator_proto_goTypes = []any{
 	(*ListLeasesResponse)(nil),  // 24: ration.v1.ListLeasesResponse
 	(*AddVoterRequest)(nil),     // 25: ration.v1.AddVoterRequest
 	(*RemoveServerRequest)(nil), // 26: ration.v1.RemoveServerRequest
-	(*MembershipResponse)(nil),  // 27: ration.v1.MembershipResponse
+	(*AllowMemberRequest)(nil),  // 27: ration.v1.AllowMemberRequest
+	(*MembershipResponse)(nil),  // 28: ration.v1.MembershipResponse
 }
 var file_ration_v1_coordinator_proto_depIdxs = []int32{
 	6,  // 0: ration.v1.RenewCall.request:type_name -> ration.v1.RenewRequest
@@ -2135,21 +2194,23 @@ var file_ration_v1_coordinator_proto_depIdxs = []int32{
 	22, // 21: ration.v1.Admin.ListLeases:input_type -> ration.v1.ListLeasesRequest
 	25, // 22: ration.v1.Admin.AddVoter:input_type -> ration.v1.AddVoterRequest
 	26, // 23: ration.v1.Admin.RemoveServer:input_type -> ration.v1.RemoveServerRequest
-	12, // 24: ration.v1.Admin.Tune:input_type -> ration.v1.TuneRequest
-	14, // 25: ration.v1.Admin.ListTunings:input_type -> ration.v1.ListTuningsRequest
-	8,  // 26: ration.v1.Leases.Renew:output_type -> ration.v1.RenewResponse
-	10, // 27: ration.v1.Leases.Release:output_type -> ration.v1.ReleaseResponse
-	3,  // 28: ration.v1.Leases.Watch:output_type -> ration.v1.Nudge
-	1,  // 29: ration.v1.Leases.RenewStream:output_type -> ration.v1.RenewReply
-	18, // 30: ration.v1.Admin.Status:output_type -> ration.v1.StatusResponse
-	21, // 31: ration.v1.Admin.ListQuotas:output_type -> ration.v1.ListQuotasResponse
-	24, // 32: ration.v1.Admin.ListLeases:output_type -> ration.v1.ListLeasesResponse
-	27, // 33: ration.v1.Admin.AddVoter:output_type -> ration.v1.MembershipResponse
-	27, // 34: ration.v1.Admin.RemoveServer:output_type -> ration.v1.MembershipResponse
-	13, // 35: ration.v1.Admin.Tune:output_type -> ration.v1.TuneResponse
-	15, // 36: ration.v1.Admin.ListTunings:output_type -> ration.v1.ListTuningsResponse
-	26, // [26:37] is the sub-list for method output_type
-	15, // [15:26] is the sub-list for method input_type
+	27, // 24: ration.v1.Admin.AllowMember:input_type -> ration.v1.AllowMemberRequest
+	12, // 25: ration.v1.Admin.Tune:input_type -> ration.v1.TuneRequest
+	14, // 26: ration.v1.Admin.ListTunings:input_type -> ration.v1.ListTuningsRequest
+	8,  // 27: ration.v1.Leases.Renew:output_type -> ration.v1.RenewResponse
+	10, // 28: ration.v1.Leases.Release:output_type -> ration.v1.ReleaseResponse
+	3,  // 29: ration.v1.Leases.Watch:output_type -> ration.v1.Nudge
+	1,  // 30: ration.v1.Leases.RenewStream:output_type -> ration.v1.RenewReply
+	18, // 31: ration.v1.Admin.Status:output_type -> ration.v1.StatusResponse
+	21, // 32: ration.v1.Admin.ListQuotas:output_type -> ration.v1.ListQuotasResponse
+	24, // 33: ration.v1.Admin.ListLeases:output_type -> ration.v1.ListLeasesResponse
+	28, // 34: ration.v1.Admin.AddVoter:output_type -> ration.v1.MembershipResponse
+	28, // 35: ration.v1.Admin.RemoveServer:output_type -> ration.v1.MembershipResponse
+	28, // 36: ration.v1.Admin.AllowMember:output_type -> ration.v1.MembershipResponse
+	13, // 37: ration.v1.Admin.Tune:output_type -> ration.v1.TuneResponse
+	15, // 38: ration.v1.Admin.ListTunings:output_type -> ration.v1.ListTuningsResponse
+	27, // [27:39] is the sub-list for method output_type
+	15, // [15:27] is the sub-list for method input_type
 	15, // [15:15] is the sub-list for extension type_name
 	15, // [15:15] is the sub-list for extension extendee
 	0,  // [0:15] is the sub-list for field type_name
@@ -2169,7 +2230,7 @@ func file_ration_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ration_v1_coordinator_proto_rawDesc), len(file_ration_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

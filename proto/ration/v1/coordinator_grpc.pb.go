@@ -295,6 +295,7 @@ const (
 	Admin_ListLeases_FullMethodName   = "/ration.v1.Admin/ListLeases"
 	Admin_AddVoter_FullMethodName     = "/ration.v1.Admin/AddVoter"
 	Admin_RemoveServer_FullMethodName = "/ration.v1.Admin/RemoveServer"
+	Admin_AllowMember_FullMethodName  = "/ration.v1.Admin/AllowMember"
 	Admin_Tune_FullMethodName         = "/ration.v1.Admin/Tune"
 	Admin_ListTunings_FullMethodName  = "/ration.v1.Admin/ListTunings"
 )
@@ -311,9 +312,20 @@ type AdminClient interface {
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 	ListQuotas(ctx context.Context, in *ListQuotasRequest, opts ...grpc.CallOption) (*ListQuotasResponse, error)
 	ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
-	// AddVoter and RemoveServer change Raft membership (leader only).
+	// AddVoter and RemoveServer change Raft membership (leader only). A
+	// server added enters as a non-voter and is promoted to voter once it
+	// has applied what was committed when it was added, as the leader's
+	// probe of its admin address sees it: a server that never answers never
+	// counts toward quorum. RemoveServer also withdraws the id's
+	// registration (AllowMember), so that a removed member cannot add
+	// itself back.
 	AddVoter(ctx context.Context, in *AddVoterRequest, opts ...grpc.CallOption) (*MembershipResponse, error)
 	RemoveServer(ctx context.Context, in *RemoveServerRequest, opts ...grpc.CallOption) (*MembershipResponse, error)
+	// AllowMember registers a server id that may add itself (AddVoter with
+	// its own coordinator certificate, as -join does), in the replicated
+	// state (leader only, operators only). Without TLS every client is
+	// trusted and the registration is not consulted.
+	AllowMember(ctx context.Context, in *AllowMemberRequest, opts ...grpc.CallOption) (*MembershipResponse, error)
 	// Tune sets (or clears) an operator's run-time override of a rule's
 	// lease settings, for one region or as the default for all, replicated
 	// through Raft (leader only). Every problem is reported at once
@@ -381,6 +393,16 @@ func (c *adminClient) RemoveServer(ctx context.Context, in *RemoveServerRequest,
 	return out, nil
 }
 
+func (c *adminClient) AllowMember(ctx context.Context, in *AllowMemberRequest, opts ...grpc.CallOption) (*MembershipResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MembershipResponse)
+	err := c.cc.Invoke(ctx, Admin_AllowMember_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminClient) Tune(ctx context.Context, in *TuneRequest, opts ...grpc.CallOption) (*TuneResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(TuneResponse)
@@ -413,9 +435,20 @@ type AdminServer interface {
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	ListQuotas(context.Context, *ListQuotasRequest) (*ListQuotasResponse, error)
 	ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
-	// AddVoter and RemoveServer change Raft membership (leader only).
+	// AddVoter and RemoveServer change Raft membership (leader only). A
+	// server added enters as a non-voter and is promoted to voter once it
+	// has applied what was committed when it was added, as the leader's
+	// probe of its admin address sees it: a server that never answers never
+	// counts toward quorum. RemoveServer also withdraws the id's
+	// registration (AllowMember), so that a removed member cannot add
+	// itself back.
 	AddVoter(context.Context, *AddVoterRequest) (*MembershipResponse, error)
 	RemoveServer(context.Context, *RemoveServerRequest) (*MembershipResponse, error)
+	// AllowMember registers a server id that may add itself (AddVoter with
+	// its own coordinator certificate, as -join does), in the replicated
+	// state (leader only, operators only). Without TLS every client is
+	// trusted and the registration is not consulted.
+	AllowMember(context.Context, *AllowMemberRequest) (*MembershipResponse, error)
 	// Tune sets (or clears) an operator's run-time override of a rule's
 	// lease settings, for one region or as the default for all, replicated
 	// through Raft (leader only). Every problem is reported at once
@@ -447,6 +480,9 @@ func (UnimplementedAdminServer) AddVoter(context.Context, *AddVoterRequest) (*Me
 }
 func (UnimplementedAdminServer) RemoveServer(context.Context, *RemoveServerRequest) (*MembershipResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RemoveServer not implemented")
+}
+func (UnimplementedAdminServer) AllowMember(context.Context, *AllowMemberRequest) (*MembershipResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AllowMember not implemented")
 }
 func (UnimplementedAdminServer) Tune(context.Context, *TuneRequest) (*TuneResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Tune not implemented")
@@ -565,6 +601,24 @@ func _Admin_RemoveServer_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_AllowMember_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowMemberRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).AllowMember(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_AllowMember_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).AllowMember(ctx, req.(*AllowMemberRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Admin_Tune_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(TuneRequest)
 	if err := dec(in); err != nil {
@@ -627,6 +681,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveServer",
 			Handler:    _Admin_RemoveServer_Handler,
+		},
+		{
+			MethodName: "AllowMember",
+			Handler:    _Admin_AllowMember_Handler,
 		},
 		{
 			MethodName: "Tune",

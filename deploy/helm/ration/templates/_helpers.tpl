@@ -45,3 +45,10 @@ the list, for nindent.
 {{- end }}
 {{- with .env }}{{ toYaml . }}{{ end }}
 {{- end }}
+
+{{/* The coordinator pods' ids, comma separated, for a replica count. */}}
+{{- define "ration.initialMembers" -}}
+{{- $ids := list -}}
+{{- range $i := until (int .) -}}{{- $ids = append $ids (printf "coordinator-%d" $i) -}}{{- end -}}
+{{ join "," $ids }}
+{{- end }}
