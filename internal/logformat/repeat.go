@@ -16,6 +16,13 @@ const RepeatedKey = "repeated"
 // hold back the first line about another's.
 const RuleKey = "rule"
 
+// CauseKey is the attribute that names what went wrong, where one message
+// stands for failures of different causes: records of one message with
+// different causes are limited apart, so that a second, different cause
+// within the window is written at once (a certificate refused for
+// another reason than the last).
+const CauseKey = "cause"
+
 const (
 	// repeatWindow is how long a warning or error, once written, holds
 	// back its repeats.
@@ -28,8 +35,8 @@ const (
 
 // limitRepeats returns a handler that writes records below Warn to next
 // unchanged, and writes a warning or error at most once a window per
-// message (its text and level, and its RuleKey attribute if it has one,
-// whatever its other attributes): the first is
+// message (its text and level, and its RuleKey and CauseKey attributes if
+// it has them, whatever its other attributes): the first is
 // written, and repeats within the window are held back. When the window
 // ends with repeats held back, one line stands for them: the last one's
 // attributes and time of writing, with RepeatedKey set to how many there
@@ -49,6 +56,7 @@ type repeatKey struct {
 	level slog.Level
 	msg   string
 	rule  string // the RuleKey attribute, "" without one
+	cause string // the CauseKey attribute, "" without one
 }
 
 // repeatEntry is one message in its window.
@@ -83,9 +91,11 @@ func (h *repeatHandler) Handle(ctx context.Context, r slog.Record) error {
 	}
 	k := repeatKey{level: r.Level, msg: r.Message}
 	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == RuleKey {
+		switch a.Key {
+		case RuleKey:
 			k.rule = a.Value.String()
-			return false
+		case CauseKey:
+			k.cause = a.Value.String()
 		}
 		return true
 	})

@@ -217,3 +217,19 @@ func TestRepeatsHeldBackPerRule(t *testing.T) {
 		wantLines(t, "at the end of the minute", out.lines(), `rule=a n=3 repeated=1`)
 	})
 }
+
+// One message with two causes is two messages: a reload refused for
+// another reason than the last is written at once.
+func TestRepeatsHeldBackPerCause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out lockedBuffer
+		l := New(&out, Text, slog.LevelInfo)
+		l.Error("TLS files could not be reloaded", CauseKey, "expired", "n", 1)
+		l.Error("TLS files could not be reloaded", CauseKey, "another agent's", "n", 2)
+		l.Error("TLS files could not be reloaded", CauseKey, "expired", "n", 3)
+		wantLines(t, "at once", out.lines(), `cause=expired n=1`, `cause="another agent's" n=2`)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		wantLines(t, "at the end of the minute", out.lines(), `cause=expired n=3 repeated=1`)
+	})
+}

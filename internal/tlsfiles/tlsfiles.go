@@ -27,6 +27,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ration-dev/ration/internal/logformat"
 )
 
 // Files names the three files. All or none must be set.
@@ -197,7 +199,8 @@ func (s *Source) failed(sum [32]byte, err error) error {
 	s.failures.Add(1)
 	if sum != s.failedSum || sum == [32]byte{} {
 		s.failedSum = sum
-		s.logger.Error("TLS files could not be reloaded; the material in force stays", "cert", s.files.Cert, "err", err)
+		s.logger.Error("TLS files could not be reloaded; the material in force stays", "cert", s.files.Cert,
+			logformat.CauseKey, err.Error())
 	}
 	return err
 }
