@@ -219,10 +219,22 @@ func (n *Node) raftServers(servers []raft.Server) []*rationv1.RaftServer {
 	return out
 }
 
+// maxServerID bounds a server id (AddVoter, AllowMember,
+// -initial-members).
+const maxServerID = 255
+
+// checkServerID refuses an empty or overlong server id.
+func checkServerID(id string) error {
+	if id == "" || len(id) > maxServerID {
+		return fmt.Errorf("id %.40q: 1 to %d bytes", id, maxServerID)
+	}
+	return nil
+}
+
 func checkMember(id, raftAddr, grpcAddr, adminAddr string) error {
 	var errs []error
-	if id == "" || len(id) > 255 {
-		errs = append(errs, fmt.Errorf("id %q: 1 to 255 bytes", id))
+	if err := checkServerID(id); err != nil {
+		errs = append(errs, err)
 	}
 	addrs := []struct{ name, v string }{{"raft_address", raftAddr}, {"grpc_address", grpcAddr}}
 	if adminAddr != "" {

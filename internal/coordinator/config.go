@@ -289,8 +289,8 @@ func (c Config) Validate() error {
 		bad("-data-dir: must not be empty")
 	}
 	for _, id := range c.InitialMemberIDs() {
-		if len(id) > 255 {
-			bad("-initial-members: id %.20q...: 1 to 255 bytes", id)
+		if err := checkServerID(id); err != nil {
+			bad("-initial-members: %v", err)
 		}
 	}
 	if c.Bootstrap && c.Join != "" {

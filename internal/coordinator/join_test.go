@@ -3,13 +3,11 @@ package coordinator_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 
 	"github.com/ration-dev/ration/internal/coordinator"
 	"github.com/ration-dev/ration/internal/harness"
@@ -63,14 +61,7 @@ func TestJoiningNodeAdmitsOnlyTheGroupsMembers(t *testing.T) {
 		}
 	}
 	t.Cleanup(release)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.Creds(pki.Source(pki.Member(tlsfiles.GlobalGroup, "node0")).ServerCredentials(nil)))
-	rationv1.RegisterAdminServer(srv, h)
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
+	target := serveAdmin(t, pki, pki.Member(tlsfiles.GlobalGroup, "node0"), h)
 
 	cfg := harness.RaftTestConfig()
 	cfg.ID = "node3"
@@ -78,7 +69,7 @@ func TestJoiningNodeAdmitsOnlyTheGroupsMembers(t *testing.T) {
 	cfg.DataDir = t.TempDir()
 	noTicks(&cfg)
 	pki.Coordinator(&cfg)
-	cfg.Join = lis.Addr().String()
+	cfg.Join = target
 	type started struct {
 		n   *coordinator.Node
 		err error
@@ -104,7 +95,7 @@ func TestJoiningNodeAdmitsOnlyTheGroupsMembers(t *testing.T) {
 		{Suffrage: raft.Voter, ID: "node3", Address: raft.ServerAddress(req.RaftAddress)},
 	}}
 	hdr := raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("ghost"), Addr: []byte(ghostAddr)}
-	err = ghost.AppendEntries("node3", raft.ServerAddress(req.RaftAddress), &raft.AppendEntriesRequest{
+	err := ghost.AppendEntries("node3", raft.ServerAddress(req.RaftAddress), &raft.AppendEntriesRequest{
 		RPCHeader: hdr, Term: 1000,
 		Entries:           []*raft.Log{{Index: 1, Term: 1000, Type: raft.LogConfiguration, Data: raft.EncodeConfiguration(conf)}},
 		LeaderCommitIndex: 1,

@@ -27,10 +27,11 @@ import (
 // counts toward no quorum. The leader promotes it to voter once its probe
 // of the server's admin address (health.go, which requires that server's
 // own certificate) answers with an applied index at least the index at
-// which it was added: it has received the log through its Raft address.
-// A server added at an address nobody answers never votes, so it cannot
-// take a group's quorum away (a single-node group adding a dead address
-// as a voter had none left at once).
+// which it was added, its heartbeats do not fail, and a heartbeat timeout
+// has passed (promoteCaughtUp). A server added at an address nobody
+// answers never votes, so it cannot take a group's quorum away (a
+// single-node group adding a dead address as a voter had none left at
+// once).
 
 // mayAddItself reports whether a coordinator certificate naming id may
 // add id to the group: id is in the configuration or registered.
@@ -105,8 +106,8 @@ func (s *adminServer) AllowMember(ctx context.Context, req *rationv1.AllowMember
 	if err := n.servable(); err != nil {
 		return nil, n.rpcError(ctx, err)
 	}
-	if id := req.GetId(); id == "" || len(id) > 255 {
-		return nil, n.rpcError(ctx, fmt.Errorf("%w: id %q: 1 to 255 bytes", ErrInvalidRequest, id))
+	if err := checkServerID(req.GetId()); err != nil {
+		return nil, n.rpcError(ctx, fmt.Errorf("%w: %w", ErrInvalidRequest, err))
 	}
 	n.memberMu.Lock()
 	defer n.memberMu.Unlock()
@@ -194,13 +195,14 @@ func (n *Node) promoteCaughtUp(commit uint64) {
 		return
 	}
 	now := n.clock()
-	var promote []raft.Server
+	var next *raft.Server // one promotion per round: each is a configuration change
 	h.mu.Lock()
 	if h.promoteAt == nil {
 		h.promoteAt = map[string]promotion{}
 	}
 	nonvoters := map[string]bool{}
-	for _, s := range f.Configuration().Servers {
+	servers := f.Configuration().Servers
+	for i, s := range servers {
 		id := string(s.ID)
 		if s.Suffrage != raft.Nonvoter {
 			continue
@@ -213,8 +215,8 @@ func (n *Node) promoteCaughtUp(commit uint64) {
 		}
 		p := h.probes[id]
 		if p != nil && p.failures == 0 && p.lastErr == "" && !p.lastContact.IsZero() && p.applied >= at.index &&
-			!h.hbFailing[id] && now.Sub(at.since) >= n.cfg.HeartbeatTimeout {
-			promote = append(promote, s)
+			!h.hbFailing[id] && now.Sub(at.since) >= n.cfg.HeartbeatTimeout && next == nil {
+			next = &servers[i]
 		}
 	}
 	for id := range h.promoteAt {
@@ -223,12 +225,10 @@ func (n *Node) promoteCaughtUp(commit uint64) {
 		}
 	}
 	h.mu.Unlock()
-	if len(promote) == 0 {
+	if next == nil {
 		return
 	}
-	// One promotion per round: each is a configuration change of its own,
-	// made against the configuration read above.
-	s := promote[0]
+	s := *next
 	if err := n.raft.AddVoter(s.ID, s.Address, f.Index(), n.cfg.ApplyTimeout).Error(); err != nil {
 		n.logger.Warn("promoting a caught-up non-voter failed; retried at the next probe", "server_id", s.ID, "err", err)
 		return
