@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -360,5 +361,66 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 	if stats.policy > 0 || stats.wrong429*100 > tenantDecisions {
 		t.Fatalf("%d failure-policy answers, %d refusals of tenants under budget (of about %d tenant decisions; at most 1%%); first: %v",
 			stats.policy, stats.wrong429, tenantDecisions, stats.first[:min(5, len(stats.first))])
+	}
+}
+
+// A second agent that joins while the first spends the whole of a leased
+// rule is granted an empty lease (the rule's tokens sit with the first
+// agent until it renews) and turns ready after its first-grant wait with
+// nothing to spend: its refusals are right, the budget is being spent,
+// and each one over HTTP says when to retry, though its own bucket holds
+// nothing that refills (the rule does).
+func TestJoiningAgentsRefusalsSayWhenToRetry(t *testing.T) {
+	c := harness.StartCoordinators(t, 1, rolloutRules)
+	coords := strings.Join(c.GRPCAddrs(), ",")
+	first := startLeasedAgent(t, rolloutRules, coords, "agent-a")
+	waitFor(t, "first agent ready", first.Ready)
+	hot := map[string]string{"endpoint": "checkout"}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Bounded: every millisecond for at most 30s.
+		for range 30_000 {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			_, _ = first.Service.Decide(context.Background(), agent.Request{Descriptors: hot})
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	// The first agent's lease holds the rule's burst once it has spent
+	// its first grant's worth.
+	waitFor(t, "the first agent refusing", func() bool {
+		resp, err := first.Service.Decide(context.Background(), agent.Request{Descriptors: hot})
+		return err == nil && !resp.Allowed
+	})
+	second := startLeasedAgent(t, rolloutRules, coords, "agent-b")
+	waitFor(t, "second agent ready", second.Ready)
+	var refused int
+	for i := range 20 {
+		resp, err := http.Get("http://" + second.HTTPAddr() + "/v1/check?endpoint=checkout")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+		case http.StatusTooManyRequests:
+			refused++
+			ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+			if err != nil || ra < 1 {
+				t.Errorf("request %d: 429 with Retry-After %q (RateLimit %q), want whole seconds >= 1", i, resp.Header.Get("Retry-After"), resp.Header.Get("RateLimit"))
+			}
+		default:
+			t.Fatalf("request %d: %d, want 200 or 429 on a healthy group", i, resp.StatusCode)
+		}
+	}
+	// 20 requests at once against a rule the first agent keeps spent: the
+	// second agent's share is at most a few tokens.
+	if refused == 0 {
+		t.Fatal("20 requests to the second agent all admitted: the case (a refusal on a joining agent) never happened")
 	}
 }

@@ -1,0 +1,5 @@
+package pkg_test
+
+import "testing"
+
+func TestA(t *testing.T) { helper(t, newBox()) }

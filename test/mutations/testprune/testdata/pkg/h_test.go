@@ -1,0 +1,3 @@
+package pkg_test
+
+func fromH() {}
