@@ -12,7 +12,7 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILDINFO := github.com/ration-dev/ration/internal/buildinfo
 LDFLAGS := -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
 
-.PHONY: help dev build install docs test test-main test-modules-nice test-chaos test-late test-sim test-mutations test-modules deps mutations bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
+.PHONY: help dev build install docs check test test-main test-modules-nice test-chaos test-late test-sim test-mutations test-modules deps mutations bench bench-auto bench-tls lint proto ci fuzz chaos chaos-breaks soak demo-regions certs sim sim-small sim-mutations
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -147,6 +147,11 @@ fuzz: ## run every fuzz target for 20s each
 	    echo "== $$p $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime 20s $$p || exit 1; \
 	  done; \
 	done
+
+check: ## the fast tier, Go alone: gofmt, go vet and go test -short (no redis-server, Raft group or other process; make test runs those)
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+	$(GO) test -short -vet=off -count=1 ./...
 
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1; }

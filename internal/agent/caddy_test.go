@@ -52,6 +52,7 @@ func documentedCaddyBlock(t *testing.T) string {
 // caddyBinary finds caddy. The test never skips: make test installs it.
 func caddyBinary(t *testing.T) string {
 	t.Helper()
+	harness.RequiresProcesses(t)
 	if p, err := exec.LookPath("caddy"); err == nil {
 		return p
 	}

@@ -60,6 +60,7 @@ func documentedNginxBlock(t *testing.T) string {
 // is not on every user's PATH). The test never skips: make test installs it.
 func nginxBinary(t *testing.T) string {
 	t.Helper()
+	harness.RequiresProcesses(t)
 	if p, err := exec.LookPath("nginx"); err == nil {
 		return p
 	}

@@ -50,6 +50,7 @@ type AgentProcessOptions struct {
 // json is added for that. It returns once /readyz answers 200, or an
 // error if the agent exited or was not ready within 30 s.
 func StartAgentProcess(t testing.TB, o AgentProcessOptions) (*AgentProcess, error) {
+	RequiresProcesses(t)
 	id := o.ID
 	a := &AgentProcess{ID: id, t: t, log: filepath.Join(t.TempDir(), "agent-"+id+".log"), done: make(chan struct{})}
 	f, err := os.Create(a.log)

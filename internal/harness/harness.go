@@ -12,11 +12,24 @@ import (
 	"testing"
 )
 
+// RequiresProcesses skips t under -short: `make check` is the tier that
+// runs without redis-server, Raft groups or other processes (every test
+// that needs them reaches this through the harness), in under two
+// minutes; `make test` never passes -short, and runs them all.
+func RequiresProcesses(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short (make check): this test runs real processes or a Raft group; make test runs it")
+	}
+}
+
 // RequireBinary returns the path of the executable name, or fails the test
 // saying which Debian package provides it. Tests never skip for a missing
-// binary: `make test` installs what they need.
+// binary: `make test` installs what they need (under -short, make check's
+// tier, a test that needs one is skipped: RequiresProcesses).
 func RequireBinary(t testing.TB, name, debianPkg string) string {
 	t.Helper()
+	RequiresProcesses(t)
 	path, err := exec.LookPath(name)
 	if err != nil {
 		t.Fatalf("%s not found: install it with apt-get install %s (make test does this)", name, debianPkg)

@@ -113,6 +113,7 @@ func StartCoordinatorsTLS(t testing.TB, n int, rulesYAML string, pki *PKI, opts 
 
 func startCoordinators(t testing.TB, n int, rulesYAML string, pki *PKI, opts ...func(*coordinator.Config)) *Coordinators {
 	t.Helper()
+	RequiresProcesses(t)
 	if n < 1 {
 		t.Fatalf("harness: StartCoordinators(%d): need at least one node", n)
 	}

@@ -13,7 +13,11 @@
 // (one quota's state and demand estimate), spend.go (decisions: Spend,
 // Ref, Refund, Prepare), set.go (the set of quotas: adding, looking up,
 // flagging, forgetting), renew.go (one round of the loop: what is due,
-// the Renew and Release requests and adopting their answers) and
+// the Renew and Release requests and adopting their answers),
 // shared.go (lease.default_share: the default lease and its copies, and
-// giving back the own leases of subjects whose copies suffice again).
+// giving back the own leases of subjects whose copies suffice again),
+// held.go (held spends: tokens taken now and spent later, elsewhere, as
+// an RLQS take), lend.go (loans to a delegate such as an Envoy's RLQS
+// bucket: Offer, Lend, returns), ready.go (readiness: the leases fetched
+// before the agent takes traffic) and metrics.go.
 package holder

@@ -189,4 +189,17 @@
 // decode (testdata/log-04749d6.bin). MarshalBinary and UnmarshalBinary
 // encode the whole state deterministically, for Raft snapshots; Clone is a
 // deep copy.
+//
+// Files: state.go (the State, Apply and the quota records), command.go
+// (commands, their limits and validation), encoding.go and binary.go
+// (commands' JSON and binary encodings, by version), pool.go (a quota's
+// pool: what holders may refill), agg.go (per-quota aggregates, so a
+// renewal costs O(log n)), fairshare.go and shares.go (max-min fair
+// shares, and each lease beside its share), handover.go (a funded
+// quota's hand-over to its own part), holding.go (the holder's half of a
+// lease: spending, and the holder rules conservation rests on),
+// grantbound.go (a grant held to the rule's shape by the holder),
+// answer.go (answers recorded for replay), seq.go (holders' sequence
+// numbers), inspect.go (read-only views for the admin API and metrics),
+// errors.go (the sentinel errors).
 package lease

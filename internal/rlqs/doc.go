@@ -11,8 +11,13 @@
 // Envoy reports drives the lease's demand. Any other rule's (mode redis,
 // mode auto, lease.default_share) is funded by taking everything Envoy
 // could spend under it through the agent's own decision path before it is
-// sent (take.go). Files: tab.go (the lent accounting), take.go (takes and
-// their argument), server.go (the service, streams and bounds),
+// sent (take.go).
+//
+// Files: tab.go (the lent accounting), take.go (takes and their
+// argument), server.go (the service, streams and bounds), clients.go
+// (streams per client connection, and ending silent ones), send.go
+// (responses sent off the handler's goroutine, an unread stream ended),
+// renew.go (lent assignments sent again before they lapse at Envoy),
 // validate.go (reports checked before use), assign.go (a bucket's action
 // from the rules it matches, lending, and failure policies), plan.go and
 // share.go (sizing an assignment from a lease and the bucket's share of

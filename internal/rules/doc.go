@@ -90,4 +90,10 @@
 // file is logged with every problem and the rules in force stay; the
 // rules_version (the first 16 hex digits of the file's SHA-256) in logs and
 // metrics says which file is in force.
+//
+// Files: rule.go (a rule, its fields and the limits on a file), parse.go
+// (Load, Parse and validation, every problem located), auto.go (a mode
+// auto rule's auto block), set.go (one version of the file), match.go
+// (a request's descriptors to rules and subjects), watcher.go (reloading
+// on change or SIGHUP), errors.go (sentinel errors and Problem).
 package rules

@@ -12,6 +12,11 @@
 // pool current at that moment (VerifyConnection), which is why the standard
 // library's own verification is replaced: tls.Config.ClientCAs and RootCAs
 // are fixed once a config is in use.
+//
+// Files: tlsfiles.go (the files, their reloads and the tls.Configs),
+// identity.go (the Ration identities a certificate carries: roles, groups,
+// ids), grpc.go (gRPC credentials), handshakelog.go (failed handshakes
+// logged, rate-limited).
 package tlsfiles
 
 import (

@@ -334,6 +334,9 @@ func sessionScript(root, bin string, fences []fence) string {
 }
 
 func TestDocCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short (make check): the docs' commands run real processes; make test runs them")
+	}
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
