@@ -51,7 +51,11 @@ test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real r
 	@# they wait for the packages, like the scenarios.
 	@# -k: every job runs to its end, and any failure fails the target;
 	@# --output-sync keeps each job's output together.
-	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-main test-late
+	@# The last lines say what ran, and what failed (scripts/tier.sh).
+	@st=$$(mktemp); \
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target TEST_STATUS=$$st test-main test-late; rc=$$?; \
+	echo; echo "make test: what ran (gofmt, go mod tidy and go vet passed before):"; sort "$$st"; rm -f "$$st"; \
+	if [ $$rc -eq 0 ]; then echo "make test: PASS"; else echo "make test: FAIL"; fi; exit $$rc
 
 # The packages, then the chaos scenarios, which run real processes against
 # timing bounds and utilisation floors: on a loaded 2-core machine, beside
@@ -63,7 +67,7 @@ test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real r
 # tree first, and go test's own vet pass is a second one, per package.
 test-main:
 	@rc=0; \
-	$(GO) test -race -vet=off -count=1 -timeout 15m $$($(GO) list ./... | grep -v '/test/chaos$$') || { rc=1; echo "make test: the packages failed (above); the chaos scenarios and the modules run anyway"; }; \
+	TEST_STATUS=$(TEST_STATUS) ./scripts/tier.sh "1 packages (go test -race ./..., chaos apart)" $(GO) test -race -vet=off -count=1 -timeout 15m $$($(GO) list ./... | grep -v '/test/chaos$$') || { rc=1; echo "make test: the packages failed (above); the chaos scenarios and the modules run anyway"; }; \
 	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-chaos test-modules-nice || { rc=1; echo "make test: the chaos scenarios or the modules failed (above)"; }; \
 	exit $$rc
 
@@ -72,27 +76,30 @@ test-modules-nice:
 
 # The parts of make test (no deps: test has them).
 test-chaos:
-	$(GO) test -race -vet=off -count=1 -timeout 15m ./test/chaos/
+	TEST_STATUS=$(TEST_STATUS) ./scripts/tier.sh "2 chaos scenarios (test/chaos)" $(GO) test -race -vet=off -count=1 -timeout 15m ./test/chaos/
 
 test-late:
 	nice -n 19 $(MAKE) --no-print-directory -k -j2 --output-sync=target test-sim test-mutations
 
 test-sim:
-	$(GO) run ./cmd/ration-sim -config small -seed 1
+	TEST_STATUS=$(TEST_STATUS) ./scripts/tier.sh "4 simulator (ration-sim -config small -seed 1)" $(GO) run ./cmd/ration-sim -config small -seed 1
 	@# The simulator must still catch each deliberate bug at the seeds its
 	@# patch names (deterministic: one tree, one verdict). It once slipped
 	@# unseen while this ran only by hand.
-	./scripts/sim-mutations.sh
+	TEST_STATUS=$(TEST_STATUS) ./scripts/tier.sh "5 simulator's deliberate bugs (sim-mutations.sh)" ./scripts/sim-mutations.sh
 
 test-mutations:
 	@# Every protection broken on purpose (test/mutations) must fail the
 	@# test its patch names.
-	./scripts/mutations.sh
+	TEST_STATUS=$(TEST_STATUS) ./scripts/tier.sh "6 deliberate bugs ($$(ls test/mutations/*.patch | wc -l) patches, mutations.sh)" ./scripts/mutations.sh
 
 test-modules:
-	cd proto && $(GO) vet ./...
-	cd client && $(GO) vet ./... && $(GO) test -race -vet=off -count=1 ./...
-	cd deploy && $(GO) vet ./... && $(GO) test -vet=off -count=1 -timeout 15m ./...
+	@# Each module runs whether or not the one before failed.
+	@rc=0; \
+	(cd proto && $(GO) vet ./...) || rc=1; \
+	(cd client && $(GO) vet ./... && TEST_STATUS=$(TEST_STATUS) ../scripts/tier.sh "3 client module (go test -race)" $(GO) test -race -vet=off -count=1 ./...) || rc=1; \
+	(cd deploy && $(GO) vet ./... && TEST_STATUS=$(TEST_STATUS) ../scripts/tier.sh "3 deploy module (manifests, alerts, metrics)" $(GO) test -vet=off -count=1 -timeout 15m ./...) || rc=1; \
+	exit $$rc
 
 mutations: deps ## every protection broken on purpose (test/mutations/*.patch): the test each patch names must fail
 	./scripts/mutations.sh
