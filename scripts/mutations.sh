@@ -90,7 +90,10 @@ run_worker() {
     start=$SECONDS
     # -vet=off: make test vets the tree once (go vet ./...), and a patch's
     # vet run cost about 6s of CPU each, a third of the whole step.
-    if go test -vet=off -gcflags="$gcflags" -overlay "$dir/overlay.json" -count=1 -timeout 5m -run "$pattern" "$pkg" "${args[@]}" >"$out" 2>&1; then
+    # RATION_MUTATION_OVERLAY: what a test builds besides its own binary
+    # (the chaos scenarios' agents and coordinators) is built with the
+    # patch too.
+    if RATION_MUTATION_OVERLAY="$dir/overlay.json" go test -vet=off -gcflags="$gcflags" -overlay "$dir/overlay.json" -count=1 -timeout 5m -run "$pattern" "$pkg" "${args[@]}" >"$out" 2>&1; then
       { echo "mutations: $name NOT caught by $pkg $pattern:"; sed -n 's/^breaks: /  breaks: /p' "$p"; } >"$res"
       bad=1
     elif grep -q -e '^--- FAIL' -e '^panic: ' "$out"; then

@@ -56,7 +56,25 @@ type Spec struct {
 	// agent records a scope: global Redis rule's global shape, not the
 	// region's share it enforces (the soak's global-split).
 	RecordBurst, RecordRate float64
+	// Settle, when set, judges false refusals in steady state: none is
+	// allowed after the first Settle of the run (first grants, the
+	// lease split between agents) outside every Unsteady window (each
+	// fault, from when it starts to Settle after it ends). Within them
+	// false refusals are counted and printed, not held to a number.
+	Settle   time.Duration
+	Unsteady []Window
+	// Slack is what the path may leave unspent in steady state, in
+	// tokens: a refusal there is false when an exact bucket would have
+	// admitted it with Slack to spare.
+	Slack float64
+	// SteadyUnheld, when set, says why the steady-state count is printed
+	// but held to nothing.
+	SteadyUnheld string
 }
+
+// Window is a span on the clock of the records and the calls
+// (CLOCK_MONOTONIC).
+type Window struct{ From, To time.Duration }
 
 // Judged is both judges' verdict on one quota, and the cross-check.
 type Judged struct {
@@ -67,6 +85,9 @@ type Judged struct {
 	// Unexplained: charges in the logs that no client received and no
 	// lost call can account for. Lost: calls without an answer.
 	Missing, Unexplained, Lost int
+	// SteadyFalse: false refusals in steady state (Spec.Settle), by the
+	// logs' judge and the clients'.
+	SteadyFalse, SteadyFalseClient int
 	// ShapeWrong: records of the quota with another burst or rate than
 	// the scenario's.
 	ShapeWrong int
@@ -104,6 +125,12 @@ func (j Judged) Note() string {
 	// printed, not yet held to per-scenario allowances.
 	s += fmt.Sprintf("; false refusals: logs %d of %d refused, clients %d of %d",
 		j.Logs.Refusals.False, j.Logs.Refusals.Refused, j.Client.Refusals.False, j.Client.Refusals.Refused)
+	switch {
+	case j.Settle > 0 && j.SteadyUnheld != "":
+		s += fmt.Sprintf(" (in steady state: logs %d, clients %d; not held: %s)", j.SteadyFalse, j.SteadyFalseClient, j.SteadyUnheld)
+	case j.Settle > 0:
+		s += fmt.Sprintf(" (in steady state with %g tokens of slack, allowed none: logs %d, clients %d)", j.Slack, j.SteadyFalse, j.SteadyFalseClient)
+	}
 	return s
 }
 
@@ -154,6 +181,17 @@ func judgeBoth(recs []admission.Record, calls []Call, obs []observation, s Spec)
 		}
 	}
 	bad := func(format string, args ...any) { j.Problems = append(j.Problems, fmt.Sprintf(format, args...)) }
+	if s.Settle > 0 && len(mine) > 0 {
+		// Judged against B - Slack: a refusal is false in steady state
+		// when an exact bucket would have admitted it with Slack tokens
+		// to spare.
+		j.SteadyFalse = steady(admission.Check(recs, s.Quota, s.Burst-s.Slack, s.Rate).Refusals.At, mine, s)
+		j.SteadyFalseClient = steady(admission.Check(observedRecords(obs), s.Quota, s.Burst-s.Slack, s.Rate).Refusals.At, mine, s)
+		if s.SteadyUnheld == "" && (j.SteadyFalse > 0 || j.SteadyFalseClient > 0) {
+			bad("false refusals in steady state (past the first %v, outside every fault and the %v after it, judged with %g tokens of slack): logs %d, clients %d; want none (a caller within its budget refused)",
+				s.Settle, s.Settle, s.Slack, j.SteadyFalse, j.SteadyFalseClient)
+		}
+	}
 	if !j.Logs.Pass {
 		bad("logs: overshoot %.3f over the bound %.3f, wherever in its [At - latency, At] each charge happened (window [%v, %v] after the first admission; %.3f at the recorded times)",
 			j.Logs.Certain.Overshoot, s.Bound, j.Logs.Certain.From-j.Logs.First, j.Logs.Certain.To-j.Logs.First, j.Logs.Overshoot)
@@ -175,6 +213,31 @@ func judgeBoth(recs []admission.Record, calls []Call, obs []observation, s Spec)
 		bad("%d decisions recorded with a shape other than B = %g, r = %g", j.ShapeWrong, wantB, wantR)
 	}
 	return j
+}
+
+// steady counts the false refusals known at ats that fall in steady
+// state: past the first s.Settle of the quota's calls, outside every
+// window of s.Unsteady widened by s.Settle at its end, and before the
+// last call was sent (the load's end cuts calls off).
+func steady(ats []time.Duration, calls []Call, s Spec) int {
+	first, last := calls[0].Start, calls[0].Start
+	for _, c := range calls {
+		first, last = min(first, c.Start), max(last, c.Start)
+	}
+	n := 0
+next:
+	for _, at := range ats {
+		if at < first+s.Settle || at > last {
+			continue
+		}
+		for _, w := range s.Unsteady {
+			if at >= w.From && at <= w.To+s.Settle {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
 }
 
 // crossCheck matches the clients' view of quota q with the logs.

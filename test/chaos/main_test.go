@@ -47,6 +47,17 @@ func runMain(m *testing.M) int {
 	if overlay != nil {
 		fmt.Fprintf(os.Stderr, "chaos: binaries built with the code breaks of RATION_CHAOS_BREAK=%s\n", os.Getenv("RATION_CHAOS_BREAK"))
 	}
+	// A deliberate bug of test/mutations whose catching test is a
+	// scenario: scripts/mutations.sh names its overlay, and the agent and
+	// coordinator binaries are built with it, as the test binary is.
+	if m := os.Getenv("RATION_MUTATION_OVERLAY"); m != "" {
+		if overlay != nil {
+			fmt.Fprintln(os.Stderr, "chaos: RATION_MUTATION_OVERLAY and RATION_CHAOS_BREAK together: one broken protection at a time")
+			return 2
+		}
+		overlay = []string{"-overlay", m}
+		fmt.Fprintf(os.Stderr, "chaos: binaries built with the deliberate bug of %s\n", m)
+	}
 	for _, cmd := range []string{"gateway-agent", "coordinator"} {
 		args := append(append([]string{"build"}, overlay...), "-o", filepath.Join(dir, cmd), "github.com/ration-dev/ration/cmd/"+cmd)
 		out, err := exec.Command("go", args...).CombinedOutput()

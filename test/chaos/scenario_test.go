@@ -98,7 +98,18 @@ rules:
 	recs := readRecords(t, agents...)
 	t.Logf("chaos: %d calls, %d dropped, %d decisions recorded", len(calls), l.Dropped(), len(recs))
 	for _, rule := range []string{"s0-store", "s0-leased"} {
-		j := judgeBoth(recs, calls, nil, Spec{Quota: quota(rule, "x"), Burst: burst, Rate: rate, FailClosed: true})
+		// No fault: past the first grants (two lease periods), no caller
+		// within its budget is refused on the store path. The lease
+		// path's steady state leaves a little of the rate unspent
+		// (utilisation about 0.996 here), so an exact bucket fed its
+		// history never quite empties and counts nearly every refusal:
+		// printed, held to nothing until that allowance is designed
+		// (docs/reliability.md, False refusals).
+		spec := Spec{Quota: quota(rule, "x"), Burst: burst, Rate: rate, FailClosed: true, Settle: 2 * time.Second}
+		if rule == "s0-leased" {
+			spec.SteadyUnheld = "the lease path's allowance is not designed yet"
+		}
+		j := judgeBoth(recs, calls, nil, spec)
 		ok := j.Logs.Utilisation >= 0.9 && j.Client.Utilisation >= 0.9
 		judgedRow(t, "S0 "+strings.TrimPrefix(rule, "s0-")+label, "none", "0, utilisation >= 0.9", j, j.Util(), ok, "")
 		if !ok {
