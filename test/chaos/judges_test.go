@@ -70,6 +70,9 @@ type Spec struct {
 	// SteadyUnheld, when set, says why the steady-state count is printed
 	// but held to nothing.
 	SteadyUnheld string
+	// SteadyAllowed is the share of the quota's refusals that may be
+	// false in steady state (0: none).
+	SteadyAllowed float64
 }
 
 // Window is a span on the clock of the records and the calls
@@ -129,7 +132,7 @@ func (j Judged) Note() string {
 	case j.Settle > 0 && j.SteadyUnheld != "":
 		s += fmt.Sprintf(" (in steady state: logs %d, clients %d; not held: %s)", j.SteadyFalse, j.SteadyFalseClient, j.SteadyUnheld)
 	case j.Settle > 0:
-		s += fmt.Sprintf(" (in steady state with %g tokens of slack, allowed none: logs %d, clients %d)", j.Slack, j.SteadyFalse, j.SteadyFalseClient)
+		s += fmt.Sprintf(" (in steady state with %g tokens of slack: logs %d, clients %d; allowed %g of the refusals)", j.Slack, j.SteadyFalse, j.SteadyFalseClient, j.SteadyAllowed)
 	}
 	return s
 }
@@ -187,9 +190,10 @@ func judgeBoth(recs []admission.Record, calls []Call, obs []observation, s Spec)
 		// to spare.
 		j.SteadyFalse = steady(admission.Check(recs, s.Quota, s.Burst-s.Slack, s.Rate).Refusals.At, mine, s)
 		j.SteadyFalseClient = steady(admission.Check(observedRecords(obs), s.Quota, s.Burst-s.Slack, s.Rate).Refusals.At, mine, s)
-		if s.SteadyUnheld == "" && (j.SteadyFalse > 0 || j.SteadyFalseClient > 0) {
-			bad("false refusals in steady state (past the first %v, outside every fault and the %v after it, judged with %g tokens of slack): logs %d, clients %d; want none (a caller within its budget refused)",
-				s.Settle, s.Settle, s.Slack, j.SteadyFalse, j.SteadyFalseClient)
+		allowed := int(s.SteadyAllowed * float64(j.Logs.Refusals.Refused))
+		if s.SteadyUnheld == "" && (j.SteadyFalse > allowed || j.SteadyFalseClient > allowed) {
+			bad("false refusals in steady state (past the first %v, outside every fault and the %v after it, judged with %g tokens of slack): logs %d, clients %d; want at most %d (%g of %d refused: callers within their budget refused)",
+				s.Settle, s.Settle, s.Slack, j.SteadyFalse, j.SteadyFalseClient, allowed, s.SteadyAllowed, j.Logs.Refusals.Refused)
 		}
 	}
 	if !j.Logs.Pass {

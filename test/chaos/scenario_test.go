@@ -98,14 +98,17 @@ rules:
 	recs := readRecords(t, agents...)
 	t.Logf("chaos: %d calls, %d dropped, %d decisions recorded", len(calls), l.Dropped(), len(recs))
 	for _, rule := range []string{"s0-store", "s0-leased"} {
-		// No fault: past the first grants (two lease periods), no caller
-		// within its budget is refused on the store path. The lease
+		// No fault: past the first grants (two lease periods), almost no
+		// caller within its budget is refused on the store path: at most
+		// 0.5% of the refusals (3 of 1,580 in one make test on a loaded
+		// machine, 0 when quiet; a store that keeps one token back is
+		// refused about 1,200 times). The lease
 		// path's steady state leaves a little of the rate unspent
 		// (utilisation about 0.996 here), so an exact bucket fed its
 		// history never quite empties and counts nearly every refusal:
 		// printed, held to nothing until that allowance is designed
 		// (docs/reliability.md, False refusals).
-		spec := Spec{Quota: quota(rule, "x"), Burst: burst, Rate: rate, FailClosed: true, Settle: 2 * time.Second}
+		spec := Spec{Quota: quota(rule, "x"), Burst: burst, Rate: rate, FailClosed: true, Settle: 2 * time.Second, SteadyAllowed: 0.005}
 		if rule == "s0-leased" {
 			spec.SteadyUnheld = "the lease path's allowance is not designed yet"
 		}
