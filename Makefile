@@ -67,7 +67,7 @@ test: deps ## gofmt, go mod tidy (no diff), vet and race-test everything (real r
 # tree first, and go test's own vet pass is a second one, per package.
 test-main:
 	@rc=0; \
-	TEST_STATUS=$(TEST_STATUS) ./scripts/tier.sh "1 packages (go test -race ./..., chaos apart)" $(GO) test -race -vet=off -count=1 -p 4 -timeout 15m $$($(GO) list ./... | grep -v '/test/chaos$$') || { rc=1; echo "make test: the packages failed (above); the chaos scenarios and the modules run anyway"; }; \
+	TEST_STATUS=$(TEST_STATUS) ./scripts/tier.sh "1 packages (go test -race ./..., chaos apart)" $(GO) test -race -vet=off -count=1 -timeout 15m $$($(GO) list ./... | grep -v '/test/chaos$$') || { rc=1; echo "make test: the packages failed (above); the chaos scenarios and the modules run anyway"; }; \
 	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-chaos test-modules-nice || { rc=1; echo "make test: the chaos scenarios or the modules failed (above)"; }; \
 	exit $$rc
 
