@@ -469,7 +469,12 @@ func TestHotHandOverFailoverProperty(t *testing.T) {
 		}
 		runs++
 	})
-	// The allowance means nothing if no run lost a live mark.
+	// The allowance means nothing if no run lost a live mark. Under
+	// -short (make check) rapid draws 20 runs, too few to require one.
+	if lost == 0 && testing.Short() {
+		t.Logf("-short: %d runs, none lost a live mark (make test requires one)", runs)
+		return
+	}
 	if lost == 0 {
 		t.Fatalf("%d runs, none lost a live mark in its failover: the world does not exercise it", runs)
 	}
