@@ -73,9 +73,6 @@ type redisConfig struct {
 	// replicas: StartCluster gives each master a replica
 	// (WithClusterReplicas); other starts ignore it.
 	replicas bool
-	// nodeTimeout: StartCluster's cluster-node-timeout
-	// (WithClusterNodeTimeout); 0 is 2s.
-	nodeTimeout time.Duration
 }
 
 // WithPassword sets requirepass: every client, the harness's included,

@@ -46,11 +46,7 @@ func StartCluster(t testing.TB, opts ...RedisOption) *Cluster {
 	for _, o := range opts {
 		o(&rc)
 	}
-	timeout := 2 * time.Second
-	if rc.nodeTimeout > 0 {
-		timeout = rc.nodeTimeout
-	}
-	rc.lines = append(rc.lines, fmt.Sprintf("cluster-node-timeout %d", timeout.Milliseconds()))
+	rc.lines = append(rc.lines, "cluster-node-timeout 2000")
 	if rc.tls != nil {
 		rc.lines = append(rc.lines, "tls-cluster yes", "tls-replication yes")
 	}
@@ -89,16 +85,6 @@ func StartCluster(t testing.TB, opts ...RedisOption) *Cluster {
 // cluster-node-timeout, 2s, and an election).
 func WithClusterReplicas() RedisOption {
 	return func(c *redisConfig) { c.replicas = true }
-}
-
-// WithClusterNodeTimeout sets StartCluster's cluster-node-timeout (2s by
-// default): how long a master may be unreachable before the Cluster marks
-// it failed. A test that kills a master and counts what follows sets it
-// far beyond its run, so the Cluster's own failure detection (which
-// sends the dead master's slots to other masters as not served) cannot
-// land in the middle of it on a slow machine.
-func WithClusterNodeTimeout(d time.Duration) RedisOption {
-	return func(c *redisConfig) { c.nodeTimeout = d }
 }
 
 // waitKnown waits until every node in nodes reports cluster_state:ok and
