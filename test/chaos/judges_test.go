@@ -63,10 +63,6 @@ type Spec struct {
 	// false refusals are counted and printed, not held to a number.
 	Settle   time.Duration
 	Unsteady []Window
-	// Slack is what the path may leave unspent in steady state, in
-	// tokens: a refusal there is false when an exact bucket would have
-	// admitted it with Slack to spare.
-	Slack float64
 	// SteadyUnheld, when set, says why the steady-state count is printed
 	// but held to nothing.
 	SteadyUnheld string
@@ -132,7 +128,7 @@ func (j Judged) Note() string {
 	case j.Settle > 0 && j.SteadyUnheld != "":
 		s += fmt.Sprintf(" (in steady state: logs %d, clients %d; not held: %s)", j.SteadyFalse, j.SteadyFalseClient, j.SteadyUnheld)
 	case j.Settle > 0:
-		s += fmt.Sprintf(" (in steady state with %g tokens of slack: logs %d, clients %d; allowed %g of the refusals)", j.Slack, j.SteadyFalse, j.SteadyFalseClient, j.SteadyAllowed)
+		s += fmt.Sprintf(" (in steady state: logs %d, clients %d; allowed %g of the refusals)", j.SteadyFalse, j.SteadyFalseClient, j.SteadyAllowed)
 	}
 	return s
 }
@@ -185,15 +181,12 @@ func judgeBoth(recs []admission.Record, calls []Call, obs []observation, s Spec)
 	}
 	bad := func(format string, args ...any) { j.Problems = append(j.Problems, fmt.Sprintf(format, args...)) }
 	if s.Settle > 0 && len(mine) > 0 {
-		// Judged against B - Slack: a refusal is false in steady state
-		// when an exact bucket would have admitted it with Slack tokens
-		// to spare.
-		j.SteadyFalse = steady(admission.Check(recs, s.Quota, s.Burst-s.Slack, s.Rate).Refusals.At, mine, s)
-		j.SteadyFalseClient = steady(admission.Check(observedRecords(obs), s.Quota, s.Burst-s.Slack, s.Rate).Refusals.At, mine, s)
+		j.SteadyFalse = steady(j.Logs.Refusals.At, mine, s)
+		j.SteadyFalseClient = steady(j.Client.Refusals.At, mine, s)
 		allowed := int(s.SteadyAllowed * float64(j.Logs.Refusals.Refused))
 		if s.SteadyUnheld == "" && (j.SteadyFalse > allowed || j.SteadyFalseClient > allowed) {
-			bad("false refusals in steady state (past the first %v, outside every fault and the %v after it, judged with %g tokens of slack): logs %d, clients %d; want at most %d (%g of %d refused: callers within their budget refused)",
-				s.Settle, s.Settle, s.Slack, j.SteadyFalse, j.SteadyFalseClient, allowed, s.SteadyAllowed, j.Logs.Refusals.Refused)
+			bad("false refusals in steady state (past the first %v, outside every fault and the %v after it): logs %d, clients %d; want at most %d (%g of %d refused: callers within their budget refused)",
+				s.Settle, s.Settle, j.SteadyFalse, j.SteadyFalseClient, allowed, s.SteadyAllowed, j.Logs.Refusals.Refused)
 		}
 	}
 	if !j.Logs.Pass {
